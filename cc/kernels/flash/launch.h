@@ -1,0 +1,35 @@
+// Entry points of the framework-free kernels. The OpKernels (cc/kernels/flash_attention_kernels.cc)
+// fill a params struct and call one of these; nothing below them sees TensorFlow.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "cc/kernels/flash/params.h"
+
+namespace tf_flash {
+
+enum class DType { kFloat32, kFloat16, kBFloat16 };
+
+// ---- CPU (cc/kernels/cpu/) ----
+// Runs work(begin, end) over [0, total) on the caller's thread pool; cost_per_unit is a rough cycle count.
+using ParallelFor = std::function<void(int64_t total, int64_t cost_per_unit,
+                                       const std::function<void(int64_t, int64_t)>& work)>;
+
+void flash_fwd_cpu(const FlashFwdParams& params, DType dtype, const ParallelFor& parallel_for);
+
+// Bytes of float32 scratch the CPU backward wants in params.scratch (dQ partial sums and D = rowsum(dO*O)).
+int64_t flash_bwd_cpu_scratch_bytes(const FlashBwdParams& params, int num_threads);
+void flash_bwd_cpu(const FlashBwdParams& params, DType dtype, int num_threads, const ParallelFor& parallel_for);
+
+// ---- CUDA (cc/kernels/cuda/), compiled only with nvcc; stream is a cudaStream_t ----
+// Empty string when the combination (dtype, head dims, features) has a compiled kernel, else the reason.
+std::string flash_cuda_unsupported(const FlashFwdParams& params, DType dtype, bool backward);
+int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params);
+// Return a cudaError_t as int (0 = success) so this header needs no CUDA include.
+int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream);
+int flash_bwd_cuda(const FlashBwdParams& params, DType dtype, void* stream);
+const char* flash_cuda_error_string(int error);
+
+}  // namespace tf_flash

@@ -1,0 +1,58 @@
+// The one interface of every tf_flash kernel, CPU and CUDA: plain data, no framework types.
+// All strides are in elements and 64-bit (b*s*h*d passes 2^31 at long context).
+#pragma once
+
+#include <cstdint>
+
+namespace tf_flash {
+
+// A boolean tensor broadcast to [batch, heads, rows, cols]: a stride of 0 repeats that axis.
+struct BroadcastBoolMask {
+  const bool* data = nullptr;  // nullptr: no mask
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
+};
+
+struct FlashFwdParams {
+  // Layout [batch, seq, heads, dim]: q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;  // [B, Sq, H, Dv], dtype of q
+  float* lse = nullptr;  // [B, H, Sq], natural log; -inf for a row that sees nothing
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+
+  int batch = 0, seqlen_q = 0, seqlen_k = 0;
+  int num_heads = 0, num_heads_kv = 0;  // num_heads % num_heads_kv == 0 (GQA/MQA)
+  int head_dim = 0, head_dim_v = 0;
+  float scale = 1.f;  // applied to the scores before the max
+
+  // Masks, all combined by AND.
+  bool causal = false;    // query i sees keys j <= i (top-left aligned)
+  int window_left = -1;   // query i sees keys i-left .. i+right; -1 = unlimited on that side
+  int window_right = -1;
+  const int32_t* q_lengths = nullptr;   // [B] valid query prefix; nullptr = all valid
+  const int32_t* kv_lengths = nullptr;  // [B] valid key prefix; nullptr = all valid
+  BroadcastBoolMask attn_mask;          // element mask [B, H, Sq, Sk], True = attend
+  BroadcastBoolMask block_mask;         // [B, H, num_q_blocks, num_k_blocks], False = skip block
+  int block_q = 128, block_k = 128;     // the blocks block_mask describes
+  int num_q_blocks = 0, num_k_blocks = 0;
+
+  // Dropout on the probabilities; the mask is philox(seed, b, h, i, j), never stored.
+  float dropout_rate = 0.f;
+  uint64_t seed = 0, seed_offset = 0;
+};
+
+struct FlashBwdParams : FlashFwdParams {
+  const void* d_out = nullptr;  // [B, Sq, H, Dv], strides as out
+  void* d_q = nullptr;          // [B, Sq, H, D], strides as q
+  void* d_k = nullptr;          // [B, Sk, Hkv, D], strides as k
+  void* d_v = nullptr;          // [B, Sk, Hkv, Dv], strides as v
+  const float* d_lse = nullptr; // [B, H, Sq] gradient into lse; nullptr = zero
+  float* scratch = nullptr;     // device-specific workspace (dQ accumulators, D = rowsum(dO*O))
+};
+
+}  // namespace tf_flash

@@ -1,0 +1,120 @@
+// Op definitions only: signatures and shape functions. Kernels live in cc/kernels/.
+//
+// Optional inputs are passed as empty tensors (q_lengths/kv_lengths of shape [0], masks of shape
+// [0, 0, 0, 0]) so that one graph signature serves every combination and SavedModels stay stable.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_flash {
+namespace {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv] -> out [B, Sq, H, Dv], lse [B, H, Sq].
+Status FlashAttentionShape(InferenceContext* c) {
+  ShapeHandle q, k, v;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &q));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 4, &k));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 4, &v));
+  DimensionHandle batch, seqlen_k, heads_kv, head_dim;
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(q, 0), c->Dim(k, 0), &batch));
+  TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(v, 0), &batch));
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(k, 1), c->Dim(v, 1), &seqlen_k));
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(k, 2), c->Dim(v, 2), &heads_kv));
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(q, 3), c->Dim(k, 3), &head_dim));
+  ShapeHandle lengths;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &lengths));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &lengths));
+  ShapeHandle mask;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 4, &mask));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(6), 4, &mask));
+  ShapeHandle seed;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(7), 1, &seed));
+  DimensionHandle unused;
+  TF_RETURN_IF_ERROR(c->WithValue(c->Dim(seed, 0), 2, &unused));
+  c->set_output(0, c->MakeShape({batch, c->Dim(q, 1), c->Dim(q, 2), c->Dim(v, 3)}));
+  c->set_output(1, c->MakeShape({batch, c->Dim(q, 2), c->Dim(q, 1)}));
+  c->set_output(2, c->Vector(2));
+  return Status();
+}
+
+Status FlashAttentionGradShape(InferenceContext* c) {
+  // Inputs: d_output, query, key, value, output, lse, d_lse, q_lengths, kv_lengths, attention_mask,
+  // block_mask, rng_state. Gradients have the shapes of query, key, value.
+  for (int i = 0; i < 5; ++i) {
+    ShapeHandle unused;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 4, &unused));
+  }
+  ShapeHandle merged;
+  TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(4), &merged));
+  c->set_output(0, c->input(1));
+  c->set_output(1, c->input(2));
+  c->set_output(2, c->input(3));
+  return Status();
+}
+
+}  // namespace
+
+#define TF_FLASH_COMMON_ATTRS                                 \
+  Attr("T: {float, half, bfloat16}")                          \
+      .Attr("causal: bool = false")                           \
+      .Attr("window_left: int = -1")                          \
+      .Attr("window_right: int = -1")                         \
+      .Attr("block_q: int = 128")                             \
+      .Attr("block_k: int = 128")                             \
+      .Attr("dropout_rate: float = 0.0")                      \
+      .Attr("scale: float")
+
+REGISTER_OP("TfFlash>FlashAttention")
+    .Input("query: T")
+    .Input("key: T")
+    .Input("value: T")
+    .Input("q_lengths: int32")
+    .Input("kv_lengths: int32")
+    .Input("attention_mask: bool")
+    .Input("block_mask: bool")
+    .Input("seed: int64")
+    .Output("output: T")
+    .Output("lse: float")
+    .Output("rng_state: int64")
+    .TF_FLASH_COMMON_ATTRS
+    .SetShapeFn(FlashAttentionShape)
+    .Doc(R"doc(
+Exact attention in tiles with an online softmax (FlashAttention). Layout [batch, seq, heads, dim].
+Empty q_lengths/kv_lengths ([0]) and masks ([0,0,0,0]) mean "absent". rng_state is the Philox
+(seed, offset) the dropout mask was drawn from; the gradient op regenerates the mask from it.
+)doc");
+
+REGISTER_OP("TfFlash>FlashAttentionGrad")
+    .Input("d_output: T")
+    .Input("query: T")
+    .Input("key: T")
+    .Input("value: T")
+    .Input("output: T")
+    .Input("lse: float")
+    .Input("d_lse: float")
+    .Input("q_lengths: int32")
+    .Input("kv_lengths: int32")
+    .Input("attention_mask: bool")
+    .Input("block_mask: bool")
+    .Input("rng_state: int64")
+    .Output("d_query: T")
+    .Output("d_key: T")
+    .Output("d_value: T")
+    .TF_FLASH_COMMON_ATTRS
+    .SetShapeFn(FlashAttentionGradShape)
+    .Doc(R"doc(
+Recomputing backward of FlashAttention: probabilities are rebuilt tile by tile from lse. d_lse is the
+gradient flowing into lse (zeros when lse is unused); it folds into D = rowsum(dO * O) - d_lse.
+)doc");
+
+REGISTER_OP("TfFlash>BuildInfo")
+    .Output("info: string")
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("What the library was compiled with, as 'key=value;...' (cuda=0/1, cuda_archs=...).");
+
+}  // namespace tf_flash
