@@ -1,0 +1,411 @@
+// Tiled FlashAttention on the CPU: the paper's Algorithms 1/2 (forward, online softmax, FA2 loop order)
+// and 4 (backward recomputing the probabilities from lse). Tiles are dense float32 Eigen matrices, so the
+// products run on Eigen's blocked GEMM; scores exist one [rows x cols] tile at a time per thread.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/philox.h"
+
+namespace tf_flash {
+namespace {
+
+using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Vector = Eigen::VectorXf;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Query rows x key columns of one tile. Larger tiles amortize GEMM packing; these fit L2 comfortably.
+constexpr int kDefaultTileQ = 64;
+constexpr int kDefaultTileK = 128;
+
+struct Tiles {
+  int q, k;
+};
+
+// With a block mask, tiles follow its blocks so that a False block maps onto whole skipped tiles.
+Tiles ChooseTiles(const FlashFwdParams& p) {
+  if (!p.block_mask.data) return {kDefaultTileQ, kDefaultTileK};
+  const int q = p.block_q <= 256 ? p.block_q : (p.block_q % 128 == 0 ? 128 : kDefaultTileQ);
+  const int k = p.block_k <= 512 ? p.block_k : (p.block_k % 256 == 0 ? 256 : kDefaultTileK);
+  return {q, k};
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Copies `rows` rows of one head of a [B, S, H, D] tensor into a dense float matrix, times `scale`.
+template <typename T>
+void LoadRows(const T* first_row, int64_t row_stride, int64_t rows, int dim, float scale, Matrix* out) {
+  out->resize(rows, dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = first_row + r * row_stride;
+    float* dst = out->data() + r * dim;
+    for (int d = 0; d < dim; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+  }
+}
+
+template <typename T>
+void StoreRows(const Matrix& in, int64_t rows, T* first_row, int64_t row_stride) {
+  const int64_t dim = in.cols();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = in.data() + r * dim;
+    T* dst = first_row + r * row_stride;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(src[d]);
+  }
+}
+
+template <typename T>
+void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(first_row + r * row_stride, first_row + r * row_stride + dim, T(0.f));
+}
+
+enum class TileCover { kSkip, kPartial, kFull };
+
+// How the block mask covers the tile [row0, row0+rows) x [col0, col0+cols) of (b, h).
+TileCover BlockCover(const FlashFwdParams& p, int b, int h, int64_t row0, int64_t rows, int64_t col0,
+                     int64_t cols) {
+  if (!p.block_mask.data) return TileCover::kFull;
+  bool any = false, all = true;
+  for (int64_t qb = row0 / p.block_q; qb <= (row0 + rows - 1) / p.block_q; ++qb) {
+    for (int64_t kb = col0 / p.block_k; kb <= (col0 + cols - 1) / p.block_k; ++kb) {
+      const bool visible = block_visible(p, b, h, qb, kb);
+      any |= visible;
+      all &= visible;
+    }
+  }
+  return !any ? TileCover::kSkip : (all ? TileCover::kFull : TileCover::kPartial);
+}
+
+// The per-(b, h) view of everything the tile loops need to decide visibility.
+struct HeadContext {
+  const FlashFwdParams& p;
+  int b, h;
+  int64_t q_len, kv_len;
+  uint64_t batch_head;
+  float keep_scale;         // 1 / (1 - dropout_rate)
+  uint32_t drop_threshold;  // 32-bit draws below it are dropped
+
+  HeadContext(const FlashFwdParams& params, int batch, int head)
+      : p(params), b(batch), h(head), q_len(valid_q_len(params, batch)), kv_len(valid_kv_len(params, batch)),
+        batch_head(static_cast<uint64_t>(batch) * params.num_heads + head),
+        keep_scale(1.f / (1.f - params.dropout_rate)), drop_threshold(dropout_threshold(params.dropout_rate)) {}
+
+  bool has_dropout() const { return p.dropout_rate > 0.f; }
+
+  // Sets the invisible entries of the score tile to -inf; returns false when nothing in it is visible.
+  bool MaskScores(int64_t row0, int64_t col0, TileCover block_cover, Matrix* scores) const {
+    const int64_t rows = scores->rows(), cols = scores->cols();
+    const KeyRange first = key_range(p, row0, q_len, kv_len);
+    const KeyRange last = key_range(p, row0 + rows - 1, q_len, kv_len);
+    const bool structurally_full = last.begin <= col0 && first.end >= col0 + cols;
+    if (structurally_full && block_cover == TileCover::kFull && !p.attn_mask.data) return true;
+    bool any_visible = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = row0 + r;
+      const KeyRange range = key_range(p, row, q_len, kv_len);
+      float* s = scores->data() + r * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t col = col0 + c;
+        bool visible = col >= range.begin && col < range.end;
+        if (visible && block_cover == TileCover::kPartial) {
+          visible = block_visible(p, b, h, row / p.block_q, col / p.block_k);
+        }
+        if (visible && p.attn_mask.data) visible = mask_at(p.attn_mask, b, h, row, col);
+        if (!visible) s[c] = kNegInf;
+        any_visible |= visible;
+      }
+    }
+    return any_visible;
+  }
+
+  // keep[r, c] = 1/(1-p) where entry (row0+r, col0+c) survives dropout, else 0.
+  void DropoutScales(int64_t row0, int64_t col0, int64_t rows, int64_t cols, Matrix* keep) const {
+    keep->resize(rows, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* out = keep->data() + r * cols;
+      int64_t col = col0;
+      while (col < col0 + cols) {
+        const uint32_t bits = dropout_keep_bits4(p.seed, p.seed_offset, batch_head, row0 + r, col, drop_threshold);
+        const int64_t group_end = std::min<int64_t>((col & ~int64_t{3}) + 4, col0 + cols);
+        for (; col < group_end; ++col) out[col - col0] = ((bits >> (col & 3)) & 1u) ? keep_scale : 0.f;
+      }
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Forward: one work unit = (batch, head, query tile); online softmax over the visible key tiles.
+// ------------------------------------------------------------------------------------------------
+template <typename T>
+void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matrix& q, Matrix& k, Matrix& v,
+                 Matrix& s, Matrix& keep, Matrix& acc) {
+  const int64_t num_q_tiles = CeilDiv(p.seqlen_q, tiles.q);
+  const int b = static_cast<int>(unit / (int64_t{p.num_heads} * num_q_tiles));
+  const int h = static_cast<int>((unit / num_q_tiles) % p.num_heads);
+  const int hkv = h / (p.num_heads / p.num_heads_kv);
+  const int64_t row0 = (unit % num_q_tiles) * tiles.q;
+  const int64_t rows = std::min<int64_t>(tiles.q, p.seqlen_q - row0);
+  const HeadContext ctx(p, b, h);
+
+  T* out = static_cast<T*>(p.out) + b * p.o_batch_stride + row0 * p.o_row_stride + h * p.o_head_stride;
+  float* lse = p.lse + (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
+  const int64_t valid_rows = std::clamp<int64_t>(ctx.q_len - row0, 0, rows);
+  // Padded query rows: output 0, lse -inf.
+  StoreZeroRows(rows - valid_rows, p.head_dim_v, out + valid_rows * p.o_row_stride, p.o_row_stride);
+  std::fill(lse + valid_rows, lse + rows, kNegInf);
+  if (valid_rows == 0) return;
+
+  const T* q_ptr = static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride;
+  const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + hkv * p.k_head_stride;
+  const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + hkv * p.v_head_stride;
+  LoadRows(q_ptr, p.q_row_stride, valid_rows, p.head_dim, p.scale, &q);  // scale folded into Q
+
+  acc.setZero(valid_rows, p.head_dim_v);
+  Vector row_max = Vector::Constant(valid_rows, kNegInf);
+  Vector row_sum = Vector::Zero(valid_rows);
+  const KeyRange range = key_range_of_rows(p, row0, row0 + valid_rows, ctx.q_len, ctx.kv_len);
+  for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
+    const int64_t cols = std::min<int64_t>(tiles.k, range.end - col0);
+    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, cols);
+    if (cover == TileCover::kSkip) continue;  // never loaded
+    LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
+    s.noalias() = q * k.transpose();
+    if (!ctx.MaskScores(row0, col0, cover, &s)) continue;
+    LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
+
+    // Online softmax: rescale what was accumulated by exp(old max - new max).
+    const Vector tile_max = s.rowwise().maxCoeff();
+    for (int64_t r = 0; r < valid_rows; ++r) {
+      const float new_max = std::max(row_max[r], tile_max[r]);
+      const float safe_max = new_max == kNegInf ? 0.f : new_max;
+      const float correction = std::exp(row_max[r] - safe_max);
+      row_max[r] = new_max;
+      row_sum[r] *= correction;
+      acc.row(r) *= correction;
+      s.row(r).array() -= safe_max;
+    }
+    s = s.array().exp().matrix();
+    row_sum += s.rowwise().sum();
+    if (ctx.has_dropout()) {  // the normalizer sums the undropped probabilities
+      ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
+      s.array() *= keep.array();
+    }
+    acc.noalias() += s * v;
+  }
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    if (row_sum[r] > 0.f) {
+      acc.row(r) /= row_sum[r];
+      lse[r] = row_max[r] + std::log(row_sum[r]);
+    } else {  // nothing visible: 0, never NaN
+      acc.row(r).setZero();
+      lse[r] = kNegInf;
+    }
+  }
+  StoreRows(acc, valid_rows, out, p.o_row_stride);
+}
+
+template <typename T>
+void Forward(const FlashFwdParams& p, const ParallelFor& parallel_for) {
+  const Tiles tiles = ChooseTiles(p);
+  const int64_t num_units = int64_t{p.batch} * p.num_heads * CeilDiv(p.seqlen_q, tiles.q);
+  const int64_t cost = int64_t{tiles.q} * std::max(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * 2;
+  parallel_for(num_units, cost, [&](int64_t begin, int64_t end) {
+    Matrix q, k, v, s, keep, acc;
+    for (int64_t unit = begin; unit < end; ++unit) ForwardUnit<T>(p, tiles, unit, q, k, v, s, keep, acc);
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
+// Backward: D = rowsum(dO * O) - dlse first; then one work unit = (batch, kv head, key-tile slice):
+// dK and dV of its key tiles accumulate locally over the group's query heads and all query tiles; dQ
+// goes to the unit's own float32 partial buffer (slices interleave key tiles), summed at the end.
+// ------------------------------------------------------------------------------------------------
+int NumKeySlices(const FlashBwdParams& p, int num_threads) {
+  const int64_t kv_units = int64_t{p.batch} * p.num_heads_kv;
+  const int64_t num_k_tiles = CeilDiv(std::max(p.seqlen_k, 1), ChooseTiles(p).k);
+  if (kv_units == 0 || kv_units >= 4 * num_threads) return 1;
+  return static_cast<int>(std::min<int64_t>(num_k_tiles, CeilDiv(4 * num_threads, kv_units)));
+}
+
+struct BwdScratch {
+  float* d_q_partial;  // [slices, B, Sq, H, D]
+  float* delta;        // [B, H, Sq]
+};
+
+BwdScratch SplitScratch(const FlashBwdParams& p, int slices) {
+  const int64_t d_q_size = int64_t{slices} * p.batch * p.seqlen_q * p.num_heads * p.head_dim;
+  return {p.scratch, p.scratch + d_q_size};
+}
+
+template <typename T>
+void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const BwdScratch& scratch,
+                  int64_t unit, std::vector<Matrix>& m) {
+  Matrix &q = m[0], &k = m[1], &v = m[2], &d_out = m[3], &s = m[4], &d_p = m[5], &keep = m[6], &d_k = m[7],
+         &d_v = m[8], &d_q = m[9];
+  const int slice = static_cast<int>(unit % slices);
+  const int hkv = static_cast<int>((unit / slices) % p.num_heads_kv);
+  const int b = static_cast<int>(unit / (int64_t{slices} * p.num_heads_kv));
+  const int group = p.num_heads / p.num_heads_kv;
+  const int64_t num_k_tiles = CeilDiv(p.seqlen_k, tiles.k);
+  const int64_t q_len = valid_q_len(p, b), kv_len = valid_kv_len(p, b);
+  const int64_t dq_row_stride = int64_t{p.num_heads} * p.head_dim;
+  float* d_q_batch = scratch.d_q_partial +
+                     ((int64_t{slice} * p.batch + b) * p.seqlen_q) * dq_row_stride;
+
+  for (int64_t kt = slice; kt < num_k_tiles; kt += slices) {
+    const int64_t col0 = kt * tiles.k;
+    const int64_t cols = std::min<int64_t>(tiles.k, p.seqlen_k - col0);
+    T* d_k_out = static_cast<T*>(p.d_k) + b * p.k_batch_stride + col0 * p.k_row_stride + hkv * p.k_head_stride;
+    T* d_v_out = static_cast<T*>(p.d_v) + b * p.v_batch_stride + col0 * p.v_row_stride + hkv * p.v_head_stride;
+    const int64_t valid_cols = std::clamp<int64_t>(kv_len - col0, 0, cols);
+    StoreZeroRows(cols - valid_cols, p.head_dim, d_k_out + valid_cols * p.k_row_stride, p.k_row_stride);
+    StoreZeroRows(cols - valid_cols, p.head_dim_v, d_v_out + valid_cols * p.v_row_stride, p.v_row_stride);
+    if (valid_cols == 0) continue;
+    LoadRows(static_cast<const T*>(p.k) + b * p.k_batch_stride + col0 * p.k_row_stride + hkv * p.k_head_stride,
+             p.k_row_stride, valid_cols, p.head_dim, 1.f, &k);
+    LoadRows(static_cast<const T*>(p.v) + b * p.v_batch_stride + col0 * p.v_row_stride + hkv * p.v_head_stride,
+             p.v_row_stride, valid_cols, p.head_dim_v, 1.f, &v);
+    d_k.setZero(valid_cols, p.head_dim);
+    d_v.setZero(valid_cols, p.head_dim_v);
+
+    for (int h = hkv * group; h < (hkv + 1) * group; ++h) {
+      const HeadContext ctx(p, b, h);
+      const float* lse = p.lse + (int64_t{b} * p.num_heads + h) * p.seqlen_q;
+      const float* delta = scratch.delta + (int64_t{b} * p.num_heads + h) * p.seqlen_q;
+      for (int64_t row0 = 0; row0 < q_len; row0 += tiles.q) {
+        const int64_t rows = std::min<int64_t>(tiles.q, q_len - row0);
+        const KeyRange range = key_range_of_rows(p, row0, row0 + rows, q_len, kv_len);
+        if (range.end <= col0 || range.begin >= col0 + valid_cols) continue;
+        const TileCover cover = BlockCover(p, b, h, row0, rows, col0, valid_cols);
+        if (cover == TileCover::kSkip) continue;
+        LoadRows(static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride,
+                 p.q_row_stride, rows, p.head_dim, 1.f, &q);
+        s.noalias() = p.scale * (q * k.transpose());
+        if (!ctx.MaskScores(row0, col0, cover, &s)) continue;
+        // P = exp(S - lse): the forward's probabilities, rebuilt; rows with lse = -inf see nothing.
+        for (int64_t r = 0; r < rows; ++r) {
+          const float row_lse = lse[row0 + r];
+          if (row_lse == kNegInf) {
+            s.row(r).setZero();
+          } else {
+            s.row(r) = (s.row(r).array() - row_lse).exp().matrix();
+          }
+        }
+        LoadRows(static_cast<const T*>(p.d_out) + b * p.o_batch_stride + row0 * p.o_row_stride +
+                     h * p.o_head_stride,
+                 p.o_row_stride, rows, p.head_dim_v, 1.f, &d_out);
+        d_p.noalias() = d_out * v.transpose();
+        if (ctx.has_dropout()) {  // the forward's mask, regenerated
+          ctx.DropoutScales(row0, col0, rows, valid_cols, &keep);
+          d_v.noalias() += (s.array() * keep.array()).matrix().transpose() * d_out;
+          d_p.array() *= keep.array();
+        } else {
+          d_v.noalias() += s.transpose() * d_out;
+        }
+        // dS = P * (dP - D), overwriting dP.
+        for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
+        d_p.array() *= s.array();
+        d_k.noalias() += p.scale * (d_p.transpose() * q);
+        d_q.noalias() = p.scale * (d_p * k);
+        float* d_q_rows = d_q_batch + row0 * dq_row_stride + int64_t{h} * p.head_dim;
+        for (int64_t r = 0; r < rows; ++r) {
+          Eigen::Map<Eigen::VectorXf>(d_q_rows + r * dq_row_stride, p.head_dim) += d_q.row(r).transpose();
+        }
+      }
+    }
+    StoreRows(d_k, valid_cols, d_k_out, p.k_row_stride);
+    StoreRows(d_v, valid_cols, d_v_out, p.v_row_stride);
+  }
+}
+
+template <typename T>
+void Backward(const FlashBwdParams& p, int num_threads, const ParallelFor& parallel_for) {
+  const Tiles tiles = ChooseTiles(p);
+  const int slices = NumKeySlices(p, num_threads);
+  const BwdScratch scratch = SplitScratch(p, slices);
+  const int64_t dq_row_size = int64_t{p.num_heads} * p.head_dim;
+  const int64_t batch_rows = int64_t{p.batch} * p.seqlen_q;
+
+  // Pass 1, per (batch, query row): D = rowsum(dO * O) - dlse for every head; zero the dQ partials.
+  parallel_for(batch_rows, int64_t{p.num_heads} * p.head_dim_v * 4 + slices * dq_row_size,
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t br = begin; br < end; ++br) {
+                   const int64_t b = br / p.seqlen_q, row = br % p.seqlen_q;
+                   const int64_t offset = b * p.o_batch_stride + row * p.o_row_stride;
+                   const T* d_out = static_cast<const T*>(p.d_out) + offset;
+                   const T* out = static_cast<const T*>(p.out) + offset;
+                   for (int h = 0; h < p.num_heads; ++h) {
+                     float dot = 0.f;
+                     for (int d = 0; d < p.head_dim_v; ++d) {
+                       const int64_t i = int64_t{h} * p.o_head_stride + d;
+                       dot += static_cast<float>(d_out[i]) * static_cast<float>(out[i]);
+                     }
+                     const int64_t lse_index = (b * p.num_heads + h) * p.seqlen_q + row;
+                     scratch.delta[lse_index] = dot - (p.d_lse ? p.d_lse[lse_index] : 0.f);
+                   }
+                   for (int slice = 0; slice < slices; ++slice) {
+                     std::memset(scratch.d_q_partial + (slice * batch_rows + br) * dq_row_size, 0,
+                                 dq_row_size * sizeof(float));
+                   }
+                 }
+               });
+
+  // Pass 2: dK, dV per key tile; dQ partials.
+  if (p.seqlen_k > 0) {
+    const int64_t num_units = int64_t{p.batch} * p.num_heads_kv * slices;
+    const int64_t cost = int64_t{p.seqlen_q} * p.seqlen_k / slices * (p.num_heads / p.num_heads_kv) *
+                         (2 * p.head_dim + 2 * p.head_dim_v) * 2;
+    parallel_for(num_units, std::max<int64_t>(cost, 1), [&](int64_t begin, int64_t end) {
+      std::vector<Matrix> matrices(10);
+      for (int64_t unit = begin; unit < end; ++unit) BackwardUnit<T>(p, tiles, slices, scratch, unit, matrices);
+    });
+  }
+
+  // Pass 3, per (batch, query row): dQ = sum of the partials, in the input dtype.
+  parallel_for(batch_rows, slices * dq_row_size * 2, [&](int64_t begin, int64_t end) {
+    for (int64_t br = begin; br < end; ++br) {
+      const int64_t b = br / p.seqlen_q, row = br % p.seqlen_q;
+      T* d_q = static_cast<T*>(p.d_q) + b * p.q_batch_stride + row * p.q_row_stride;
+      for (int h = 0; h < p.num_heads; ++h) {
+        for (int d = 0; d < p.head_dim; ++d) {
+          float sum = 0.f;
+          for (int slice = 0; slice < slices; ++slice) {
+            sum += scratch.d_q_partial[(slice * batch_rows + br) * dq_row_size + int64_t{h} * p.head_dim + d];
+          }
+          d_q[int64_t{h} * p.q_head_stride + d] = static_cast<T>(sum);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void flash_fwd_cpu(const FlashFwdParams& params, DType dtype, const ParallelFor& parallel_for) {
+  switch (dtype) {
+    case DType::kFloat32: return Forward<float>(params, parallel_for);
+    case DType::kFloat16: return Forward<Eigen::half>(params, parallel_for);
+    case DType::kBFloat16: return Forward<Eigen::bfloat16>(params, parallel_for);
+  }
+}
+
+int64_t flash_bwd_cpu_scratch_bytes(const FlashBwdParams& params, int num_threads) {
+  const int64_t d_q_size = int64_t{NumKeySlices(params, num_threads)} * params.batch * params.seqlen_q *
+                           params.num_heads * params.head_dim;
+  const int64_t delta_size = int64_t{params.batch} * params.num_heads * params.seqlen_q;
+  return (d_q_size + delta_size) * static_cast<int64_t>(sizeof(float));
+}
+
+void flash_bwd_cpu(const FlashBwdParams& params, DType dtype, int num_threads, const ParallelFor& parallel_for) {
+  switch (dtype) {
+    case DType::kFloat32: return Backward<float>(params, num_threads, parallel_for);
+    case DType::kFloat16: return Backward<Eigen::half>(params, num_threads, parallel_for);
+    case DType::kBFloat16: return Backward<Eigen::bfloat16>(params, num_threads, parallel_for);
+  }
+}
+
+}  // namespace tf_flash
