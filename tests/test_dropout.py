@@ -1,0 +1,360 @@
+"""Dropout in tf_flash.flash_attention: determinism, statistics, and exactness of output and gradient for
+the mask the forward used (rebuilt by tests/philox_ref.py, the NumPy twin of cc/kernels/flash/philox.h)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import philox_ref  # noqa: E402
+from reference import reference_attention, reference_attention_grad, standard_attention, to_numpy  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    import tf_flash
+    HAVE_OP = True
+except ImportError:
+    HAVE_OP = False
+
+needs_op = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not built")
+_GPUS = tf.config.list_physical_devices("GPU")
+DEVICES = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])]
+MODES = pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
+DTYPES = pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16], ids=["f32", "f16", "bf16"])
+# Normalized max error allowed vs the float64 reference (error / max(1, max|ref|)).
+TOL = {tf.float32: 2e-5, tf.float16: 5e-3, tf.bfloat16: 4e-2}
+GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The NumPy Philox twin against the header itself (compiled with the host compiler)
+# ----------------------------------------------------------------------------------------------------------
+
+_HARNESS = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "cc/kernels/flash/philox.h"
+int main(int argc, char** argv) {
+  unsigned long long seed, offset, bh; long long row, col; float rate;
+  while (std::scanf("%llu %llu %llu %lld %lld %f", &seed, &offset, &bh, &row, &col, &rate) == 6) {
+    const uint32_t th = tf_flash::dropout_threshold(rate);
+    std::printf("%u %u %d\n", th, tf_flash::dropout_keep_bits4(seed, offset, bh, row, col, th),
+                (int)tf_flash::dropout_keep(seed, offset, bh, row, col, th));
+  }
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def philox_harness(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    tmp = tmp_path_factory.mktemp("philox")
+    src, exe = tmp / "harness.cc", tmp / "harness"
+    src.write_text(_HARNESS)
+    subprocess.run([compiler, "-std=c++17", "-O1", f"-I{REPO}", str(src), "-o", str(exe)], check=True)
+    return str(exe)
+
+
+def test_philox_ref_matches_header(philox_harness):
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(400):
+        seed = int(rng.integers(0, 2**63)) * int(rng.integers(1, 3))
+        offset = int(rng.choice([0, 1, int(rng.integers(0, 2**63)) * 2]))
+        bh = int(rng.choice([0, int(rng.integers(0, 64)), int(rng.integers(0, 2**40))]))
+        row, col = int(rng.integers(0, 70000)), int(rng.integers(0, 70000))
+        rate = float(rng.choice([0.0, 0.1, 0.25, 0.5, 0.9, 0.999999, float(rng.random())]))
+        cases.append((seed % 2**64, offset % 2**64, bh, row, col, rate))
+    stdin = "".join(f"{s} {o} {b} {r} {c} {p!r}\n" for s, o, b, r, c, p in cases)
+    lines = subprocess.run([philox_harness], input=stdin, capture_output=True, text=True, check=True).stdout
+    for (seed, offset, bh, row, col, rate), line in zip(cases, lines.splitlines()):
+        th, bits, keep = (int(x) for x in line.split())
+        assert philox_ref.dropout_threshold(rate) == th, (rate, th)
+        assert philox_ref.dropout_keep_bits4(seed, offset, bh, row, col, th) == bits
+        assert (bits >> (col & 3)) & 1 == keep
+    assert len(lines.splitlines()) == len(cases)
+
+
+def test_philox_ref_statistics():
+    mask = philox_ref.keep_mask(123, 0, 2, 3, 128, 130, 0.3)
+    n = mask.size
+    assert abs(mask.mean() - 0.7) < 6 * np.sqrt(0.3 * 0.7 / n)
+    assert (mask[0, 0] != mask[0, 1]).any() and (mask[0, 0] != mask[1, 0]).any()
+    np.testing.assert_array_equal(philox_ref.keep_mask(123, 0, 1, 1, 8, 8, 0.0), True)
+    assert philox_ref.dropout_threshold(0.5) == 2**31
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The op
+# ----------------------------------------------------------------------------------------------------------
+
+def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v=None, dtype=tf.float32):
+    dim_v = dim_v or dim
+    shapes = ((batch, sq, heads, dim), (batch, sk, heads_kv, dim), (batch, sk, heads_kv, dim_v))
+    return [tf.constant(rng.standard_normal(s).astype(np.float32), dtype) for s in shapes]
+
+
+def _flash(q, k, v, device, use_function, dout=None, **kwargs):
+    """Runs flash_attention (and its gradient for sum(out * dout)) in a tf.function or eagerly.
+    Returns numpy (out, lse, rng_state or None, dq, dk, dv or Nones)."""
+    def fn():
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
+            loss = None if dout is None else tf.reduce_sum(tf.cast(out, tf.float32) * dout)
+        rng_state = out.op.outputs[2] if use_function else None
+        grads = tape.gradient(loss, [q, k, v]) if dout is not None else [None] * 3
+        return out, lse, rng_state, *grads
+
+    with tf.device(device):
+        result = tf.function(fn)() if use_function else fn()
+    return [None if x is None else x.numpy() for x in result]
+
+
+def _rng_state(q, k, v, device, **kwargs):
+    """The (seed, offset) that the forward reports for these arguments (read in a tf.function)."""
+    state = _flash(q, k, v, device, True, **kwargs)[2]
+    return int(state[0]), int(state[1])
+
+
+def _norm_err(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return np.abs(actual - expected).max() / max(1.0, np.abs(expected).max())
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+@DTYPES
+@MODES
+def test_same_seed_bit_identical(device, dtype, use_function):
+    rng = np.random.default_rng(0)
+    q, k, v = _inputs(rng, 2, 70, 90, 4, 2, 32, dtype=dtype)
+    dout = tf.constant(rng.standard_normal((2, 70, 4, 32)).astype(np.float32))
+    first = _flash(q, k, v, device, use_function, dout=dout, dropout_rate=0.3, seed=1234)
+    second = _flash(q, k, v, device, use_function, dout=dout, dropout_rate=0.3, seed=1234)
+    for a, b in zip(first, second):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+    other = _flash(q, k, v, device, use_function, dropout_rate=0.3, seed=1235)
+    assert (other[0] != first[0]).any()
+    no_dropout = _flash(q, k, v, device, use_function)
+    assert (no_dropout[0] != first[0]).any()
+    np.testing.assert_array_equal(no_dropout[1], first[1])  # lse does not see dropout
+
+
+def _one_hot_case(batch, heads, n, dtype):
+    """q = k = 0 (uniform probabilities 1/n) and value = identity: out[b, i, h, j] = keep[b, h, i, j] / ((1-p) n)."""
+    q = tf.zeros([batch, n, heads, 16], dtype)
+    k = tf.zeros([batch, n, heads, 16], dtype)
+    v = tf.constant(np.broadcast_to(np.eye(n, dtype=np.float32)[None, :, None, :], (batch, n, heads, n)), dtype)
+    return q, k, v
+
+
+def _recover_keep(out, n, rate):
+    # [B, Sq, H, n] -> [B, H, Sq, Sk]
+    return np.asarray(out, np.float64).transpose(0, 2, 1, 3) * n * (1.0 - rate) > 0.5
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+@DTYPES
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.8])
+def test_kept_fraction_and_mask_recovered_through_output(device, dtype, rate):
+    batch, heads, n = 2, 3, 256
+    q, k, v = _one_hot_case(batch, heads, n, dtype)
+    out, _, rng_state, *_ = _flash(q, k, v, device, True, dropout_rate=rate, seed=99)
+    keep = _recover_keep(out, n, rate)
+    values = np.asarray(out, np.float64).transpose(0, 2, 1, 3)[keep] * n * (1.0 - rate)
+    np.testing.assert_allclose(values, 1.0, rtol={tf.float32: 1e-5, tf.float16: 2e-3, tf.bfloat16: 2e-2}[dtype])
+    fraction = keep.mean()
+    bound = 6 * np.sqrt(rate * (1 - rate) / keep.size)
+    assert abs(fraction - (1 - rate)) < bound, (fraction, 1 - rate, bound)
+    # Every (batch, head) has its own stream, and the mask is the one philox.h defines.
+    assert (keep[0, 0] != keep[0, 1]).any() and (keep[0, 0] != keep[1, 0]).any()
+    expected = philox_ref.keep_mask(int(rng_state[0]), int(rng_state[1]), batch, heads, n, n, rate)
+    np.testing.assert_array_equal(keep, expected)
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_uses_forward_mask_recovered_through_output(device):
+    # The mask recovered through the output (value = identity) alone, with no knowledge of the RNG,
+    # must give the reference gradient of the op's backward pass.
+    batch, heads, n, rate = 1, 2, 64, 0.4
+    rng = np.random.default_rng(1)
+    _, _, eye = _one_hot_case(batch, heads, n, tf.float32)
+    out_mask = _flash(tf.zeros([batch, n, heads, 16]), tf.zeros([batch, n, heads, 16]), eye, device, False,
+                      dropout_rate=rate, seed=5)[0]
+    keep = _recover_keep(out_mask, n, rate)
+    q, k, _ = _inputs(rng, batch, n, n, heads, heads, 16)
+    v = tf.constant(rng.standard_normal((batch, n, heads, n)).astype(np.float32))
+    dout = tf.constant(rng.standard_normal((batch, n, heads, n)).astype(np.float32))
+    out, _, _, dq, dk, dv = _flash(q, k, v, device, False, dout=dout, dropout_rate=rate, seed=5)
+    kw = dict(keep_mask=keep, dropout_rate=rate)
+    assert _norm_err(out, reference_attention(q, k, v, **kw)[0]) < TOL[tf.float32]
+    for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
+        assert _norm_err(got, want) < GRAD_TOL[tf.float32], f"d{name}"
+
+
+FEATURES = {
+    "plain": dict(),
+    "causal": dict(causal=True),
+    "gqa_window": dict(window=(20, 5), gqa=True),
+    "lengths": dict(q_lengths=[50, 33], kv_lengths=[77, 20]),
+    "causal_lengths_gqa": dict(causal=True, q_lengths=[61, 40], kv_lengths=[45, 80], gqa=True),
+    "attention_mask_scale": dict(attention_mask="random", scale=0.2),
+}
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+@DTYPES
+@MODES
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_output_and_gradient_match_reference_with_philox_mask(device, dtype, use_function, feature):
+    rng = np.random.default_rng(2)
+    batch, heads, sq, sk, dim, dim_v, rate = 2, 4, 61, 80, 32, 24, 0.2
+    kw = dict(FEATURES[feature])
+    heads_kv = 2 if kw.pop("gqa", False) else heads
+    if kw.get("attention_mask") == "random":
+        kw["attention_mask"] = rng.random((batch, heads, sq, sk)) < 0.8
+    q, k, v = _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v, dtype)
+    dout = tf.constant(rng.standard_normal((batch, sq, heads, dim_v)).astype(np.float32))
+    out, lse, rng_state, dq, dk, dv = _flash(q, k, v, device, use_function, dout=dout, dropout_rate=rate,
+                                             seed=[7, 3] if use_function else 7, **kw)
+    if rng_state is None:
+        seed, offset = _rng_state(q, k, v, device, dropout_rate=rate, seed=7, **kw)
+    else:
+        seed, offset = int(rng_state[0]), int(rng_state[1])
+    keep = philox_ref.keep_mask(seed, offset, batch, heads, sq, sk, rate)
+    ref_kw = dict(kw, keep_mask=keep, dropout_rate=rate)
+    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
+    out_tol = TOL[dtype]
+    if dtype != tf.float32:  # style.md: at most 2x the error of same-dtype standard attention
+        std_err = _norm_err(standard_attention(q, k, v, dtype=q.dtype.as_numpy_dtype, **ref_kw), ref_out)
+        out_tol = max(out_tol, 2 * std_err)
+    assert _norm_err(out, ref_out) <= out_tol
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse), finite)
+    np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=2e-3 if dtype != tf.float32 else 2e-5)
+    for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **ref_kw)):
+        assert _norm_err(got, want) <= GRAD_TOL[dtype], f"d{name}: {_norm_err(got, want)}"
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+def test_compute_gradient_fixed_seed(device):
+    rng = np.random.default_rng(3)
+    q, k, v = _inputs(rng, 1, 6, 9, 2, 1, 8, 4)
+
+    def fn(q, k, v):
+        return tf_flash.flash_attention(q, k, v, causal=True, dropout_rate=0.3, seed=42)
+
+    with tf.device(device):
+        theoretical, numerical = tf.test.compute_gradient(fn, [q, k, v], delta=1e-2)
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, atol=5e-3, rtol=5e-3)
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+@MODES
+def test_seed_none(device, use_function):
+    rng = np.random.default_rng(4)
+    q, k, v = _inputs(rng, 1, 40, 40, 2, 2, 16)
+
+    def fn():
+        return tf_flash.flash_attention(q, k, v, dropout_rate=0.5)
+
+    run = tf.function(fn) if use_function else fn
+    with tf.device(device):
+        a, b = run().numpy(), run().numpy()
+        assert (a != b).any(), "two calls without a seed must draw different masks"
+        tf.random.set_seed(17)
+        c = (tf.function(fn) if use_function else fn)().numpy()
+        tf.random.set_seed(17)
+        d = (tf.function(fn) if use_function else fn)().numpy()
+    np.testing.assert_array_equal(c, d)
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+def test_seed_int_and_tensor(device):
+    rng = np.random.default_rng(5)
+    q, k, v = _inputs(rng, 1, 40, 48, 2, 2, 16)
+    with tf.device(device):
+        by_int = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
+        by_int_again = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
+        by_tensor = tf_flash.flash_attention(q, k, v, dropout_rate=0.3,
+                                             seed=tf.constant([8, 1], tf.int64)).numpy()
+        by_tensor_again = tf_flash.flash_attention(q, k, v, dropout_rate=0.3,
+                                                   seed=tf.constant([8, 1], tf.int64)).numpy()
+        by_tensor_other = tf_flash.flash_attention(q, k, v, dropout_rate=0.3,
+                                                   seed=tf.constant([8, 2], tf.int64)).numpy()
+    np.testing.assert_array_equal(by_int, by_int_again)
+    np.testing.assert_array_equal(by_tensor, by_tensor_again)
+    assert (by_tensor != by_tensor_other).any()
+
+    # A seed fed into one traced function: different values, no retrace, different masks; the
+    # reported rng state is the mask's (checked against the Philox twin).
+    @tf.function(input_signature=[tf.TensorSpec([2], tf.int64)])
+    def traced(seed):
+        out = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=seed)
+        return out, out.op.outputs[2]
+
+    with tf.device(device):
+        out1, state1 = traced(tf.constant([8, 1], tf.int64))
+        out2, state2 = traced(tf.constant([-5, 2**40], tf.int64))
+    assert (out1.numpy() != out2.numpy()).any()
+    np.testing.assert_array_equal(out1, by_tensor)
+    for out, state in ((out1, state1), (out2, state2)):
+        keep = philox_ref.keep_mask(int(state[0]), int(state[1]), 1, 2, 40, 48, 0.3)
+        ref = reference_attention(q, k, v, keep_mask=keep, dropout_rate=0.3)[0]
+        assert _norm_err(out, ref) < TOL[tf.float32]
+
+
+@needs_op
+@pytest.mark.parametrize("device", DEVICES)
+def test_rate_zero_is_no_dropout(device):
+    rng = np.random.default_rng(6)
+    q, k, v = _inputs(rng, 1, 33, 47, 2, 1, 16)
+    with tf.device(device):
+        plain = tf_flash.flash_attention(q, k, v).numpy()
+        zero = tf_flash.flash_attention(q, k, v, dropout_rate=0.0, seed=3).numpy()
+    np.testing.assert_array_equal(plain, zero)
+
+
+@needs_op
+@pytest.mark.parametrize("rate", [-0.1, 1.0, 1.5, "0.1", None, float("nan")])
+def test_dropout_rate_validation(rate):
+    q = tf.zeros([1, 8, 1, 8])
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="dropout_rate") as info:
+        tf_flash.flash_attention(q, q, q, dropout_rate=rate)
+    assert "Received" in str(info.value) or "received" in str(info.value)
+
+
+@needs_op
+@pytest.mark.parametrize("seed", [1.5, "7", [1, 2, 3], np.zeros([2, 2], np.int64)])
+def test_seed_validation(seed):
+    q = tf.zeros([1, 8, 1, 8])
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="seed"):
+        tf_flash.flash_attention(q, q, q, dropout_rate=0.1, seed=seed)
+
+
+@needs_op
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPUS, reason="no GPU")
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=["f16", "bf16"])
+def test_cpu_and_gpu_drop_the_same_entries(dtype):
+    batch, heads, n, rate = 2, 2, 128, 0.3
+    q, k, v = _one_hot_case(batch, heads, n, dtype)
+    outs = [_flash(q, k, v, device, False, dropout_rate=rate, seed=2024)[0] for device in ("cpu", "gpu")]
+    np.testing.assert_array_equal(_recover_keep(outs[0], n, rate), _recover_keep(outs[1], n, rate))
