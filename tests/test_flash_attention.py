@@ -1,0 +1,312 @@
+"""tf_flash.flash_attention against a float64 reference: every feature, its gradients, dtypes, devices,
+eager and tf.function, bad inputs, long sequences and linear memory."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_flash
+from reference import reference_attention, reference_attention_grad, standard_attention, to_numpy
+
+DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
+DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
+
+
+def _random(rng, shape, dtype=tf.float32):
+    return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
+
+
+def _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v=None, dtype=tf.float32):
+    return (_random(rng, (batch, seqlen_q, heads, head_dim), dtype),
+            _random(rng, (batch, seqlen_k, heads_kv, head_dim), dtype),
+            _random(rng, (batch, seqlen_k, heads_kv, head_dim_v or head_dim), dtype))
+
+
+def _rel_err(x, ref):
+    x, ref = to_numpy(x), to_numpy(ref)
+    assert not np.isnan(x).any(), "NaN in the result"
+    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _run(fn, mode):
+    return tf.function(fn)() if mode == "graph" else fn()
+
+
+def _gpu_skip_unsupported(device, dtype):
+    if "GPU" in device and dtype == tf.float32 and tf_flash.build_info().get("cuda_float32", "0") != "1":
+        pytest.skip("float32 is not compiled for the GPU")
+
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v): odd lengths, GQA/MQA, Sq != Sk.
+SHAPES = [
+    (2, 77, 77, 4, 4, 32, 32),
+    (1, 130, 67, 4, 2, 64, 64),
+    (2, 45, 200, 6, 1, 16, 24),
+    (1, 1, 129, 2, 2, 8, 8),
+    (1, 257, 257, 2, 1, 128, 128),
+]
+
+# Feature sets, each combined with the shapes above.
+FEATURES = {
+    "plain": {},
+    "causal": {"causal": True},
+    "window": {"window": (13, 5)},
+    "window_left_only": {"window": (20, None), "causal": True},
+    "lengths": {"q_lengths": "q", "kv_lengths": "kv"},
+    "mask_full": {"attention_mask": "full"},
+    "mask_broadcast": {"attention_mask": "rows"},
+    "all": {"causal": True, "window": (40, None), "q_lengths": "q", "kv_lengths": "kv", "attention_mask": "full"},
+    "scale": {"scale": 0.3},
+}
+
+
+def _features(rng, name, batch, seqlen_q, seqlen_k, heads):
+    kwargs = dict(FEATURES[name])
+    if kwargs.get("q_lengths") == "q":
+        kwargs["q_lengths"] = rng.integers(0, seqlen_q + 1, size=batch).astype(np.int32)
+        kwargs["q_lengths"][0] = seqlen_q
+    if kwargs.get("kv_lengths") == "kv":
+        kwargs["kv_lengths"] = rng.integers(1, seqlen_k + 1, size=batch).astype(np.int32)
+    if kwargs.get("attention_mask") == "full":
+        kwargs["attention_mask"] = rng.random((batch, heads, seqlen_q, seqlen_k)) < 0.7
+    elif kwargs.get("attention_mask") == "rows":  # [B, 1, 1, Sk]: key padding, broadcast over heads and rows
+        kwargs["attention_mask"] = rng.random((batch, 1, 1, seqlen_k)) < 0.8
+    return kwargs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_forward_and_gradients_float32(device, shape, feature):
+    rng = np.random.default_rng(abs(hash((shape, feature))) % 2**32)
+    batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v = shape
+    q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v)
+    kwargs = _features(rng, feature, batch, seqlen_q, seqlen_k, heads)
+    d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v))
+    d_lse = _random(rng, (batch, heads, seqlen_q))
+    _gpu_skip_unsupported(device, tf.float32)
+    with tf.device(device):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
+            # d_lse flows too: lse is differentiable (its gradient is P).
+            loss = tf.reduce_sum(out * d_out) + tf.reduce_sum(tf.where(tf.math.is_inf(lse), 0.0, lse) * d_lse)
+        grads = tape.gradient(loss, [q, k, v])
+    ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
+    finite = np.isfinite(ref_lse)
+    d_lse_ref = np.where(finite, to_numpy(d_lse), 0.0)
+    ref_grads = reference_attention_grad(q, k, v, d_out, d_lse=d_lse_ref, **kwargs)
+    assert _rel_err(out, ref_out) < 1e-5
+    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
+    assert lse.numpy()[~finite].max(initial=-np.inf) == -np.inf
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], rtol=1e-5, atol=1e-5)
+    for name, grad, ref in zip("qkv", grads, ref_grads):
+        assert _rel_err(grad, ref) < 1e-4, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, head_dim, causal):
+    rng = np.random.default_rng(head_dim + 7 * causal)
+    tf_dtype = DTYPES[dtype]
+    q, k, v = _qkv(rng, 2, 200, 333, 4, 2, head_dim, dtype=tf_dtype)
+    d_out = _random(rng, (2, 200, 4, head_dim), tf_dtype)
+    with tf.device(device):
+        def fn():
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = tf_flash.flash_attention(q, k, v, causal=causal)
+            return out, tape.gradient(out, [q, k, v], output_gradients=d_out)
+        out, grads = _run(fn, mode)
+    assert out.dtype == tf_dtype and all(g.dtype == tf_dtype for g in grads)
+    ref = reference_attention(q, k, v, causal=causal)[0]
+    baseline = standard_attention(q, k, v, causal=causal)
+    bound = 2 * _rel_err(baseline, ref)
+    assert _rel_err(out, ref) <= bound
+    # Gradients: the same-dtype standard attention's gradient error is about the forward's; allow the
+    # bound of the forward scaled by a small factor for the longer chain of rounding.
+    ref_grads = reference_attention_grad(q, k, v, d_out, causal=causal)
+    for name, grad, r in zip("qkv", grads, ref_grads):
+        assert _rel_err(grad, r) <= 4 * bound, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [8, 24, 40, 96, 160, 256])
+def test_head_dims(device, head_dim):
+    _gpu_skip_unsupported(device, tf.float32)
+    rng = np.random.default_rng(head_dim)
+    q, k, v = _qkv(rng, 1, 70, 90, 2, 1, head_dim)
+    with tf.device(device):
+        out = tf_flash.flash_attention(q, k, v, causal=True)
+    assert _rel_err(out, reference_attention(q, k, v, causal=True)[0]) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_rows_with_nothing_visible_give_zero_and_minus_inf(device, dtype):
+    _gpu_skip_unsupported(device, DTYPES[dtype])
+    rng = np.random.default_rng(3)
+    q, k, v = _qkv(rng, 2, 40, 50, 2, 2, 32, dtype=DTYPES[dtype])
+    mask = np.ones((2, 2, 40, 50), bool)
+    mask[:, :, 5] = False  # one row sees nothing through the mask
+    kwargs = dict(attention_mask=mask, q_lengths=[30, 40], kv_lengths=[50, 0], window=(3, None))
+    with tf.device(device):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
+        grads = tape.gradient(out, [q, k, v])
+    out, lse = out.numpy().astype(np.float32), lse.numpy()
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    assert (out[0, 5] == 0).all() and (out[0, 30:] == 0).all() and (out[1] == 0).all()
+    assert (lse[0, :, 5] == -np.inf).all() and (lse[0, :, 30:] == -np.inf).all() and (lse[1] == -np.inf).all()
+    for grad in grads:
+        assert not np.isnan(to_numpy(grad)).any()
+    assert (to_numpy(grads[1])[1] == 0).all() and (to_numpy(grads[0])[0, 30:] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_sequences(device):
+    q = tf.random.normal([2, 5, 2, 16])
+    k = tf.random.normal([2, 0, 2, 16])
+    with tf.device(device):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k])
+            out, lse = tf_flash.flash_attention(q, k, k, return_lse=True)
+        d_q = tape.gradient(out, q)
+    assert out.shape == (2, 5, 2, 16) and (out.numpy() == 0).all() and (lse.numpy() == -np.inf).all()
+    assert (d_q.numpy() == 0).all()
+    with tf.device(device):
+        out = tf_flash.flash_attention(tf.zeros([2, 0, 2, 16]), q, q)
+    assert out.shape == (2, 0, 2, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_fully_written(device):
+    """Every element is written: the outputs of a poisoned allocator would show up as NaN or garbage.
+    Run twice on one device after a NaN-producing op so recycled buffers hold NaNs."""
+    rng = np.random.default_rng(5)
+    q, k, v = _qkv(rng, 2, 131, 97, 3, 3, 48)
+    with tf.device(device):
+        for _ in range(2):
+            poison = tf.fill([2 * 131 * 3 * 48 * 4], np.nan)  # noqa: F841 (fills the pool with NaNs)
+            del poison
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = tf_flash.flash_attention(q, k, v, q_lengths=[100, 131], kv_lengths=[97, 50], causal=True)
+            grads = tape.gradient(out, [q, k, v])
+            for t in [out, *grads]:
+                assert np.isfinite(t.numpy()).all()
+
+
+def test_compute_gradient_float32():
+    rng = np.random.default_rng(11)
+    q, k, v = _qkv(rng, 1, 6, 7, 2, 1, 4)
+    mask = rng.random((1, 2, 6, 7)) < 0.8
+
+    def f(q, k, v):
+        return tf_flash.flash_attention(q, k, v, causal=False, window=(3, 2), attention_mask=mask, kv_lengths=[6])
+
+    theoretical, numerical = tf.test.compute_gradient(f, [q, k, v], delta=1e-2)
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, atol=2e-2, rtol=2e-2)
+
+
+def test_retraces_for_other_shapes_and_graph_gradient():
+    fn = tf.function(lambda q: tf.reduce_sum(tf_flash.flash_attention(q, q, q, causal=True)))
+    for seqlen in (5, 70, 129):
+        q = tf.random.normal([1, seqlen, 2, 16])
+        with tf.GradientTape() as tape:
+            tape.watch(q)
+            y = fn(q)
+        assert tape.gradient(y, q).shape == q.shape
+
+
+def test_static_shape_inference():
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 8, 32]), tf.TensorSpec([None, None, 2, 32]),
+                                  tf.TensorSpec([None, None, 2, 16])])
+    def fn(q, k, v):
+        out, lse = tf_flash.flash_attention(q, k, v, return_lse=True)
+        assert out.shape.as_list() == [None, None, 8, 16]
+        assert lse.shape.as_list() == [None, 8, None]
+        return out
+
+    assert fn(tf.zeros([1, 3, 8, 32]), tf.zeros([1, 4, 2, 32]), tf.zeros([1, 4, 2, 16])).shape == (1, 3, 8, 16)
+
+
+BAD_INPUTS = [
+    (dict(q=(1, 4, 2, 8), k=(1, 4, 3, 8)), "heads"),
+    (dict(q=(1, 4, 2, 8), k=(1, 4, 2, 16)), "head dim"),
+    (dict(q=(1, 4, 2, 8), k=(2, 4, 2, 8)), "batch"),
+    (dict(q=(1, 4, 2, 300)), "head dim"),
+    (dict(q=(4, 2, 8)), "rank 4"),
+    (dict(q_lengths=[5]), "q_lengths"),
+    (dict(kv_lengths=[-1]), "kv_lengths"),
+    (dict(kv_lengths=[1, 2]), "kv_lengths"),
+    (dict(attention_mask=np.ones((1, 2, 4, 3), bool)), "attention_mask"),
+    (dict(attention_mask=np.ones((4, 4))), "attention_mask"),
+    (dict(block_mask=np.ones((3, 3), bool), block_size=2), "block_mask"),
+    (dict(dropout_rate=1.0), "dropout_rate"),
+    (dict(dropout_rate=-0.1), "dropout_rate"),
+    (dict(window=(-2, 3)), "window"),
+    (dict(block_size=0), "block_size"),
+    (dict(seed=[1, 2, 3]), "seed"),
+    (dict(value_dtype=tf.float16), "value"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=lambda c: c[1] if isinstance(c, str) else None)
+def test_bad_inputs_raise_clear_errors(case):
+    kwargs, word = case
+    kwargs = dict(kwargs)
+    q_shape = kwargs.pop("q", (1, 4, 2, 8))
+    k_shape = kwargs.pop("k", (1, 4, 2, q_shape[-1]) if len(q_shape) == 4 else (1, 4, 2, 8))
+    value_dtype = kwargs.pop("value_dtype", tf.float32)
+    q, k = tf.zeros(q_shape), tf.zeros(k_shape)
+    v = tf.zeros(k_shape, value_dtype)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match=word):
+        tf_flash.flash_attention(q, k, v, **kwargs)
+
+
+def test_bad_lengths_inside_tf_function():
+    fn = tf.function(lambda q, lengths: tf_flash.flash_attention(q, q, q, kv_lengths=lengths))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"kv_lengths\[0\].*Received: kv_lengths\[0\]=9"):
+        fn(tf.zeros([1, 4, 2, 8]), tf.constant([9]))
+
+
+def test_long_sequence_past_2_31_scores():
+    """b*h*s*s = 2^32 scores: TF's standard attention cannot run this; the tiled kernel does, exactly."""
+    seqlen, rng = 65536, np.random.default_rng(2)
+    q, k, v = _qkv(rng, 1, seqlen, seqlen, 1, 1, 16)
+    out = tf_flash.flash_attention(q, k, v).numpy()
+    rows = np.sort(rng.choice(seqlen, size=8, replace=False))
+    ref = reference_attention(tf.gather(q, rows, axis=1), k, v)[0]
+    assert _rel_err(out[:, rows], ref) < 1e-5
+
+
+def test_memory_is_linear_in_sequence_length():
+    """Forward+backward at s=16384, h=8, d=64: the scores alone would be 8 GiB; peak RSS must stay within
+    a few hundred MB of the inputs. Measured in a fresh process so earlier tests do not count."""
+    script = textwrap.dedent("""
+        import resource, tensorflow as tf, tf_flash
+        q, k, v = (tf.random.normal([1, 16384, 8, 64]) for _ in range(3))
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = tf_flash.flash_attention(q, k, v, causal=True)
+        grads = tape.gradient(out, [q, k, v])
+        _ = [g.numpy() for g in grads]
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    grown_mb = float(result.stdout.strip().splitlines()[-1])
+    # Inputs are 32 MiB each; outputs, gradients and dQ partials are a few times that.
+    assert grown_mb < 400, f"peak RSS grew by {grown_mb:.0f} MB"
