@@ -1,0 +1,372 @@
+#!/usr/bin/env python
+"""CPU benchmark of tf_flash (benchmarks.md, CPU part; issues 2 and 3).
+
+float32, b=1, h=8, d=64, s in 512..8192 (and 16k..64k for tf_flash only with --long), causal and not:
+forward and forward+backward time and GFLOP/s (fwd = 4 b s^2 h d, halved when causal; fwd+bwd = 3.5 fwd)
+next to TF's float32 matmul rate (2048^3) measured in the same run, TF standard attention (einsum,
+softmax, einsum) with and without XLA, and peak RSS. Plus the block-sparse density sweep at s=8192 and
+the dropout overhead (p=0.1 vs 0).
+
+Every configuration runs in its own subprocess, so that each peak RSS (getrusage ru_maxrss) belongs to
+that configuration alone and a configuration that runs out of memory does not end the run.
+
+    python benchmarks/bench_cpu.py            # full run (~30-60 min on 2 cores), results/cpu_<date>.*
+    python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k
+    python benchmarks/bench_cpu.py --quick    # smoke run (a few minutes), results/cpu_quick.*
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+BATCH, HEADS, DIM = 1, 8, 64
+IMPLS = ["tf_flash", "tf_standard", "tf_standard_xla"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Worker: one configuration per process
+# ---------------------------------------------------------------------------------------------------------
+
+def _rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def _current_rss_mb():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return None
+
+
+def _worker_matmul(task):
+    import tensorflow as tf
+    n = task.get("n", 2048)
+    a = tf.random.normal([n, n])
+    b = tf.random.normal([n, n])
+    fn = tf.function(lambda a, b: tf.matmul(a, b))
+    stats = common.time_calls(lambda: fn(a, b)[0, 0].numpy(), warmup=3, repeats=task.get("repeats", 20))
+    stats["gflops"] = 2.0 * n ** 3 / stats["median_s"] / 1e9
+    return stats
+
+
+def _worker_attention(task):
+    import numpy as np
+    import tensorflow as tf
+    seqlen, causal, impl = task["seqlen"], task["causal"], task["impl"]
+    extra = dict(task.get("extra") or {})
+    if "block_mask" in extra:
+        from tf_flash import sparsity
+        spec = extra.pop("block_mask")
+        builder = getattr(sparsity, spec["builder"])
+        mask, dens = builder(seqlen, seqlen, spec.get("block_size", 128), **spec.get("kwargs", {}))
+        extra["block_mask"] = mask
+        extra["block_size"] = spec.get("block_size", 128)
+    rng = np.random.default_rng(0)
+    shape = (BATCH, seqlen, HEADS, DIM)
+    q, k, v, dout = (tf.constant(rng.standard_normal(shape, dtype=np.float32)) for _ in range(4))
+    fwd, fwd_bwd = common.make_fns(impl, causal, extra)
+    result = {"rss_base_mb": _rss_mb(), "rss_base_current_mb": _current_rss_mb()}
+    for mode in task["modes"]:
+        fn = fwd if mode == "fwd" else fwd_bwd
+        t0 = time.perf_counter()
+        fn.get_concrete_function(q, k, v, dout)  # trace (and compile under XLA) outside the timing
+
+        def call():
+            out = fn(q, k, v, dout)
+            (out if mode == "fwd" else out[0])[0, 0, 0, 0].numpy()
+
+        first0 = time.perf_counter()
+        call()  # first call: may still build kernels; also sizes the repeat count
+        first = time.perf_counter() - first0
+        warmup = task.get("warmup", 2 if first < 2.0 else 1)
+        stats = common.time_calls(call, warmup=max(0, warmup - 1), repeats=task.get("repeats", 20),
+                                  budget_s=task.get("budget_s", 30.0), min_repeats=task.get("min_repeats", 3))
+        stats["first_call_s"] = first
+        stats["setup_s"] = first0 - t0
+        flops = common.attention_flops(BATCH, seqlen, HEADS, DIM, causal, mode)
+        stats["gflops"] = flops / stats["median_s"] / 1e9
+        stats["peak_rss_mb"] = _rss_mb()
+        result[mode] = stats
+    return result
+
+
+def worker_main(task_json):
+    task = json.loads(task_json)
+    try:
+        if task["kind"] == "matmul":
+            result = _worker_matmul(task)
+        else:
+            result = _worker_attention(task)
+        result["ok"] = True
+    except Exception as err:  # noqa: BLE001 - report, the parent goes on
+        result = {"ok": False, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parent: run the tasks, write the results
+# ---------------------------------------------------------------------------------------------------------
+
+def run_task(task, timeout_s, log):
+    label = task["label"]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(task)],
+                              capture_output=True, text=True, timeout=timeout_s)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        if lines:
+            result = json.loads(lines[-1][len("RESULT "):])
+        else:
+            why = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit {proc.returncode}"
+            tail = proc.stderr.strip().splitlines()[-1:] if proc.stderr else []
+            result = {"ok": False, "error": f"{why} {' '.join(tail)[:300]}"}
+    except subprocess.TimeoutExpired:
+        result = {"ok": False, "error": f"timeout after {timeout_s}s"}
+    result["wall_s"] = time.perf_counter() - t0
+    summary = result.get("error") if not result.get("ok") else " ".join(
+        f"{m}={result[m]['median_s'] * 1e3:.1f}ms/{result[m].get('gflops', 0):.1f}GF/s"
+        for m in ("fwd", "fwd_bwd") if m in result) or f"{result.get('gflops', 0):.1f} GF/s"
+    log(f"[{result['wall_s']:6.1f}s] {label}: {summary}")
+    return dict(task, result=result)
+
+
+def build_tasks(args):
+    tasks = [{"kind": "matmul", "label": "matmul 2048^3 (start)", "section": "matmul", "n": 2048,
+              "repeats": 5 if args.quick else 20}]
+    seqlens = args.seqlens
+    for impl in args.impls:
+        for causal in (False, True):
+            for s in seqlens:
+                tasks.append({"kind": "attention", "section": "main", "impl": impl, "seqlen": s, "causal": causal,
+                              "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget,
+                              "label": f"{impl} s={s} causal={causal}"})
+    if args.long and "tf_flash" in args.impls:
+        for causal in (False, True):
+            for s in args.long_seqlens:
+                tasks.append({"kind": "attention", "section": "main", "impl": "tf_flash", "seqlen": s,
+                              "causal": causal, "modes": args.long_modes, "budget_s": args.budget, "warmup": 1,
+                              "min_repeats": 1, "label": f"tf_flash s={s} causal={causal} (long)"})
+    if "tf_flash" in args.impls and not args.skip_sparse:
+        s = args.sparse_seqlen
+        sparse = [("none", None, 1.0)]
+        sparse.append(("dense mask", {"builder": "dense"}, 1.0))
+        for inv in (2, 4, 8, 16):
+            sparse.append((f"random 1/{inv}", {"builder": "random_blocks",
+                                               "kwargs": {"density": 1.0 / inv, "seed": 0}}, 1.0 / inv))
+        sparse.append(("butterfly", {"builder": "butterfly"}, None))
+        sparse.append(("local window=2", {"builder": "local", "kwargs": {"window": 2}}, None))
+        for name, spec, _ in sparse:
+            extra = {} if spec is None else {"block_mask": dict(spec, block_size=args.block_size)}
+            tasks.append({"kind": "attention", "section": "sparse", "impl": "tf_flash", "seqlen": s, "causal": False,
+                          "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget, "extra": extra, "pattern": name,
+                          "label": f"tf_flash sparse {name} s={s}"})
+    if "tf_flash" in args.impls and not args.skip_dropout:
+        for s in args.dropout_seqlens:
+            for rate in (0.0, 0.1):
+                extra = {"dropout_rate": rate, "seed": 1} if rate else {}
+                tasks.append({"kind": "attention", "section": "dropout", "impl": "tf_flash", "seqlen": s,
+                              "causal": False, "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget, "extra": extra,
+                              "rate": rate, "label": f"tf_flash dropout p={rate} s={s}"})
+    tasks.append({"kind": "matmul", "label": "matmul 2048^3 (end)", "section": "matmul", "n": 2048,
+                  "repeats": 5 if args.quick else 20})
+    return tasks
+
+
+def _get(entry, mode, key):
+    r = entry["result"]
+    return r[mode][key] if r.get("ok") and mode in r else None
+
+
+def _density_of(task):
+    spec = (task.get("extra") or {}).get("block_mask")
+    if spec is None:
+        return 1.0
+    sys.path.insert(0, common.REPO)
+    import importlib.util
+    path = os.path.join(common.REPO, "tf_flash", "sparsity.py")
+    mod_spec = importlib.util.spec_from_file_location("_sparsity_for_bench", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    builder = getattr(mod, spec["builder"])
+    return builder(task["seqlen"], task["seqlen"], spec.get("block_size", 128), **spec.get("kwargs", {}))[1]
+
+
+def report(entries, info, args, stem):
+    matmul = [e["result"].get("gflops") for e in entries if e["section"] == "matmul" and e["result"].get("ok")]
+    matmul_rate = max(matmul) if matmul else None
+    lines = [f"# tf_flash CPU benchmark{' (quick smoke run)' if args.quick else ''}", "", common.info_markdown(info),
+             "", f"Config: float32, b={BATCH}, h={HEADS}, d={DIM}; times are medians over the timed calls "
+             "(after warm-up, tracing excluded); GFLOP/s with fwd = 4 b s^2 h d (halved when causal), "
+             "fwd+bwd = 3.5 fwd. Peak RSS: ru_maxrss of a process that ran only that configuration "
+             "(fwd, then fwd+bwd); `base` is the RSS after importing TF and creating the inputs.", "",
+             "TF float32 matmul 2048^3: " + ", ".join(f"{m:.1f}" for m in matmul) + " GFLOP/s (start, end)", ""]
+    main = [e for e in entries if e["section"] == "main"]
+    rows = []
+    for e in sorted(main, key=lambda e: (e["impl"], e["causal"], e["seqlen"])):
+        r = e["result"]
+        fwd_gf, fb_gf = _get(e, "fwd", "gflops"), _get(e, "fwd_bwd", "gflops")
+        rows.append([e["impl"], "yes" if e["causal"] else "no", e["seqlen"],
+                     common.fmt(_get(e, "fwd", "median_s") and _get(e, "fwd", "median_s") * 1e3),
+                     common.fmt(fwd_gf), common.fmt(fwd_gf and matmul_rate and 100 * fwd_gf / matmul_rate, 0),
+                     common.fmt(_get(e, "fwd_bwd", "median_s") and _get(e, "fwd_bwd", "median_s") * 1e3),
+                     common.fmt(fb_gf), common.fmt(_get(e, "fwd", "peak_rss_mb"), 0),
+                     common.fmt(_get(e, "fwd_bwd", "peak_rss_mb"), 0), common.fmt(r.get("rss_base_mb"), 0),
+                     "" if r.get("ok") else r.get("error", "")[:80]])
+    lines += ["## Dense attention", "", common.markdown_table(
+        ["impl", "causal", "seqlen", "fwd ms", "fwd GFLOP/s", "fwd % matmul", "fwd+bwd ms", "fwd+bwd GFLOP/s",
+         "peak RSS fwd MB", "peak RSS fwd+bwd MB", "base MB", "error"], rows), ""]
+
+    # Ratios the issues ask for.
+    def find(impl, causal, s):
+        for e in main:
+            if e["impl"] == impl and e["causal"] == causal and e["seqlen"] == s:
+                return e
+        return None
+
+    ratio_rows = []
+    for s in sorted({e["seqlen"] for e in main}):
+        flash, flash_c = find("tf_flash", False, s), find("tf_flash", True, s)
+        std, std_c = find("tf_standard", False, s), find("tf_standard", True, s)
+        def div(a, b):
+            return a / b if a and b else None
+        ratio_rows.append([
+            s, common.fmt(div(flash and _get(flash, "fwd", "gflops"), matmul_rate), 2),
+            common.fmt(div(std and _get(std, "fwd", "gflops"), matmul_rate), 2),
+            common.fmt(div(std and _get(std, "fwd_bwd", "median_s"), flash and _get(flash, "fwd_bwd", "median_s")), 2),
+            common.fmt(div(std_c and _get(std_c, "fwd_bwd", "median_s"),
+                           flash_c and _get(flash_c, "fwd_bwd", "median_s")), 2),
+            common.fmt(div(flash and _get(flash, "fwd", "median_s"), flash_c and _get(flash_c, "fwd", "median_s")), 2),
+            common.fmt(div(flash and _get(flash, "fwd_bwd", "median_s"),
+                           flash_c and _get(flash_c, "fwd_bwd", "median_s")), 2)])
+    lines += ["## Ratios", "", "Targets (issue 2): fwd >= 0.70 of matmul; fwd+bwd >= 1.3x TF standard; causal "
+              "close to 2x faster.", "", common.markdown_table(
+                  ["seqlen", "tf_flash fwd / matmul", "TF std fwd / matmul", "fwd+bwd speedup vs TF std",
+                   "same, causal", "causal speedup fwd", "causal speedup fwd+bwd"], ratio_rows), ""]
+
+    sparse = [e for e in entries if e["section"] == "sparse"]
+    if sparse:
+        base = next((e for e in sparse if e["pattern"] == "none"), None)
+        rows = []
+        for e in sparse:
+            speed = [None, None]
+            for i, mode in enumerate(("fwd", "fwd_bwd")):
+                t, t0 = _get(e, mode, "median_s"), base and _get(base, mode, "median_s")
+                speed[i] = t0 / t if t and t0 else None
+            rows.append([e["pattern"], common.fmt(_density_of(e), 4),
+                         common.fmt(_get(e, "fwd", "median_s") and _get(e, "fwd", "median_s") * 1e3),
+                         common.fmt(speed[0], 2),
+                         common.fmt(_get(e, "fwd_bwd", "median_s") and _get(e, "fwd_bwd", "median_s") * 1e3),
+                         common.fmt(speed[1], 2), "" if e["result"].get("ok") else e["result"].get("error", "")[:80]])
+        lines += [f"## Block-sparse (s={args.sparse_seqlen}, block {args.block_size}, non-causal)", "",
+                  "Target (issue 3): density 1/8 >= 5x faster than dense.", "", common.markdown_table(
+                      ["pattern", "density", "fwd ms", "fwd speedup", "fwd+bwd ms", "fwd+bwd speedup", "error"], rows),
+                  ""]
+
+    drop = [e for e in entries if e["section"] == "dropout"]
+    if drop:
+        rows = []
+        for s in sorted({e["seqlen"] for e in drop}):
+            pair = {e["rate"]: e for e in drop if e["seqlen"] == s}
+            cells = [s]
+            for mode in ("fwd", "fwd_bwd"):
+                t0 = pair.get(0.0) and _get(pair[0.0], mode, "median_s")
+                t1 = pair.get(0.1) and _get(pair[0.1], mode, "median_s")
+                cells += [common.fmt(t0 and t0 * 1e3), common.fmt(t1 and t1 * 1e3),
+                          common.fmt(t0 and t1 and 100 * (t1 / t0 - 1), 0)]
+            rows.append(cells)
+        lines += ["## Dropout overhead (non-causal)", "", "Target (issue 3): at most 30%.", "", common.markdown_table(
+            ["seqlen", "fwd p=0 ms", "fwd p=0.1 ms", "fwd overhead %", "fwd+bwd p=0 ms", "fwd+bwd p=0.1 ms",
+             "fwd+bwd overhead %"], rows), ""]
+
+    # Plots.
+    def series(mode, key, scale=1.0):
+        out = {}
+        for e in main:
+            value = _get(e, mode, key)
+            label = f"{e['impl']}{' causal' if e['causal'] else ''}"
+            out.setdefault(label, []).append((e["seqlen"], value * scale if value is not None else None))
+        return out
+
+    plots = []
+    for name, mode, key, scale, ylabel in (
+            ("runtime_fwd", "fwd", "median_s", 1e3, "forward time (ms)"),
+            ("runtime_fwd_bwd", "fwd_bwd", "median_s", 1e3, "forward + backward time (ms)"),
+            ("memory", "fwd_bwd", "peak_rss_mb", 1.0, "peak RSS, fwd+bwd (MB)")):
+        path = common.plot_vs_seqlen(os.path.join(args.out_dir, f"{stem}_{name}.png"), series(mode, key, scale),
+                                     ylabel, f"CPU float32 b{BATCH} h{HEADS} d{DIM}: {ylabel}")
+        if path:
+            plots.append(os.path.basename(path))
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    text = "\n".join(lines)
+    with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as f:
+        f.write(text)
+    common.write_json(os.path.join(args.out_dir, f"{stem}.json"),
+                      {"info": info, "args": vars(args), "matmul_gflops": matmul, "entries": entries})
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, short budgets")
+    parser.add_argument("--long", action="store_true", help="also tf_flash at --long-seqlens (16k..64k)")
+    parser.add_argument("--seqlens", type=int, nargs="+", default=None)
+    parser.add_argument("--long-seqlens", type=int, nargs="+", default=[16384, 32768, 65536])
+    parser.add_argument("--long-modes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
+    parser.add_argument("--impls", nargs="+", default=IMPLS, choices=IMPLS)
+    parser.add_argument("--budget", type=float, default=None, help="seconds of timed calls per config and mode")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per configuration process")
+    parser.add_argument("--sparse-seqlen", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--dropout-seqlens", type=int, nargs="+", default=None)
+    parser.add_argument("--skip-sparse", action="store_true")
+    parser.add_argument("--skip-dropout", action="store_true")
+    parser.add_argument("--out-dir", default=common.RESULTS_DIR)
+    parser.add_argument("--tag", default=None, help="file stem (default cpu_<date> or cpu_quick)")
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args.worker)
+        return
+    if args.seqlens is None:
+        args.seqlens = [512, 1024] if args.quick else [512, 1024, 2048, 4096, 8192]
+    if args.budget is None:
+        args.budget = 2.0 if args.quick else 30.0
+    if args.sparse_seqlen is None:
+        args.sparse_seqlen = 2048 if args.quick else 8192
+    if args.dropout_seqlens is None:
+        args.dropout_seqlens = [1024] if args.quick else [2048, 8192]
+    if args.quick:
+        args.long_seqlens = [2048]
+    info = common.machine_info()
+    stem = args.tag or ("cpu_quick" if args.quick else "cpu_" + info["date_utc"][:10].replace("-", ""))
+    os.makedirs(args.out_dir, exist_ok=True)
+    log_path = os.path.join(args.out_dir, f"{stem}.log")
+    log_file = open(log_path, "w")
+
+    def log(msg):
+        print(msg, flush=True)
+        log_file.write(msg + "\n")
+        log_file.flush()
+
+    log(f"tf_flash CPU benchmark, {info['date_utc']}, {info['cpu']} x{info['cpu_count']}, "
+        f"TF {info.get('tensorflow')}, tf_flash {info.get('tf_flash')}")
+    entries = []
+    for task in build_tasks(args):
+        entries.append(run_task(task, args.timeout, log))
+        report(entries, info, args, stem)  # keep the files current: a long run stopped midway keeps its results
+    text = report(entries, info, args, stem)
+    print()
+    print(text.split("## Plots")[0])
+    log_file.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Shared pieces of the tf_flash benchmarks: FLOP formula, timing statistics, the attention baselines,
+machine/version info, result files (markdown + json) and plots (runtime and memory vs seqlen, log scale)."""
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+if REPO not in sys.path:  # run from a checkout: import the in-tree tf_flash
+    sys.path.insert(0, REPO)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# FLOPs (benchmarks.md): fwd = 4 b s^2 h d (halved when causal); bwd = 2.5 fwd; fwd+bwd = 3.5 fwd
+# ---------------------------------------------------------------------------------------------------------
+
+def attention_flops(batch, seqlen, heads, dim, causal, mode):
+    fwd = 4.0 * batch * seqlen * seqlen * heads * dim / (2.0 if causal else 1.0)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[mode]
+
+
+def summarize(times):
+    """Median and spread (min, max, interquartile) of a list of seconds."""
+    times = sorted(times)
+    n = len(times)
+    q1 = times[(n - 1) // 4]
+    q3 = times[(3 * (n - 1) + 3) // 4]
+    return {"median_s": statistics.median(times), "min_s": times[0], "max_s": times[-1], "q1_s": q1, "q3_s": q3,
+            "n": n}
+
+
+def time_calls(call, warmup, repeats, budget_s=None, min_repeats=3):
+    """Times call() (which must block until its result exists) after `warmup` calls. With budget_s the
+    number of timed calls is cut to what fits in the budget, but never below min_repeats."""
+    for _ in range(warmup):
+        call()
+    times = []
+    start = time.perf_counter()
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+        if budget_s is not None and i + 1 >= min_repeats and time.perf_counter() - start > budget_s:
+            break
+    return summarize(times)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Attention implementations, all on [B, S, H, D]
+# ---------------------------------------------------------------------------------------------------------
+
+def standard_attention(q, k, v, causal):
+    """TF's standard attention: einsum, softmax, einsum (the N x N matrix is materialized)."""
+    import tensorflow as tf
+    scale = 1.0 / float(q.shape[-1]) ** 0.5
+    scores = tf.einsum("bqhd,bkhd->bhqk", q, k) * tf.cast(scale, q.dtype)
+    if causal:
+        sq, sk = tf.shape(scores)[2], tf.shape(scores)[3]
+        visible = tf.range(sk)[None, :] <= tf.range(sq)[:, None]
+        scores = tf.where(visible, scores, tf.cast(-1e9 if q.dtype == tf.float32 else -3e4, q.dtype))
+    probs = tf.nn.softmax(scores, axis=-1)
+    return tf.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def keras_attention(q, k, v, causal):
+    """The attention of keras.layers.MultiHeadAttention (Keras 3 routes it to ops.dot_product_attention)."""
+    import keras
+    scale = 1.0 / float(q.shape[-1]) ** 0.5
+    return keras.ops.dot_product_attention(q, k, v, scale=scale, is_causal=causal)
+
+
+def make_fns(impl, causal, extra=None):
+    """(fwd(q, k, v, dout) -> out, fwd_bwd(q, k, v, dout) -> (dq, dk, dv)) as tf.functions."""
+    import tensorflow as tf
+    extra = dict(extra or {})
+    jit = False
+    if impl == "tf_flash":
+        import tf_flash
+
+        def attn(q, k, v):
+            return tf_flash.flash_attention(q, k, v, causal=causal, **extra)
+    elif impl in ("tf_standard", "tf_standard_xla"):
+        jit = impl == "tf_standard_xla"
+
+        def attn(q, k, v):
+            return standard_attention(q, k, v, causal)
+    elif impl == "keras_mha":
+        def attn(q, k, v):
+            return keras_attention(q, k, v, causal)
+    else:
+        raise ValueError(f"unknown impl {impl!r}")
+
+    def fwd(q, k, v, dout):
+        return attn(q, k, v)
+
+    def fwd_bwd(q, k, v, dout):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attn(q, k, v)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(dout, tf.float32))
+        return tape.gradient(loss, [q, k, v])
+
+    return tf.function(fwd, jit_compile=jit), tf.function(fwd_bwd, jit_compile=jit)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Machine and versions
+# ---------------------------------------------------------------------------------------------------------
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _mem_total_gib():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _git_commit():
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info(gpu=False):
+    info = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "mem_total_gib": _mem_total_gib(),
+        "python": sys.version.split()[0],
+        "git_commit": _git_commit(),
+    }
+    try:
+        import numpy
+        import tensorflow as tf
+        info["tensorflow"] = tf.__version__
+        info["numpy"] = numpy.__version__
+        import keras
+        info["keras"] = keras.__version__
+    except ImportError:
+        pass
+    try:
+        import tf_flash
+        info["tf_flash"] = tf_flash.__version__
+        info["tf_flash_build"] = tf_flash.build_info()
+    except Exception as err:  # noqa: BLE001 - the library may be missing on a baseline-only run
+        info["tf_flash"] = f"unavailable: {err}"
+    if gpu:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
+            info["gpus"] = [line.strip() for line in out.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            info["gpus"] = []
+    return info
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------------------
+
+def write_json(path, payload):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, sort_keys=False, default=str)
+
+
+def markdown_table(headers, rows):
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join("" if c is None else str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def fmt(value, digits=1):
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return f"{value:.{digits}f}"
+
+
+def info_markdown(info):
+    keys = ["date_utc", "host", "cpu", "cpu_count", "mem_total_gib", "gpus", "platform", "python", "tensorflow",
+            "keras", "numpy", "tf_flash", "tf_flash_build", "torch", "git_commit"]
+    return "\n".join(f"- {k}: {info[k]}" for k in keys if k in info)
+
+
+def plot_vs_seqlen(path, series, ylabel, title):
+    """series: {label: [(seqlen, value), ...]}; log-log plot like the paper's Fig. 3. Returns the path or None."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in series.items():
+        points = sorted(p for p in points if p[1] is not None)
+        if not points:
+            continue
+        linestyle = "--" if "causal" in label else "-"
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linestyle=linestyle, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
