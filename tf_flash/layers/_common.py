@@ -1,0 +1,206 @@
+"""Shared pieces of the Keras layers: argument checks, Keras masks to op arguments, explicit scores."""
+import numbers
+
+import numpy as np
+import tensorflow as tf
+
+from tf_flash import ops as _flash_ops
+
+# Keras' masked softmax fills masked logits with a large negative number, not -inf, so that a row
+# with nothing visible stays finite; the explicit scores path does the same.
+_LARGE_NEGATIVE = -1e9
+
+
+def is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_dropout(dropout):
+    if not isinstance(dropout, numbers.Real) or isinstance(dropout, bool) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
+    return float(dropout)
+
+
+def check_seed(seed):
+    if seed is not None and not is_int(seed):
+        raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
+    return seed
+
+
+def check_window(window):
+    """None, an int w (symmetric: i sees i-w .. i+w) or (left, right) with None = unlimited."""
+    if window is None:
+        return None
+    if is_int(window) and window >= 0:
+        return (int(window), int(window))
+    if isinstance(window, (tuple, list)) and len(window) == 2 and all(
+            side is None or (is_int(side) and side >= 0) for side in window):
+        return tuple(None if side is None else int(side) for side in window)
+    raise ValueError("`window` must be None, a non-negative int or a pair (left, right) of "
+                     f"non-negative ints or None. Received: window={window!r}")
+
+
+def check_block_size(block_size):
+    if is_int(block_size) and block_size > 0:
+        return int(block_size)
+    if isinstance(block_size, (tuple, list)) and len(block_size) == 2 and all(
+            is_int(side) and side > 0 for side in block_size):
+        return tuple(int(side) for side in block_size)
+    raise ValueError("`block_size` must be a positive int or a pair of positive ints. "
+                     f"Received: block_size={block_size!r}")
+
+
+def check_block_mask(block_mask):
+    """A static block pattern ([nqb, nkb], [H, nqb, nkb] or [B, H, nqb, nkb]) as a NumPy bool array."""
+    if block_mask is None:
+        return None
+    try:
+        array = np.asarray(block_mask)
+    except Exception as err:  # pylint: disable=broad-except
+        raise ValueError(f"`block_mask` must be array-like. Received: block_mask={block_mask!r}") from err
+    if array.dtype != bool or not 2 <= array.ndim <= 4:
+        raise ValueError("`block_mask` must be a bool array of rank 2 to 4 ([nqb, nkb], [H, nqb, nkb] or "
+                         f"[B, H, nqb, nkb]). Received: block_mask with dtype {array.dtype} and shape "
+                         f"{array.shape}")
+    return array
+
+
+def block_mask_to_config(block_mask):
+    return None if block_mask is None else block_mask.tolist()
+
+
+def to_bool(mask):
+    mask = tf.convert_to_tensor(mask)
+    return mask if mask.dtype == tf.bool else tf.cast(mask, tf.bool)
+
+
+def and_masks(first, second):
+    """AND of two optional masks (None = absent)."""
+    if first is None:
+        return None if second is None else to_bool(second)
+    if second is None:
+        return to_bool(first)
+    return tf.logical_and(to_bool(first), to_bool(second))
+
+
+def expand_attention_mask(mask):
+    """A Keras-style attention mask ([Sq, Sk], [B, Sq, Sk] or [B, H, Sq, Sk]) as rank 4.
+
+    Missing axes are inserted before the query axis, as Keras' MultiHeadAttention broadcasts them
+    (a rank-3 mask is [B, Sq, Sk], not [H, Sq, Sk]).
+    """
+    mask = to_bool(mask)
+    rank = mask.shape.rank
+    if rank is None or not 2 <= rank <= 4:
+        raise ValueError("`attention_mask` must have rank 2 ([Sq, Sk]), 3 ([B, Sq, Sk]) or 4 "
+                         f"([B, H, Sq, Sk]). Received: attention_mask with shape {mask.shape}")
+    while mask.shape.rank < 4:
+        mask = tf.expand_dims(mask, axis=-3)
+    return mask
+
+
+def padding_lengths(mask):
+    """[B, S] padding mask -> (lengths [B] int32, is_prefix scalar bool), decided in the graph.
+
+    A mask is a prefix when every row is True up to its length and False after (padding at the end);
+    then the lengths describe it exactly. Otherwise the lengths returned are the full length S.
+    """
+    mask = to_bool(mask)
+    size = tf.shape(mask)[1]
+    lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+    is_prefix = tf.reduce_all(tf.equal(mask, tf.sequence_mask(lengths, size)))
+    return tf.where(is_prefix, lengths, size), is_prefix
+
+
+def _empty_mask():
+    return tf.zeros([0, 0, 0, 0], tf.bool)
+
+
+def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=None, causal=False,
+           window=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None, scale=None,
+           empty_rows="zeros"):
+    """flash_attention on [B, S, H, D] heads with Keras padding masks.
+
+    query_mask [B, Sq] / kv_mask [B, Sk]: prefix masks become q_lengths / kv_lengths (the kernel
+    skips the padding); any other pattern goes through the general attention_mask path (kv) or is
+    applied to the output rows (query). attention_mask must already be rank 4.
+
+    empty_rows: what a query row that sees no key (or is masked out by query_mask) returns:
+    "zeros" (the op's convention) or "mean" (the mean of the values over all keys: what Keras'
+    MultiHeadAttention returns there on its default path, a uniform softmax over masked logits).
+    """
+    q_lengths = kv_lengths = None
+    if query_mask is not None:
+        query_mask = to_bool(query_mask)
+        q_lengths, _ = padding_lengths(query_mask)
+    if kv_mask is not None:
+        kv_mask = to_bool(kv_mask)
+        kv_lengths, kv_prefix = padding_lengths(kv_mask)
+        kv_mask4 = kv_mask[:, None, None, :]
+        if attention_mask is not None:
+            attention_mask = tf.logical_and(attention_mask, kv_mask4)
+        else:
+            # Only a non-prefix padding mask pays for the general path.
+            attention_mask = tf.cond(kv_prefix, _empty_mask, lambda: kv_mask4)
+    output, lse = _flash_ops.flash_attention(
+        query, key, value, causal=causal, window=window, q_lengths=q_lengths, kv_lengths=kv_lengths,
+        attention_mask=attention_mask, block_mask=block_mask, block_size=block_size,
+        dropout_rate=dropout_rate, seed=seed, scale=scale, return_lse=True)
+    if empty_rows == "mean":
+        empty = tf.equal(tf.transpose(lse, [0, 2, 1]), -np.inf)[..., None]  # [B, Sq, H, 1]
+        if query_mask is not None:
+            empty = tf.logical_or(empty, tf.logical_not(query_mask)[:, :, None, None])
+        fill = tf.reduce_mean(value, axis=1, keepdims=True)  # [B, 1, Hkv, Dv]
+        groups = query.shape[2] // value.shape[2]
+        if groups > 1:
+            fill = tf.repeat(fill, groups, axis=2)
+        output = tf.where(empty, fill, output)
+    elif query_mask is not None:
+        output = tf.where(query_mask[:, :, None, None], output, tf.zeros([], output.dtype))
+    return output
+
+
+def dense_visibility(batch, heads, seqlen_q, seqlen_k, *, query_mask=None, kv_mask=None,
+                     attention_mask=None, causal=False, window=None, block_mask=None, block_size=128):
+    """Every rule of attend() as one bool tensor broadcastable to [B, H, Sq, Sk] (True = visible)."""
+    del batch, heads  # broadcast
+    rows = tf.range(seqlen_q)[:, None]
+    cols = tf.range(seqlen_k)[None, :]
+    visible = tf.ones([seqlen_q, seqlen_k], tf.bool)
+    if causal:
+        visible = tf.logical_and(visible, cols <= rows)
+    if window is not None:
+        left, right = window
+        if left is not None:
+            visible = tf.logical_and(visible, cols >= rows - left)
+        if right is not None:
+            visible = tf.logical_and(visible, cols <= rows + right)
+    visible = visible[None, None]
+    if query_mask is not None:
+        visible = tf.logical_and(visible, to_bool(query_mask)[:, None, :, None])
+    if kv_mask is not None:
+        visible = tf.logical_and(visible, to_bool(kv_mask)[:, None, None, :])
+    if attention_mask is not None:
+        visible = tf.logical_and(visible, attention_mask)
+    if block_mask is not None:
+        block_q, block_k = (block_size, block_size) if is_int(block_size) else block_size
+        blocks = to_bool(block_mask)
+        while blocks.shape.rank < 4:
+            blocks = blocks[None]
+        blocks = tf.gather(blocks, tf.range(seqlen_q) // block_q, axis=2)
+        blocks = tf.gather(blocks, tf.range(seqlen_k) // block_k, axis=3)
+        visible = tf.logical_and(visible, blocks)
+    return visible
+
+
+def attention_probabilities(query, key, visible, scale):
+    """Explicit softmax(scale * q k^T) [B, H, Sq, Sk] in float32, masked like Keras' Softmax layer
+    (masked logits filled with a large negative number, masked probabilities then set to 0, so a
+    row with nothing visible is all zeros). O(Sq * Sk) memory: only for return_attention_scores."""
+    groups = query.shape[2] // key.shape[2]
+    if groups > 1:
+        key = tf.repeat(key, groups, axis=2)
+    logits = tf.einsum("bqhd,bkhd->bhqk", tf.cast(query, tf.float32), tf.cast(key, tf.float32)) * scale
+    logits = tf.where(visible, logits, _LARGE_NEGATIVE)
+    probs = tf.nn.softmax(logits, axis=-1)
+    return tf.where(visible, probs, 0.0)

@@ -1,0 +1,361 @@
+"""`FlashMultiHeadAttention`: a drop-in replacement for `keras.layers.MultiHeadAttention`."""
+import math
+import string
+
+import keras
+import tensorflow as tf
+from keras import constraints
+from keras import initializers
+from keras import regularizers
+
+from tf_flash.layers import _common
+
+try:  # Keras keeps these private; they are what its own MultiHeadAttention uses.
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+    from keras.src.backend import set_keras_mask as _set_keras_mask
+except ImportError:  # pragma: no cover
+    def _get_keras_mask(tensor):
+        return getattr(tensor, "_keras_mask", None)
+
+    def _set_keras_mask(tensor, mask):
+        try:
+            tensor._keras_mask = mask  # pylint: disable=protected-access
+        except AttributeError:
+            pass
+
+
+@keras.saving.register_keras_serializable(package="tf_flash")
+class FlashMultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention computed by `tf_flash.flash_attention`: a drop-in for
+    `keras.layers.MultiHeadAttention` (Keras 3.15).
+
+    Same constructor arguments, `call` signature, sublayers (`query`, `key`, `value`, `gate`,
+    `attention_output`, EinsumDense with the same equations) and weight shapes as Keras'
+    MultiHeadAttention: weights move both ways (`get_weights`/`set_weights`, `.weights.h5`), and
+    with the same weights both layers give the same outputs and gradients up to float rounding.
+    The [Sq, Sk] score matrix is never materialized, except for `return_attention_scores=True`.
+
+    Args (Keras' MultiHeadAttention):
+        num_heads, key_dim, value_dim, dropout, use_bias, output_shape, sliding_window,
+        kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+        activity_regularizer, kernel_constraint, bias_constraint, use_gate, seed: as in Keras.
+        attention_axes: only attention over the sequence axis of [batch, seq, features] inputs
+            (None, 1 or -2, Keras' default for rank-3 inputs). Anything else raises ValueError.
+        flash_attention: accepted for compatibility and ignored: this layer always runs the
+            tf_flash kernel (on CPU and GPU, with dropout and masks).
+
+    Args (tf_flash extras):
+        num_key_value_heads: grouped-query attention: the `key`/`value` projections produce this
+            many heads (must divide `num_heads`), shared by groups of query heads. None =
+            `num_heads` (then the weights are exactly Keras' MultiHeadAttention's).
+        window: (left, right): query i sees keys i-left .. i+right (None on a side = unlimited), or
+            an int w for (w, w). Keras' `sliding_window=w` is window (w-1, w-1); give one of them.
+        block_mask: optional static block-sparse pattern, bool [nqb, nkb], [H, nqb, nkb] or
+            [B, H, nqb, nkb] (see `tf_flash.sparsity`); False blocks are skipped. A `block_mask`
+            given to `call` replaces it for that call.
+        block_size: int or (bq, bk): the blocks `block_mask` describes.
+
+    Call arguments: those of Keras' MultiHeadAttention (query, value, key, query_mask, value_mask,
+        key_mask, attention_mask, return_attention_scores, training, use_causal_mask) plus
+        `block_mask`. Keras padding masks (e.g. from `Embedding(mask_zero=True)`) arrive as
+        query_mask/value_mask/key_mask; prefix masks (padding at the end) become sequence lengths
+        and the kernel skips the padding; other patterns go through the general mask path.
+
+    Differences from Keras' MultiHeadAttention (all documented choices):
+        - `dropout` drops entries of the attention probabilities like Keras, but with the kernel's
+          Philox generator fed by a `keras.random.SeedGenerator`: the same rate and seeding
+          behaviour, not the same random mask as Keras' Dropout layer.
+        - `return_attention_scores=True` computes the [B, H, Sq, Sk] scores explicitly in float32
+          (O(Sq * Sk) memory and time, the cost flash attention otherwise avoids); the output still
+          comes from the kernel. The scores are the pre-dropout probabilities, as in Keras.
+        - An explicit `query_mask` argument is honoured (Keras 3.15 replaces it with the Keras mask
+          of `query`).
+        - Query rows with nothing to attend to (masked query rows, fully masked rows) give what
+          Keras gives: the mean of the values when `dropout == 0` and scores are not returned
+          (Keras' default path: a uniform softmax over masked logits), zeros otherwise (Keras'
+          explicit path). Keras propagates the query mask so these rows are normally ignored.
+        - Inputs must be [batch, seq, features] (Keras also accepts higher ranks with several
+          attention axes).
+        - The op has no XLA lowering: the layer sets `supports_jit = False`, so `compile()` with
+          the default `jit_compile="auto"` runs without XLA (`jit_compile=True` is refused by Keras
+          with a warning and falls back to no XLA).
+    """
+
+    def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True,
+                 output_shape=None, attention_axes=None, sliding_window=None, flash_attention=None,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 kernel_constraint=None, bias_constraint=None, use_gate=False, seed=None,
+                 num_key_value_heads=None, window=None, block_mask=None, block_size=128, **kwargs):
+        for name, value, optional in (("num_heads", num_heads, False), ("key_dim", key_dim, False),
+                                      ("value_dim", value_dim, True),
+                                      ("num_key_value_heads", num_key_value_heads, True)):
+            if (value is None and optional) or (_common.is_int(value) and value > 0):
+                continue
+            raise ValueError(f"`{name}` must be a positive int{' or None' if optional else ''}. "
+                             f"Received: {name}={value!r}")
+        if num_key_value_heads is not None and num_heads % num_key_value_heads:
+            raise ValueError("`num_key_value_heads` must divide `num_heads`. Received: "
+                             f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}")
+        dropout = _common.check_dropout(dropout)
+        if output_shape:
+            if _common.is_int(output_shape):
+                output_shape = (output_shape,)
+            if not isinstance(output_shape, (tuple, list)) or not all(
+                    _common.is_int(dim) and dim > 0 for dim in output_shape):
+                raise ValueError("`output_shape` must be None, a positive int or a tuple of positive "
+                                 f"ints. Received: output_shape={output_shape!r}")
+            output_shape = tuple(int(dim) for dim in output_shape)
+        else:
+            output_shape = None
+        if _common.is_int(attention_axes):
+            attention_axes = (attention_axes,)
+        if attention_axes is not None:
+            if not isinstance(attention_axes, (tuple, list)) or tuple(attention_axes) not in ((1,), (-2,)):
+                raise ValueError(
+                    "FlashMultiHeadAttention attends over the sequence axis of [batch, seq, features] "
+                    "inputs only: `attention_axes` must be None, 1 or -2 (attention over several axes "
+                    "is not supported; flatten them into one sequence axis first). "
+                    f"Received: attention_axes={attention_axes!r}")
+            attention_axes = (1,)
+        if sliding_window is not None and not (_common.is_int(sliding_window) and sliding_window > 0):
+            raise ValueError("`sliding_window` must be None or a positive int. "
+                             f"Received: sliding_window={sliding_window!r}")
+        window = _common.check_window(window)
+        if sliding_window is not None and window is not None:
+            raise ValueError("Give `sliding_window` (Keras: |i - j| < sliding_window) or `window` "
+                             f"(left, right), not both. Received: sliding_window={sliding_window}, "
+                             f"window={window}")
+        if flash_attention not in (None, True, False):
+            raise ValueError("`flash_attention` must be None or a bool. "
+                             f"Received: flash_attention={flash_attention!r}")
+        if not isinstance(use_gate, bool):
+            raise ValueError(f"`use_gate` must be a bool. Received: use_gate={use_gate!r}")
+        seed = _common.check_seed(seed)
+        block_mask = _common.check_block_mask(block_mask)
+        block_size = _common.check_block_size(block_size)
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.supports_jit = False
+        self._num_heads = num_heads
+        self._key_dim = key_dim
+        self._value_dim = value_dim if value_dim else key_dim
+        self._num_key_value_heads = num_key_value_heads or num_heads
+        self._dropout = dropout
+        self._use_bias = bool(use_bias)
+        self._output_shape = output_shape
+        self._attention_axes = attention_axes
+        self._sliding_window = sliding_window
+        self._flash_attention = flash_attention
+        self._window = window
+        self._block_mask = block_mask
+        self._block_size = block_size
+        self._kernel_initializer = initializers.get(kernel_initializer)
+        self._bias_initializer = initializers.get(bias_initializer)
+        self._kernel_regularizer = regularizers.get(kernel_regularizer)
+        self._bias_regularizer = regularizers.get(bias_regularizer)
+        self._activity_regularizer = regularizers.get(activity_regularizer)
+        self._kernel_constraint = constraints.get(kernel_constraint)
+        self._bias_constraint = constraints.get(bias_constraint)
+        self._use_gate = use_gate
+        self.seed = seed
+        self._inverse_sqrt_key_dim = 1.0 / math.sqrt(float(key_dim))
+        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
+
+    num_heads = property(lambda self: self._num_heads)
+    key_dim = property(lambda self: self._key_dim)
+    value_dim = property(lambda self: self._value_dim)
+    num_key_value_heads = property(lambda self: self._num_key_value_heads)
+    dropout = property(lambda self: self._dropout)
+    use_bias = property(lambda self: self._use_bias)
+    attention_axes = property(lambda self: self._attention_axes)
+    query_dense = property(lambda self: self._query_dense)
+    key_dense = property(lambda self: self._key_dense)
+    value_dense = property(lambda self: self._value_dense)
+    output_dense = property(lambda self: self._output_dense)
+
+    @property
+    def _effective_window(self):
+        if self._sliding_window is not None:
+            return (self._sliding_window - 1, self._sliding_window - 1)
+        return self._window
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        query_shape, value_shape, key_shape = tuple(query_shape), tuple(value_shape), tuple(key_shape)
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if len(shape) != 3:
+                raise ValueError(f"FlashMultiHeadAttention takes [batch, seq, features] inputs. "
+                                 f"Received: {name}_shape={shape}")
+        if value_shape[1:-1] != key_shape[1:-1]:
+            raise ValueError("All dimensions of `value` and `key`, except the last one, must be equal. "
+                             f"Received: value_shape={value_shape} and key_shape={key_shape}")
+        heads, kv_heads = self._num_heads, self._num_key_value_heads
+        self._query_dense = self._projection("query", query_shape, [heads, self._key_dim])
+        self._key_dense = self._projection("key", key_shape, [kv_heads, self._key_dim])
+        if self._use_gate:
+            self._gate_dense = self._projection("gate", query_shape, [heads, self._value_dim],
+                                                activation="sigmoid")
+        self._value_dense = self._projection("value", value_shape, [kv_heads, self._value_dim])
+        # Keras resolves the default attention axes at build time; so do we (same get_config).
+        self._attention_axes = (1,)
+        output_dims = self._output_shape or (query_shape[-1],)
+        equation, bias_axes = _projection_equation(free_dims=2, bound_dims=2,
+                                                   output_dims=len(output_dims))
+        self._output_dense = keras.layers.EinsumDense(
+            equation, output_shape=[None] + list(output_dims),
+            bias_axes=bias_axes if self._use_bias else None, name="attention_output",
+            **self._sublayer_kwargs())
+        self._output_dense.build(query_shape[:-1] + (heads, self._value_dim))
+        self.built = True
+
+    def _projection(self, name, input_shape, head_dims, activation=None):
+        equation, bias_axes = _projection_equation(free_dims=2, bound_dims=1, output_dims=2)
+        layer = keras.layers.EinsumDense(
+            equation, output_shape=[None] + list(head_dims),
+            bias_axes=bias_axes if self._use_bias else None, activation=activation, name=name,
+            **self._sublayer_kwargs())
+        layer.build(input_shape)
+        return layer
+
+    def _sublayer_kwargs(self):
+        # Fresh initializer instances per sublayer: a seeded initializer reused would give every
+        # projection the same values.
+        return dict(
+            kernel_initializer=self._kernel_initializer.__class__.from_config(
+                self._kernel_initializer.get_config()),
+            bias_initializer=self._bias_initializer.__class__.from_config(
+                self._bias_initializer.get_config()),
+            kernel_regularizer=self._kernel_regularizer,
+            bias_regularizer=self._bias_regularizer,
+            activity_regularizer=self._activity_regularizer,
+            kernel_constraint=self._kernel_constraint,
+            bias_constraint=self._bias_constraint,
+            dtype=self.dtype_policy,
+        )
+
+    def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
+             attention_mask=None, return_attention_scores=False, training=None,
+             use_causal_mask=False, block_mask=None):
+        if key is None:
+            key = value
+        if query_mask is None:
+            query_mask = _get_keras_mask(query)
+        # The masks are handled here; keep them from reaching the projections (which do not
+        # support masking), as Keras' MultiHeadAttention does.
+        for tensor in (query, value, key):
+            _set_keras_mask(tensor, None)
+
+        if self._use_gate:
+            gate = self._gate_dense(query)
+        query = self._query_dense(query)
+        key = self._key_dense(key)
+        value = self._value_dense(value)
+        kv_mask = _common.and_masks(value_mask, key_mask)
+        if attention_mask is not None:
+            attention_mask = _common.expand_attention_mask(attention_mask)
+        attention_output, attention_scores = self._compute_attention(
+            query, key, value, query_mask=query_mask, kv_mask=kv_mask,
+            attention_mask=attention_mask, training=training,
+            return_attention_scores=return_attention_scores, use_causal_mask=use_causal_mask,
+            block_mask=block_mask)
+        if self._use_gate:
+            attention_output = attention_output * gate
+        attention_output = self._output_dense(attention_output)
+        if query_mask is not None:
+            _set_keras_mask(attention_output, query_mask)
+        if return_attention_scores:
+            return attention_output, attention_scores
+        return attention_output
+
+    def _compute_attention(self, query, key, value, query_mask=None, kv_mask=None,
+                           attention_mask=None, training=None, return_attention_scores=False,
+                           use_causal_mask=False, block_mask=None):
+        """Attention on projected heads: query [B, T, N, key_dim], key [B, S, Nkv, key_dim],
+        value [B, S, Nkv, value_dim] -> ([B, T, N, value_dim], scores [B, N, T, S] or None).
+
+        Unlike Keras' hook of the same name it takes the padding masks separately (so that prefix
+        masks can become lengths) and `attention_mask` as rank 4.
+        """
+        dropout_rate, seed = 0.0, None
+        if training and self._dropout > 0:
+            dropout_rate = self._dropout
+            seed = tf.cast(self.seed_generator.next(), tf.int64)
+        if block_mask is None:
+            block_mask = self._block_mask
+        masks = dict(query_mask=query_mask, kv_mask=kv_mask, attention_mask=attention_mask,
+                     causal=bool(use_causal_mask), window=self._effective_window,
+                     block_mask=block_mask, block_size=self._block_size)
+        # Keras' MultiHeadAttention takes its fused path (uniform softmax on fully masked rows)
+        # when there is no dropout and no scores are asked for, else its explicit path (zeros).
+        empty_rows = "mean" if self._dropout == 0 and not return_attention_scores else "zeros"
+        output = _common.attend(query, key, value, dropout_rate=dropout_rate, seed=seed,
+                                scale=self._inverse_sqrt_key_dim, empty_rows=empty_rows, **masks)
+        scores = None
+        if return_attention_scores:
+            shape = tf.shape(query)
+            visible = _common.dense_visibility(shape[0], self._num_heads, shape[1], tf.shape(key)[1],
+                                               **masks)
+            scores = _common.attention_probabilities(query, key, visible, self._inverse_sqrt_key_dim)
+            scores = tf.cast(scores, self.compute_dtype)
+        return output, scores
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        query_shape, value_shape = tuple(query_shape), tuple(value_shape)
+        key_shape = value_shape if key_shape is None else tuple(key_shape)
+        if value_shape[1:-1] != key_shape[1:-1]:
+            raise ValueError("All dimensions of `value` and `key`, except the last one, must be equal. "
+                             f"Received: value_shape={value_shape} and key_shape={key_shape}")
+        if self._output_shape:
+            return query_shape[:-1] + self._output_shape
+        return query_shape
+
+    def compute_output_spec(self, query, value, key=None, query_mask=None, value_mask=None,
+                            key_mask=None, attention_mask=None, return_attention_scores=False,
+                            training=None, use_causal_mask=False, block_mask=None):
+        output_shape = self.compute_output_shape(query.shape, value.shape,
+                                                 None if key is None else key.shape)
+        output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
+        if return_attention_scores:
+            scores_shape = (query.shape[0], self._num_heads, query.shape[1], value.shape[1])
+            return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
+        return output
+
+    def get_config(self):
+        config = {
+            "num_heads": self._num_heads,
+            "key_dim": self._key_dim,
+            "value_dim": self._value_dim,
+            "dropout": self._dropout,
+            "use_bias": self._use_bias,
+            "use_gate": self._use_gate,
+            "output_shape": self._output_shape,
+            "attention_axes": self._attention_axes,
+            "sliding_window": self._sliding_window,
+            "flash_attention": self._flash_attention,
+            "kernel_initializer": initializers.serialize(self._kernel_initializer),
+            "bias_initializer": initializers.serialize(self._bias_initializer),
+            "kernel_regularizer": regularizers.serialize(self._kernel_regularizer),
+            "bias_regularizer": regularizers.serialize(self._bias_regularizer),
+            "activity_regularizer": regularizers.serialize(self._activity_regularizer),
+            "kernel_constraint": constraints.serialize(self._kernel_constraint),
+            "bias_constraint": constraints.serialize(self._bias_constraint),
+            "seed": self.seed,
+            "num_key_value_heads": self._num_key_value_heads,
+            "window": self._window,
+            "block_mask": _common.block_mask_to_config(self._block_mask),
+            "block_size": self._block_size,
+        }
+        return {**super().get_config(), **config}
+
+
+def _projection_equation(free_dims, bound_dims, output_dims):
+    """EinsumDense equation and bias axes for a projection: the first `free_dims` input axes are
+    kept, the next `bound_dims` contracted, `output_dims` new axes produced (Keras' layout, so
+    kernels have the same shapes as in Keras' MultiHeadAttention)."""
+    letters = iter(string.ascii_lowercase)
+    free = "".join(next(letters) for _ in range(free_dims))
+    bound = "".join(next(letters) for _ in range(bound_dims))
+    out = "".join(next(letters) for _ in range(output_dims))
+    return f"{free}{bound},{bound}{out}->{free}{out}", out
+
