@@ -1,0 +1,650 @@
+// FlashAttention-2 backward for sm_80 and later (mma.sync m16n8k16, ldmatrix, cp.async), written with CuTe.
+//
+// Three kernels on the caller's stream, all workspace in params.scratch (see bwd_launch.h):
+//   1. bwd_preprocess: D_i = rowsum(dO_i * O_i) - d_lse_i, lse pre-multiplied by log2(e) (-inf, and every
+//      row >= q_len, become +inf so that P = exp2(s - lse2) is exactly 0 there), dQ accumulator zeroed.
+//   2. bwd_dkdv: one CTA per (key tile, kv head, batch). K_j, V_j stay in shared memory; the CTA walks the
+//      query tiles of every query head of its GQA group (the group loop is inside the CTA, so dK/dV of a kv
+//      head are summed in registers, no extra scratch) and per tile recomputes S = Q K^T, P = exp(S - lse),
+//      dP = dO V^T, dS = P (dP - D), then dV += P^T dO, dK += dS^T Q, and dQ_i += dS K with fp32 atomics.
+//      Q/dO/lse/D of the next tile are fetched with cp.async while the current one is computed.
+//   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
+// Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
+// visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask/block_mask
+// are given). Dropout regenerates the forward's Philox mask (dropout_keep_bits4).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "cc/kernels/cuda/bwd_launch.h"
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/philox.h"
+
+namespace tf_flash {
+namespace bwd {
+
+using namespace cute;
+
+constexpr float kLog2e = 1.4426950408889634f;
+// Rows of the lse/D/dQ-accumulator scratch are padded to a multiple of this (>= every kBlockM).
+constexpr int kScratchRowPad = 128;
+
+inline int64_t padded_rows(int64_t seqlen_q) {
+  return (seqlen_q + kScratchRowPad - 1) / kScratchRowPad * kScratchRowPad;
+}
+
+// Tile shapes and layouts of the dK/dV kernel, derived from (head dim, tiles, warps, dtype).
+//   kAtomMSdP: warps along M for S = Q K^T and dP = dO V^T ([kBlockM, kBlockN]).
+//   kAtomNdKV: warps along N for dK, dV ([kBlockN, kHeadDim]).
+//   kAtomMdQ:  warps along M for dQ ([kBlockM, kHeadDim]).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP, int kAtomNdKV, int kAtomMdQ,
+          typename Element_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+  static_assert(kBlockM <= kScratchRowPad && kScratchRowPad % kBlockM == 0, "scratch padding");
+
+  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
+                                   SM80_16x8x16_F32BF16BF16F32_TN>;
+  using Atom = MMA_Atom<MmaOp>;
+  // The N permutation of 16 per warp lets one ldmatrix.x4 feed two n8 MMAs.
+  template <int WarpsM>
+  using Mma = TiledMMA<Atom, Layout<Shape<Int<WarpsM>, Int<kNWarps / WarpsM>, _1>>,
+                       Tile<Int<16 * WarpsM>, Int<16 * kNWarps / WarpsM>, _16>>;
+  using TiledMmaSdP = Mma<kAtomMSdP>;
+  using TiledMmadKV = Mma<kAtomNdKV>;
+  using TiledMmadQ = Mma<kAtomMdQ>;
+  static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * kNWarps / kAtomMSdP) == 0, "SdP tiling");
+  static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * kNWarps / kAtomNdKV) == 0, "dKV tiling");
+  static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * kNWarps / kAtomMdQ) == 0, "dQ tiling");
+
+  // Row-major tiles in 8-row atoms of 64 (or 32) columns, XOR-swizzled so that ldmatrix, both plain and
+  // transposed, is free of bank conflicts.
+  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
+  using SmemLayoutAtom = decltype(composition(
+      Swizzle<kSwizzle, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // Transposed views (same memory): Qt(d, m) = Q(m, d), Kt(d, n) = K(n, d).
+  using SmemLayoutQt =
+      decltype(composition(SmemLayoutQ{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockM>>{}, GenRowMajor{})));
+  using SmemLayoutKt =
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
+
+  static constexpr int kPBlockN = kBlockN % 64 == 0 ? 64 : 32;
+  using SmemLayoutAtomPdS = decltype(composition(Swizzle<kPBlockN == 32 ? 2 : 3, 3, 3>{},
+                                                 Layout<Shape<_8, Int<kPBlockN>>, Stride<Int<kPBlockN>, _1>>{}));
+  using SmemLayoutPdS = decltype(tile_to_shape(SmemLayoutAtomPdS{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  using SmemLayoutPdSt =
+      decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
+
+  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomStore = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
+
+  // Global <-> shared: 16-byte vectors, kGmemThreadsPerRow threads per row.
+  static constexpr int kGmemThreadsPerRow = kBlockKSmem / 8;
+  using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
+                                Stride<Int<kGmemThreadsPerRow>, _1>>;
+  using GmemTiledCopyLoad = decltype(make_tiled_copy(
+      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+  using GmemTiledCopyStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
+                                                      GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
+
+  // Shared memory (elements): Q x2, dO x2, K, V, P, dS; then floats: lse2 x2, D x2.
+  static constexpr int kQElems = kBlockM * kHeadDim;
+  static constexpr int kKVElems = kBlockN * kHeadDim;
+  static constexpr int kPElems = kBlockM * kBlockN;
+  static constexpr int kSmemBytes =
+      int(sizeof(Element)) * (4 * kQElems + 2 * kKVElems + 2 * kPElems) + 4 * kBlockM * int(sizeof(float));
+};
+
+// ((2, 2), M, N) accumulator layout of the m16n8 MMA -> ((2, M), (2, N)) = (rows, cols) of the thread.
+template <class L>
+CUTE_HOST_DEVICE auto acc_rowcol(L const& l) {
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+}
+
+CUTE_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+CUTE_DEVICE uint32_t pack2(float a, float b, cutlass::half_t*) {
+  __half2 h = __floats2half2_rn(a, b);
+  return reinterpret_cast<uint32_t&>(h);
+}
+CUTE_DEVICE uint32_t pack2(float a, float b, cutlass::bfloat16_t*) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return reinterpret_cast<uint32_t&>(h);
+}
+
+// fp32 register tensor -> Element register tensor of the same layout (two values per cvt).
+template <typename To, class Engine, class Layout>
+CUTE_DEVICE auto to_element(Tensor<Engine, Layout> const& t, float mul = 1.f) {
+  Tensor r = make_tensor<To>(t.layout());
+  uint32_t* out = reinterpret_cast<uint32_t*>(r.data());
+  static_assert(decltype(size(t))::value % 2 == 0, "even fragment");
+  CUTE_UNROLL
+  for (int i = 0; i < size(t); i += 2) out[i / 2] = pack2(t(i) * mul, t(i + 1) * mul, static_cast<To*>(nullptr));
+  return r;
+}
+
+// acc += A B^T over the K mode, operands staged shared -> registers one k-slice ahead.
+template <class TiledMma, class Acc, class RA, class RB, class SA, class SB, class CopyA, class CopyB, class ThrA,
+          class ThrB>
+CUTE_DEVICE void gemm_ss(TiledMma& mma, Acc& acc, RA& rA, RB& rB, SA const& sA, SB const& sB, CopyA const& copy_a,
+                         CopyB const& copy_b, ThrA const& thr_a, ThrB const& thr_b) {
+  Tensor rA_view = thr_a.retile_D(rA);
+  Tensor rB_view = thr_b.retile_D(rB);
+  copy(copy_a, sA(_, _, 0), rA_view(_, _, 0));
+  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) {
+      copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
+      copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    }
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// Rows [0, valid_rows) of a [ROWS, COLS] global tile into shared memory with cp.async; the other rows are
+// zero-filled (garbage there would turn 0 * x into NaN in dK = dS^T Q or dQ = dS K).
+template <class TiledCopy, class ThrCopy, class G, class S>
+CUTE_DEVICE void load_rows(TiledCopy const& tiled_copy, ThrCopy const& thr, G const& g, S& s, int valid_rows) {
+  Tensor tg = thr.partition_S(g);
+  Tensor ts = thr.partition_D(s);
+  Tensor tc = thr.partition_S(make_identity_tensor(shape(g)));
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tg); ++m) {
+    if (get<0>(tc(0, m, 0)) < valid_rows) {
+      copy(tiled_copy, tg(_, m, _), ts(_, m, _));
+    } else {
+      clear(ts(_, m, _));
+    }
+  }
+}
+
+struct BwdScratch {
+  float* dq_accum;  // [B, H, Sq_pad, D]
+  float* lse2;      // [B, H, Sq_pad]  lse * log2(e); +inf where P must be 0
+  float* dvec;      // [B, H, Sq_pad]  rowsum(dO * O) - d_lse
+  int64_t sq_pad;
+};
+
+inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
+  const int64_t sq_pad = padded_rows(p.seqlen_q);
+  const int64_t rows = int64_t(p.batch) * p.num_heads * sq_pad;
+  BwdScratch s;
+  s.dq_accum = p.scratch;
+  s.lse2 = p.scratch + rows * p.head_dim;
+  s.dvec = s.lse2 + rows;
+  s.sq_pad = sq_pad;
+  return s;
+}
+
+inline int64_t bwd_scratch_bytes(const FlashBwdParams& p) {
+  const int64_t rows = int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q);
+  return rows * (p.head_dim + 2) * int64_t(sizeof(float));
+}
+
+CUTE_HOST_DEVICE int64_t clamp_len(int64_t len, int64_t max_len) { return len < 0 ? 0 : (len > max_len ? max_len : len); }
+
+// ---- Kernel 1: D = rowsum(dO * O) - d_lse, lse2, zero dQ accumulator. 8 threads per (b, h, row). ----
+template <typename Element>
+__global__ void __launch_bounds__(128) bwd_preprocess_kernel(const FlashBwdParams p, BwdScratch s) {
+  const int row = blockIdx.x * 16 + threadIdx.x / 8;
+  const int lane8 = threadIdx.x % 8;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t bh = int64_t(b) * p.num_heads + h;
+  const int64_t q_len = clamp_len(valid_q_len(p, b), p.seqlen_q);
+  float acc = 0.f;
+  if (row < q_len) {
+    const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + row * p.o_row_stride +
+                       h * p.o_head_stride;
+    const Element* d_o = static_cast<const Element*>(p.d_out) + b * p.o_batch_stride + row * p.o_row_stride +
+                         h * p.o_head_stride;
+    for (int c = lane8 * 8; c < p.head_dim_v; c += 64) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + c);
+      const Element* oe = reinterpret_cast<const Element*>(&ov);
+      const Element* de = reinterpret_cast<const Element*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += float(oe[e]) * float(de[e]);
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  if (row >= s.sq_pad) return;
+  const int64_t r = bh * s.sq_pad + row;
+  if (lane8 == 0) {
+    float lse2 = INFINITY, dval = 0.f;
+    if (row < q_len) {
+      const float lse = p.lse[bh * p.seqlen_q + row];
+      lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      dval = acc - (p.d_lse ? p.d_lse[bh * p.seqlen_q + row] : 0.f);
+    }
+    s.lse2[r] = lse2;
+    s.dvec[r] = dval;
+  }
+  float4* dq = reinterpret_cast<float4*>(s.dq_accum + r * p.head_dim);
+  for (int c = lane8; c < p.head_dim / 4; c += 8) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// ---- Kernel 3: dQ = scale * accumulator, in the output dtype. 8 elements per thread. ----
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParams p, BwdScratch s) {
+  constexpr int kThreadsPerRow = kHeadDim / 8;
+  constexpr int kRowsPerBlock = 128 / kThreadsPerRow;
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
+  const int c = (threadIdx.x % kThreadsPerRow) * 8;
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (row >= p.seqlen_q) return;
+  const float* src = s.dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + row) * kHeadDim + c;
+  const float4 a = reinterpret_cast<const float4*>(src)[0];
+  const float4 z = reinterpret_cast<const float4*>(src)[1];
+  const float sc = p.scale;
+  uint4 out;
+  out.x = pack2(a.x * sc, a.y * sc, static_cast<Element*>(nullptr));
+  out.y = pack2(a.z * sc, a.w * sc, static_cast<Element*>(nullptr));
+  out.z = pack2(z.x * sc, z.y * sc, static_cast<Element*>(nullptr));
+  out.w = pack2(z.z * sc, z.w * sc, static_cast<Element*>(nullptr));
+  Element* dst = static_cast<Element*>(p.d_q) + b * p.q_batch_stride + row * p.q_row_stride + h * p.q_head_stride + c;
+  *reinterpret_cast<uint4*>(dst) = out;
+}
+
+// ---- Kernel 2: dK, dV of one key tile; dQ by atomics. ----
+template <typename Traits, bool kDropout>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const FlashBwdParams p, BwdScratch s) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(128) char smem_raw[];
+  Element* smem_q = reinterpret_cast<Element*>(smem_raw);   // 2 stages
+  Element* smem_do = smem_q + 2 * Traits::kQElems;          // 2 stages
+  Element* smem_k = smem_do + 2 * Traits::kQElems;
+  Element* smem_v = smem_k + Traits::kKVElems;
+  Element* smem_p = smem_v + Traits::kKVElems;
+  Element* smem_ds = smem_p + Traits::kPElems;
+  float* smem_lse = reinterpret_cast<float*>(smem_ds + Traits::kPElems);  // 2 stages
+  float* smem_d = smem_lse + 2 * kBlockM;                                 // 2 stages
+
+  const int tid = threadIdx.x;
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_block * kBlockN;
+  const int group = p.num_heads / p.num_heads_kv;
+  const int q_len = int(clamp_len(valid_q_len(p, b), p.seqlen_q));
+  const int kv_len = int(clamp_len(valid_kv_len(p, b), p.seqlen_k));
+  // Query i sees key j iff j < kv_len, j <= i + right (right < 0: unbounded), j >= i - left (left < 0: unbounded).
+  int right = p.window_right;
+  if (p.causal) right = right < 0 ? 0 : min(right, 0);
+  const int left = p.window_left;
+
+  // Query tiles that can see this key tile.
+  int m_begin = 0;
+  int m_end = (q_len + kBlockM - 1) / kBlockM;
+  if (right >= 0) m_begin = int(max(int64_t(0), int64_t(n0) - right) / kBlockM);
+  if (left >= 0) {
+    const int64_t n_last = int64_t(min(n0 + kBlockN, kv_len)) - 1;
+    m_end = int(min(int64_t(m_end), (n_last + left) / kBlockM + 1));
+  }
+  if (n0 >= kv_len) m_end = m_begin;
+  const int n_m = max(0, m_end - m_begin);
+  const int n_iter = n_m * group;
+
+  // Block-sparse: a tile is visited when any block it overlaps is True; a tile overlapping several blocks
+  // also gets the element-wise block check.
+  const bool has_block_mask = p.block_mask.data != nullptr;
+  const bool tile_in_one_kblock = !has_block_mask || (n0 / p.block_k == (n0 + kBlockN - 1) / p.block_k);
+  auto tile_visible = [&](int it) -> bool {
+    if (!has_block_mask) return true;
+    const int h = h_kv * group + it / n_m;
+    const int m0 = (m_begin + it % n_m) * kBlockM;
+    const int qb1 = min(m0 + kBlockM, q_len) - 1, kb1 = min(n0 + kBlockN, kv_len) - 1;
+    for (int qb = m0 / p.block_q; qb <= qb1 / p.block_q; ++qb)
+      for (int kb = n0 / p.block_k; kb <= kb1 / p.block_k; ++kb)
+        if (block_visible(p, b, h, qb, kb)) return true;
+    return false;
+  };
+  auto next_visible = [&](int it) -> int {
+    while (it < n_iter && !tile_visible(it)) ++it;
+    return it;
+  };
+
+  // ---- global tiles ----
+  const Element* k_ptr = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+                         int64_t(n0) * p.k_row_stride;
+  const Element* v_ptr = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
+                         int64_t(n0) * p.v_row_stride;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  Tensor gK = make_tensor(make_gmem_ptr(k_ptr), TileKV{}, make_stride(p.k_row_stride, _1{}));
+  Tensor gV = make_tensor(make_gmem_ptr(v_ptr), TileKV{}, make_stride(p.v_row_stride, _1{}));
+
+  Tensor sK = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem_v), typename Traits::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem_k), typename Traits::SmemLayoutKt{});
+  Tensor sP = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdS{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPdS{});
+  Tensor sPt = make_tensor(make_smem_ptr(smem_p), typename Traits::SmemLayoutPdSt{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem_ds), typename Traits::SmemLayoutPdSt{});
+  auto sQ_at = [&](int st) {
+    return make_tensor(make_smem_ptr(smem_q + st * Traits::kQElems), typename Traits::SmemLayoutQ{});
+  };
+  auto sdO_at = [&](int st) {
+    return make_tensor(make_smem_ptr(smem_do + st * Traits::kQElems), typename Traits::SmemLayoutQ{});
+  };
+  auto sQt_at = [&](int st) {
+    return make_tensor(make_smem_ptr(smem_q + st * Traits::kQElems), typename Traits::SmemLayoutQt{});
+  };
+  auto sdOt_at = [&](int st) {
+    return make_tensor(make_smem_ptr(smem_do + st * Traits::kQElems), typename Traits::SmemLayoutQt{});
+  };
+
+  typename Traits::GmemTiledCopyLoad gmem_load;
+  auto gmem_thr = gmem_load.get_thread_slice(tid);
+
+  // Issue the loads of iteration `it` (query head h, tile m0) into stage st.
+  auto load_q_do = [&](int it, int st) {
+    const int h = h_kv * group + it / n_m;
+    const int m0 = (m_begin + it % n_m) * kBlockM;
+    const Element* q_ptr = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
+                           int64_t(m0) * p.q_row_stride;
+    const Element* do_ptr = static_cast<const Element*>(p.d_out) + b * p.o_batch_stride + h * p.o_head_stride +
+                            int64_t(m0) * p.o_row_stride;
+    Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), TileQ{}, make_stride(p.q_row_stride, _1{}));
+    Tensor gdO = make_tensor(make_gmem_ptr(do_ptr), TileQ{}, make_stride(p.o_row_stride, _1{}));
+    Tensor sQ = sQ_at(st);
+    Tensor sdO = sdO_at(st);
+    load_rows(gmem_load, gmem_thr, gQ, sQ, q_len - m0);
+    load_rows(gmem_load, gmem_thr, gdO, sdO, q_len - m0);
+    const int64_t r = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
+    if (tid < kBlockM) {
+      SM80_CP_ASYNC_CACHEALWAYS<float>::copy(s.lse2[r + tid], smem_lse[st * kBlockM + tid]);
+    } else if (tid < 2 * kBlockM) {
+      SM80_CP_ASYNC_CACHEALWAYS<float>::copy(s.dvec[r + tid - kBlockM], smem_d[st * kBlockM + tid - kBlockM]);
+    }
+  };
+
+  // ---- MMA partitions ----
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+
+  auto copy_a_sdp = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
+  auto copy_b_sdp = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_sdp);
+  auto copy_a_dkv = make_tiled_copy_A(typename Traits::SmemCopyAtomT{}, mma_dkv);
+  auto copy_b_dkv = make_tiled_copy_B(typename Traits::SmemCopyAtomT{}, mma_dkv);
+  auto copy_a_dq = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
+  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomT{}, mma_dq);
+  auto thr_a_sdp = copy_a_sdp.get_thread_slice(tid);
+  auto thr_b_sdp = copy_b_sdp.get_thread_slice(tid);
+  auto thr_a_dkv = copy_a_dkv.get_thread_slice(tid);
+  auto thr_b_dkv = copy_b_dkv.get_thread_slice(tid);
+  auto thr_a_dq = copy_a_dq.get_thread_slice(tid);
+  auto thr_b_dq = copy_b_dq.get_thread_slice(tid);
+
+  Tensor sQ0 = sQ_at(0);
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ0);
+  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sQ0);
+  Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
+  Tensor tSsK = thr_b_sdp.partition_S(sK);
+  Tensor tdPsV = thr_b_sdp.partition_S(sV);
+
+  Tensor sPtFlat = make_tensor(make_smem_ptr(smem_p), get_nonswizzle_portion(typename Traits::SmemLayoutPdSt{}));
+  Tensor sQtFlat = make_tensor(make_smem_ptr(smem_q), get_nonswizzle_portion(typename Traits::SmemLayoutQt{}));
+  Tensor sKtFlat = make_tensor(make_smem_ptr(smem_k), get_nonswizzle_portion(typename Traits::SmemLayoutKt{}));
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPtFlat);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sQtFlat);
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sPtFlat);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQtFlat);
+  Tensor tdVsPt = thr_a_dkv.partition_S(sPt);
+  Tensor tdKsdSt = thr_a_dkv.partition_S(sdSt);
+
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKtFlat);
+  Tensor tdQsdS = thr_a_dq.partition_S(sdS);
+  Tensor tdQsKt = thr_b_dq.partition_S(sKt);
+
+  auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
+  auto thr_pds = copy_pds.get_thread_slice(tid);
+  Tensor tPsP = thr_pds.partition_D(sP);
+  Tensor tPsdS = thr_pds.partition_D(sdS);
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  // (row, col) inside the tile of each S accumulator.
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_sdp.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+
+  const float scale_log2 = p.scale * kLog2e;
+  const bool has_attn_mask = p.attn_mask.data != nullptr;
+  const uint32_t drop_threshold = kDropout ? dropout_threshold(p.dropout_rate) : 0u;
+  const float keep_scale = kDropout ? 1.f / (1.f - p.dropout_rate) : 1.f;
+
+  // ---- prologue ----
+  int it = next_visible(0);
+  if (it < n_iter) {
+    load_rows(gmem_load, gmem_thr, gK, sK, kv_len - n0);
+    load_rows(gmem_load, gmem_thr, gV, sV, kv_len - n0);
+    load_q_do(it, 0);
+  }
+  cp_async_fence();
+
+  int stage = 0;
+  for (; it < n_iter;) {
+    const int h = h_kv * group + it / n_m;
+    const int m0 = (m_begin + it % n_m) * kBlockM;
+    const int it_next = next_visible(it + 1);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it_next < n_iter) load_q_do(it_next, stage ^ 1);
+    cp_async_fence();
+
+    Tensor sQ = sQ_at(stage);
+    Tensor sdO = sdO_at(stage);
+    Tensor sQt = sQt_at(stage);
+    Tensor sdOt = sdOt_at(stage);
+    const float* lse2 = smem_lse + stage * kBlockM;
+    const float* dvec = smem_d + stage * kBlockM;
+
+    // S = Q K^T, dP = dO V^T
+    Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    clear(acc_dp);
+    gemm_ss(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
+            thr_b_sdp);
+    gemm_ss(mma_sdp, acc_dp, tdPrdO, tdPrV, thr_a_sdp.partition_S(sdO), tdPsV, copy_a_sdp, copy_b_sdp, thr_a_sdp,
+            thr_b_sdp);
+
+    // P = exp(scale S - lse) (0 where masked), dS = P (dP - D); with dropout dV uses P Z / (1 - p) and
+    // dP is masked and scaled the same way.
+    Tensor S = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    Tensor dP = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+    const bool need_mask = has_attn_mask || (has_block_mask && !(tile_in_one_kblock &&
+                                                                 m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
+                           n0 + kBlockN > kv_len || (right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + right) ||
+                           (left >= 0 && int64_t(n0) < int64_t(m0) + kBlockM - 1 - left);
+    Tensor acc_pd = make_tensor_like(acc_s);  // P Z / (1 - p) for dV (dropout only)
+    Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
+    CUTE_UNROLL
+    for (int mi = 0; mi < size<0>(S); ++mi) {
+      const int r = get<0>(tScS_rc(mi, 0));
+      const int row = m0 + r;
+      const float l2 = lse2[r];
+      const float dv = dvec[r];
+      uint32_t keep_bits = 0;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(S); ++ni) {
+        const int col = n0 + get<1>(tScS_rc(0, ni));
+        float pv = fast_exp2(S(mi, ni) * scale_log2 - l2);
+        if (need_mask) {
+          bool vis = col < kv_len && row < q_len && (right < 0 || col <= row + right) &&
+                     (left < 0 || col >= row - left);
+          if (vis && has_attn_mask) vis = mask_at(p.attn_mask, b, h, row, col);
+          if (vis && has_block_mask) vis = block_visible(p, b, h, row / p.block_q, col / p.block_k);
+          if (!vis) pv = 0.f;
+        }
+        float dpv = dP(mi, ni);
+        if constexpr (kDropout) {
+          // The accumulator's columns come in even/odd pairs of one group of four: one Philox call a pair.
+          if (ni % 2 == 0)
+            keep_bits = dropout_keep_bits4(p.seed, p.seed_offset, uint64_t(b) * p.num_heads + h, row, col,
+                                           drop_threshold);
+          const bool keep = (keep_bits >> (col & 3)) & 1u;
+          Pd(mi, ni) = keep ? pv * keep_scale : 0.f;
+          dpv = keep ? dpv * keep_scale : 0.f;
+        }
+        S(mi, ni) = pv;
+        dP(mi, ni) = pv * (dpv - dv);
+      }
+    }
+    Tensor rP = [&] {
+      if constexpr (kDropout) return to_element<Element>(acc_pd);
+      else return to_element<Element>(acc_s);
+    }();
+    Tensor rdS = to_element<Element>(acc_dp);
+    copy(copy_pds, thr_pds.retile_S(rP), tPsP);
+    copy(copy_pds, thr_pds.retile_S(rdS), tPsdS);
+    __syncthreads();
+
+    // dV += P^T dO, dK += dS^T Q
+    gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, thr_b_dkv.partition_S(sdOt), copy_a_dkv, copy_b_dkv,
+            thr_a_dkv, thr_b_dkv);
+    gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
+            thr_a_dkv, thr_b_dkv);
+
+    // dQ += dS K (unscaled; kernel 3 applies the softmax scale)
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_dq);
+    gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_a_dq, copy_b_dq, thr_a_dq, thr_b_dq);
+    float* dq_ptr = s.dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + m0) * kHeadDim;
+    Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             Stride<Int<kHeadDim>, _1>{});
+    Tensor tdQgdQ = thr_dq.partition_C(gdQ);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
+
+    stage ^= 1;
+    it = it_next;
+  }
+
+  // ---- epilogue: dK * scale, dV through shared memory (K/V buffers) to global, rows < seqlen_k ----
+  cp_async_wait<0>();
+  __syncthreads();
+  Tensor rdK = to_element<Element>(acc_dk, p.scale);
+  Tensor rdV = to_element<Element>(acc_dv);
+  auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+  auto thr_cdkv = copy_dkv.get_thread_slice(tid);
+  copy(copy_dkv, thr_cdkv.retile_S(rdK), thr_cdkv.partition_D(sK));
+  copy(copy_dkv, thr_cdkv.retile_S(rdV), thr_cdkv.partition_D(sV));
+  __syncthreads();
+
+  Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+                    int64_t(n0) * p.k_row_stride;
+  Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
+                    int64_t(n0) * p.v_row_stride;
+  Tensor gdK = make_tensor(make_gmem_ptr(dk_ptr), TileKV{}, make_stride(p.k_row_stride, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv_ptr), TileKV{}, make_stride(p.v_row_stride, _1{}));
+  typename Traits::GmemTiledCopyStore gmem_store;
+  auto store_thr = gmem_store.get_thread_slice(tid);
+  Tensor tsK = store_thr.partition_S(sK);
+  Tensor tsV = store_thr.partition_S(sV);
+  Tensor tgK = store_thr.partition_D(gdK);
+  Tensor tgV = store_thr.partition_D(gdV);
+  Tensor tc = store_thr.partition_D(make_identity_tensor(TileKV{}));
+  const int rows = p.seqlen_k - n0;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tgK); ++m) {
+    if (get<0>(tc(0, m, 0)) < rows) {
+      copy(gmem_store, tsK(_, m, _), tgK(_, m, _));
+      copy(gmem_store, tsV(_, m, _), tgV(_, m, _));
+    }
+  }
+}
+
+// Head-dim specific tile choice (H100/A100; <= 163 KB shared memory so one config serves sm_80 and sm_90).
+template <typename Element, int kHeadDim>
+struct BwdConfig;
+template <typename Element>
+struct BwdConfig<Element, 32> {
+  using Traits = BwdTraits<32, 64, 128, 8, 2, 4, 4, Element>;
+};
+template <typename Element>
+struct BwdConfig<Element, 64> {
+  using Traits = BwdTraits<64, 64, 128, 8, 2, 4, 4, Element>;
+};
+template <typename Element>
+struct BwdConfig<Element, 96> {
+  using Traits = BwdTraits<96, 64, 128, 8, 2, 4, 4, Element>;
+};
+template <typename Element>
+struct BwdConfig<Element, 128> {
+  using Traits = BwdTraits<128, 64, 128, 8, 2, 4, 2, Element>;
+};
+
+template <typename Element, int kHeadDim>
+cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
+  using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
+  const BwdScratch s = bwd_scratch_layout(p);
+  if (p.seqlen_q > 0) {
+    dim3 grid(unsigned((s.sq_pad + 15) / 16), unsigned(p.num_heads), unsigned(p.batch));
+    bwd_preprocess_kernel<Element><<<grid, 128, 0, stream>>>(p, s);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (p.seqlen_k > 0) {  // with seqlen_q == 0 it visits no tile and writes dK = dV = 0
+    constexpr int smem = Traits::kSmemBytes;
+    dim3 grid(unsigned((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(p.num_heads_kv),
+              unsigned(p.batch));
+    auto launch = [&](auto kernel) -> cudaError_t {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+      kernel<<<grid, Traits::kNThreads, smem, stream>>>(p, s);
+      return cudaGetLastError();
+    };
+    cudaError_t e = p.dropout_rate > 0.f ? launch(bwd_dkdv_kernel<Traits, true>) : launch(bwd_dkdv_kernel<Traits, false>);
+    if (e != cudaSuccess) return e;
+  }
+  if (p.seqlen_q > 0) {
+    constexpr int kRowsPerBlock = 128 / (kHeadDim / 8);
+    dim3 grid(unsigned((p.seqlen_q + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(p.num_heads), unsigned(p.batch));
+    bwd_convert_dq_kernel<Element, kHeadDim><<<grid, 128, 0, stream>>>(p, s);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace bwd
+}  // namespace tf_flash

@@ -1,0 +1,538 @@
+// Standalone harness for the CUDA backward (cc/kernels/cuda/flash_bwd_*.cu), no TensorFlow.
+//
+//   bwd_harness test           correctness vs a float64 CPU reference (forward O/lse and backward computed
+//                              on the host), NaN-poisoned outputs and scratch, odd lengths, every feature
+//   bwd_harness bench [d ...]  timing on the benchmarks.md grid (hidden 2048), CUDA events, median of 20
+//
+// Build and run: tests/cuda_harness/run_bwd_harness.sh
+#include <cuda_runtime.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cutlass/numeric_types.h>
+
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/philox.h"
+
+using namespace tf_flash;
+
+#define CHECK_CUDA(x)                                                                        \
+  do {                                                                                       \
+    cudaError_t e_ = (x);                                                                    \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+struct Case {
+  std::string name;
+  DType dtype = DType::kBFloat16;
+  int b = 1, sq = 128, sk = 128, h = 2, hkv = 2, d = 64;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  bool q_lengths = false, kv_lengths = false;
+  float scale = 0.f;  // 0: 1/sqrt(d)
+  float dropout = 0.f;
+  bool attn_mask = false;
+  int block_mask = 0;  // 0 none; else block size (block_q = block_k)
+  bool d_lse = false;
+};
+
+template <typename E>
+static float round_to(float x) {
+  return float(E(x));
+}
+
+static float round_dtype(DType t, float x) {
+  return t == DType::kFloat16 ? round_to<cutlass::half_t>(x) : round_to<cutlass::bfloat16_t>(x);
+}
+
+static void to_device_bits(DType t, const std::vector<float>& src, std::vector<uint16_t>* dst) {
+  dst->resize(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (t == DType::kFloat16) {
+      cutlass::half_t v(src[i]);
+      std::memcpy(&(*dst)[i], &v, 2);
+    } else {
+      cutlass::bfloat16_t v(src[i]);
+      std::memcpy(&(*dst)[i], &v, 2);
+    }
+  }
+}
+
+static float from_bits(DType t, uint16_t bits) {
+  if (t == DType::kFloat16) {
+    cutlass::half_t v;
+    std::memcpy(&v, &bits, 2);
+    return float(v);
+  }
+  cutlass::bfloat16_t v;
+  std::memcpy(&v, &bits, 2);
+  return float(v);
+}
+
+struct Rel {
+  double err = 0, ref = 0;
+  long nan = 0;
+  double value() const { return ref > 0 ? std::sqrt(err / ref) : std::sqrt(err); }
+};
+
+static int run_case(const Case& c, uint64_t seed, bool verbose) {
+  const int B = c.b, Sq = c.sq, Sk = c.sk, H = c.h, Hkv = c.hkv, D = c.d, G = H / Hkv;
+  const float scale = c.scale > 0 ? c.scale : 1.f / std::sqrt(float(D));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto randn = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = round_dtype(c.dtype, normal(rng));
+    return v;
+  };
+  std::vector<float> q = randn(size_t(B) * Sq * H * D), k = randn(size_t(B) * Sk * Hkv * D),
+                     v = randn(size_t(B) * Sk * Hkv * D), dout = randn(size_t(B) * Sq * H * D);
+  std::vector<float> dlse;
+  if (c.d_lse) {
+    dlse.resize(size_t(B) * H * Sq);
+    for (auto& x : dlse) x = 0.3f * normal(rng);
+  }
+  std::vector<int32_t> qlen(B, Sq), kvlen(B, Sk);
+  std::uniform_int_distribution<int> uq(0, Sq), uk(0, Sk);
+  if (c.q_lengths)
+    for (int b = 0; b < B; ++b) qlen[b] = b == 0 ? Sq : uq(rng);
+  if (c.kv_lengths)
+    for (int b = 0; b < B; ++b) kvlen[b] = b == 0 ? Sk : uk(rng);
+  std::vector<uint8_t> amask;
+  if (c.attn_mask) {  // [B, 1, Sq, Sk], broadcast over heads
+    amask.resize(size_t(B) * Sq * Sk);
+    std::bernoulli_distribution bern(0.7);
+    for (auto& x : amask) x = bern(rng);
+  }
+  std::vector<uint8_t> bmask;
+  int nqb = 0, nkb = 0;
+  if (c.block_mask) {
+    nqb = (Sq + c.block_mask - 1) / c.block_mask;
+    nkb = (Sk + c.block_mask - 1) / c.block_mask;
+    bmask.resize(size_t(B) * H * nqb * nkb);
+    std::bernoulli_distribution bern(0.5);
+    for (auto& x : bmask) x = bern(rng);
+  }
+
+  FlashBwdParams p;
+  p.batch = B;
+  p.seqlen_q = Sq;
+  p.seqlen_k = Sk;
+  p.num_heads = H;
+  p.num_heads_kv = Hkv;
+  p.head_dim = p.head_dim_v = D;
+  p.scale = scale;
+  p.q_row_stride = int64_t(H) * D, p.q_head_stride = D, p.q_batch_stride = int64_t(Sq) * H * D;
+  p.k_row_stride = int64_t(Hkv) * D, p.k_head_stride = D, p.k_batch_stride = int64_t(Sk) * Hkv * D;
+  p.v_row_stride = p.k_row_stride, p.v_head_stride = D, p.v_batch_stride = p.k_batch_stride;
+  p.o_row_stride = p.q_row_stride, p.o_head_stride = D, p.o_batch_stride = p.q_batch_stride;
+  p.causal = c.causal;
+  p.window_left = c.wl;
+  p.window_right = c.wr;
+  p.dropout_rate = c.dropout;
+  p.seed = 0x1234567890abcdefull ^ seed;
+  p.seed_offset = 77;
+  // Host copies of the masks for the reference (same struct, host pointers).
+  FlashBwdParams hp = p;
+  hp.q_lengths = c.q_lengths ? qlen.data() : nullptr;
+  hp.kv_lengths = c.kv_lengths ? kvlen.data() : nullptr;
+  if (c.attn_mask) {
+    hp.attn_mask.data = reinterpret_cast<const bool*>(amask.data());
+    hp.attn_mask.batch_stride = int64_t(Sq) * Sk, hp.attn_mask.head_stride = 0;
+    hp.attn_mask.row_stride = Sk, hp.attn_mask.col_stride = 1;
+  }
+  if (c.block_mask) {
+    hp.block_mask.data = reinterpret_cast<const bool*>(bmask.data());
+    hp.block_mask.batch_stride = int64_t(H) * nqb * nkb, hp.block_mask.head_stride = int64_t(nqb) * nkb;
+    hp.block_mask.row_stride = nkb, hp.block_mask.col_stride = 1;
+    hp.block_q = hp.block_k = c.block_mask;
+    hp.num_q_blocks = nqb, hp.num_k_blocks = nkb;
+  }
+  const uint32_t thr = dropout_threshold(c.dropout);
+  const double keep_scale = c.dropout > 0 ? 1.0 / (1.0 - c.dropout) : 1.0;
+
+  // ---- float64 reference: forward (O, lse) then backward ----
+  std::vector<double> O(size_t(B) * Sq * H * D, 0.0), LSE(size_t(B) * H * Sq, -INFINITY);
+  std::vector<double> dQ(q.size(), 0.0), dK(k.size(), 0.0), dV(v.size(), 0.0);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; ++b)
+    for (int hk = 0; hk < Hkv; ++hk) {
+      std::vector<double> s(Sk), pr(Sk), dp(Sk);
+      std::vector<char> vis(Sk);
+      const int64_t ql = valid_q_len(hp, b), kl = valid_kv_len(hp, b);
+      for (int g = 0; g < G; ++g) {
+        const int h = hk * G + g;
+        for (int i = 0; i < ql; ++i) {
+          const KeyRange kr = key_range(hp, i, ql, kl);
+          const float* qi = &q[((int64_t(b) * Sq + i) * H + h) * D];
+          double mx = -INFINITY;
+          for (int j = 0; j < Sk; ++j) {
+            bool ok = j >= kr.begin && j < kr.end;
+            if (ok && hp.attn_mask.data) ok = mask_at(hp.attn_mask, b, h, i, j);
+            if (ok && hp.block_mask.data) ok = block_visible(hp, b, h, i / hp.block_q, j / hp.block_k);
+            vis[j] = ok;
+            if (!ok) continue;
+            const float* kj = &k[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            double acc = 0;
+            for (int e = 0; e < D; ++e) acc += double(qi[e]) * kj[e];
+            s[j] = acc * scale;
+            mx = std::max(mx, s[j]);
+          }
+          if (mx == -INFINITY) continue;  // nothing visible: O = 0, lse = -inf, no gradient
+          double sum = 0;
+          for (int j = 0; j < Sk; ++j)
+            if (vis[j]) sum += std::exp(s[j] - mx);
+          const double lse = mx + std::log(sum);
+          LSE[(int64_t(b) * H + h) * Sq + i] = lse;
+          double* oi = &O[((int64_t(b) * Sq + i) * H + h) * D];
+          for (int j = 0; j < Sk; ++j) {
+            pr[j] = vis[j] ? std::exp(s[j] - lse) : 0.0;
+            if (!vis[j]) continue;
+            double pd = pr[j];
+            if (c.dropout > 0)
+              pd = dropout_keep(p.seed, p.seed_offset, uint64_t(b) * H + h, i, j, thr) ? pd * keep_scale : 0.0;
+            const float* vj = &v[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            for (int e = 0; e < D; ++e) oi[e] += pd * vj[e];
+          }
+          // backward of this row
+          const float* doi = &dout[((int64_t(b) * Sq + i) * H + h) * D];
+          double Di = 0;
+          for (int e = 0; e < D; ++e) Di += double(doi[e]) * oi[e];
+          if (c.d_lse) Di -= dlse[(int64_t(b) * H + h) * Sq + i];
+          double* dqi = &dQ[((int64_t(b) * Sq + i) * H + h) * D];
+          for (int j = 0; j < Sk; ++j) {
+            if (!vis[j]) continue;
+            const float* vj = &v[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            const float* kj = &k[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            double dpd = 0;
+            for (int e = 0; e < D; ++e) dpd += double(doi[e]) * vj[e];
+            double pd = pr[j], dpv = dpd;
+            if (c.dropout > 0) {
+              const bool keep = dropout_keep(p.seed, p.seed_offset, uint64_t(b) * H + h, i, j, thr);
+              pd = keep ? pd * keep_scale : 0.0;
+              dpv = keep ? dpd * keep_scale : 0.0;
+            }
+            const double ds = pr[j] * (dpv - Di);
+            double* dvj = &dV[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            double* dkj = &dK[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            for (int e = 0; e < D; ++e) {
+              dvj[e] += pd * doi[e];
+              dkj[e] += scale * ds * qi[e];
+              dqi[e] += scale * ds * kj[e];
+            }
+          }
+        }
+      }
+    }
+
+  // ---- device ----
+  std::vector<float> o_in(O.size()), lse_in(LSE.size());
+  for (size_t i = 0; i < O.size(); ++i) o_in[i] = float(O[i]);
+  for (size_t i = 0; i < LSE.size(); ++i) lse_in[i] = float(LSE[i]);
+  std::vector<uint16_t> hq, hk, hv, ho, hdo;
+  to_device_bits(c.dtype, q, &hq);
+  to_device_bits(c.dtype, k, &hk);
+  to_device_bits(c.dtype, v, &hv);
+  to_device_bits(c.dtype, o_in, &ho);
+  to_device_bits(c.dtype, dout, &hdo);
+  auto upload = [](const void* src, size_t bytes) {
+    void* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(bytes, 16)));
+    if (bytes) CHECK_CUDA(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+    return d;
+  };
+  p.q = upload(hq.data(), hq.size() * 2);
+  p.k = upload(hk.data(), hk.size() * 2);
+  p.v = upload(hv.data(), hv.size() * 2);
+  p.out = upload(ho.data(), ho.size() * 2);
+  p.d_out = upload(hdo.data(), hdo.size() * 2);
+  p.lse = static_cast<float*>(upload(lse_in.data(), lse_in.size() * 4));
+  if (c.d_lse) p.d_lse = static_cast<float*>(upload(dlse.data(), dlse.size() * 4));
+  if (c.q_lengths) p.q_lengths = static_cast<int32_t*>(upload(qlen.data(), qlen.size() * 4));
+  if (c.kv_lengths) p.kv_lengths = static_cast<int32_t*>(upload(kvlen.data(), kvlen.size() * 4));
+  if (c.attn_mask) {
+    p.attn_mask = hp.attn_mask;
+    p.attn_mask.data = static_cast<const bool*>(upload(amask.data(), amask.size()));
+  }
+  if (c.block_mask) {
+    p.block_mask = hp.block_mask;
+    p.block_mask.data = static_cast<const bool*>(upload(bmask.data(), bmask.size()));
+    p.block_q = p.block_k = c.block_mask;
+    p.num_q_blocks = nqb, p.num_k_blocks = nkb;
+  }
+  CHECK_CUDA(cudaMalloc(&p.d_q, std::max<size_t>(q.size() * 2, 16)));
+  CHECK_CUDA(cudaMalloc(&p.d_k, std::max<size_t>(k.size() * 2, 16)));
+  CHECK_CUDA(cudaMalloc(&p.d_v, std::max<size_t>(v.size() * 2, 16)));
+  CHECK_CUDA(cudaMemset(p.d_q, 0xFF, q.size() * 2));  // NaN poison
+  CHECK_CUDA(cudaMemset(p.d_k, 0xFF, k.size() * 2));
+  CHECK_CUDA(cudaMemset(p.d_v, 0xFF, v.size() * 2));
+  const int64_t scratch = flash_bwd_cuda_scratch_bytes(p);
+  CHECK_CUDA(cudaMalloc(&p.scratch, std::max<int64_t>(scratch, 16)));
+  CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int err = flash_bwd_cuda(p, c.dtype, stream);
+  if (err != 0) {
+    std::printf("FAIL %-40s flash_bwd_cuda returned %d (%s)\n", c.name.c_str(), err,
+                cudaGetErrorString(cudaError_t(err)));
+    return 1;
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaGetLastError());
+  std::vector<uint16_t> gq(q.size()), gk(k.size()), gv(v.size());
+  CHECK_CUDA(cudaMemcpy(gq.data(), p.d_q, gq.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(gk.data(), p.d_k, gk.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(gv.data(), p.d_v, gv.size() * 2, cudaMemcpyDeviceToHost));
+
+  auto compare = [&](const std::vector<uint16_t>& g, const std::vector<double>& ref) {
+    Rel r;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double x = from_bits(c.dtype, g[i]);
+      if (!std::isfinite(x)) {
+        ++r.nan;
+        continue;
+      }
+      r.err += (x - ref[i]) * (x - ref[i]);
+      r.ref += ref[i] * ref[i];
+    }
+    return r;
+  };
+  const Rel eq = compare(gq, dQ), ek = compare(gk, dK), ev = compare(gv, dV);
+  const double tol = c.dtype == DType::kFloat16 ? 4e-3 : 2e-2;
+  const bool ok = eq.nan == 0 && ek.nan == 0 && ev.nan == 0 && eq.value() < tol && ek.value() < tol &&
+                  ev.value() < tol;
+  std::printf("%s %-44s %s d=%3d b=%d sq=%4d sk=%4d h=%d/%d  rel dq %.2e dk %.2e dv %.2e  nan %ld/%ld/%ld\n",
+              ok ? "ok  " : "FAIL", c.name.c_str(), c.dtype == DType::kFloat16 ? "fp16" : "bf16", D, B, Sq, Sk, H,
+              Hkv, eq.value(), ek.value(), ev.value(), eq.nan, ek.nan, ev.nan);
+  (void)verbose;
+  cudaFree(const_cast<void*>(p.q));
+  cudaFree(const_cast<void*>(p.k));
+  cudaFree(const_cast<void*>(p.v));
+  cudaFree(p.out);
+  cudaFree(const_cast<void*>(p.d_out));
+  cudaFree(p.lse);
+  cudaFree(const_cast<float*>(p.d_lse));
+  cudaFree(const_cast<int32_t*>(p.q_lengths));
+  cudaFree(const_cast<int32_t*>(p.kv_lengths));
+  cudaFree(const_cast<bool*>(p.attn_mask.data));
+  cudaFree(const_cast<bool*>(p.block_mask.data));
+  cudaFree(p.d_q);
+  cudaFree(p.d_k);
+  cudaFree(p.d_v);
+  cudaFree(p.scratch);
+  cudaStreamDestroy(stream);
+  return ok ? 0 : 1;
+}
+
+static int run_tests() {
+  std::vector<Case> cases;
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (int d : {32, 64, 96, 128}) {
+      Case c;
+      c.dtype = t;
+      c.d = d;
+      c.name = "plain";
+      c.b = 2, c.sq = c.sk = 256;
+      cases.push_back(c);
+      c.name = "causal";
+      c.causal = true;
+      cases.push_back(c);
+    }
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (int d : {64, 128})
+      for (auto [sq, sk] : {std::pair{1, 1}, {17, 17}, {127, 127}, {1000, 1000}, {1023, 1023}, {17, 300}, {300, 17},
+                            {1, 513}, {513, 1}, {129, 1000}})
+        for (bool causal : {false, true}) {
+          Case c;
+          c.dtype = t;
+          c.d = d;
+          c.sq = sq, c.sk = sk, c.causal = causal;
+          c.name = std::string("odd lengths") + (causal ? " causal" : "");
+          cases.push_back(c);
+        }
+  auto add = [&](Case c, const char* name) {
+    c.name = name;
+    for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+      c.dtype = t;
+      cases.push_back(c);
+    }
+  };
+  {
+    Case c;
+    c.sq = c.sk = 700;
+    c.wl = 100, c.wr = 50;
+    add(c, "window 100/50");
+    c.wl = 0, c.wr = 0;
+    add(c, "window 0/0");
+    c.wl = 200, c.wr = -1, c.causal = true;
+    add(c, "causal + window_left 200");
+    c.wl = -1, c.wr = 300, c.causal = false;
+    add(c, "window_right 300");
+  }
+  {
+    Case c;
+    c.b = 4, c.sq = 333, c.sk = 555, c.q_lengths = c.kv_lengths = true;
+    add(c, "q/kv lengths");
+    c.causal = true;
+    add(c, "q/kv lengths causal");
+    c.causal = false, c.wl = 60, c.wr = 10;
+    add(c, "q/kv lengths window");
+  }
+  {
+    Case c;
+    c.h = 8, c.hkv = 2, c.sq = 300, c.sk = 400, c.d = 128;
+    add(c, "GQA 8/2");
+    c.hkv = 1, c.causal = true, c.d = 64;
+    add(c, "MQA 8/1 causal");
+  }
+  {
+    Case c;
+    c.scale = 0.37f, c.d_lse = true, c.sq = 200, c.sk = 260;
+    add(c, "scale 0.37 + d_lse");
+  }
+  {
+    Case c;
+    c.sq = 300, c.sk = 333, c.attn_mask = true;
+    add(c, "attn_mask");
+    c.causal = true;
+    add(c, "attn_mask causal");
+  }
+  {
+    Case c;
+    c.sq = 512, c.sk = 640, c.block_mask = 128;
+    add(c, "block_mask 128");
+    c.sq = 300, c.sk = 333, c.block_mask = 32;
+    add(c, "block_mask 32 (element-wise)");
+    c.block_mask = 64, c.causal = true;
+    add(c, "block_mask 64 causal");
+  }
+  {
+    Case c;
+    c.sq = 300, c.sk = 333, c.dropout = 0.17f;
+    add(c, "dropout 0.17");
+    c.causal = true, c.h = 4, c.hkv = 2, c.d = 128;
+    add(c, "dropout 0.17 causal GQA");
+  }
+  {
+    Case c;
+    c.b = 1, c.h = 1, c.hkv = 1, c.sq = 0, c.sk = 100;
+    add(c, "seqlen_q 0");
+    c.sq = 100, c.sk = 0;
+    add(c, "seqlen_k 0");
+  }
+  int fails = 0;
+  uint64_t seed = 1;
+  for (const Case& c : cases) fails += run_case(c, seed++, false);
+  std::printf("%d of %zu cases failed\n", fails, cases.size());
+  return fails ? 1 : 0;
+}
+
+// N(0, 1) on the device (Box-Muller over a hashed counter): fast inputs for the timing runs.
+template <typename E>
+__global__ void fill_normal(E* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const Philox4 r = philox4x32_10(Philox4{{uint32_t(i), uint32_t(i >> 32), seed, 0u}}, 0x9E3779B9u, seed);
+    const float u1 = (r.x[0] + 1.f) * 2.3283064e-10f, u2 = r.x[1] * 2.3283064e-10f;
+    x[i] = E(sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
+  }
+}
+
+static int run_bench(const std::vector<int>& dims) {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::printf("| dtype | d | causal | batch | seqlen | heads | ms (median) | min..max ms | TFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  const std::pair<int, int> grid[] = {{32, 512}, {16, 1024}, {8, 2048}, {4, 4096}, {2, 8192}, {1, 16384}};
+  for (DType t : {DType::kBFloat16, DType::kFloat16})
+    for (int d : dims)
+      for (bool causal : {false, true})
+        for (auto [B, S] : grid) {
+          const int H = 2048 / d;
+          FlashBwdParams p;
+          p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H;
+          p.head_dim = p.head_dim_v = d;
+          p.scale = 1.f / std::sqrt(float(d));
+          p.causal = causal;
+          p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * d;
+          p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+          p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * H * d;
+          const size_t n = size_t(B) * S * H * d;
+          void* bufs[5];
+          for (int i = 0; i < 5; ++i) {
+            CHECK_CUDA(cudaMalloc(&bufs[i], n * 2));
+            if (t == DType::kFloat16)
+              fill_normal<<<1024, 256>>>(static_cast<cutlass::half_t*>(bufs[i]), n, uint32_t(i * 7919 + S + d));
+            else
+              fill_normal<<<1024, 256>>>(static_cast<cutlass::bfloat16_t*>(bufs[i]), n, uint32_t(i * 7919 + S + d));
+            CHECK_CUDA(cudaGetLastError());
+          }
+          p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.out = bufs[3], p.d_out = bufs[4];
+          std::vector<float> lse(size_t(B) * H * S, std::log(float(S)) + 0.5f);
+          CHECK_CUDA(cudaMalloc(&p.lse, lse.size() * 4));
+          CHECK_CUDA(cudaMemcpy(p.lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+          CHECK_CUDA(cudaMalloc(&p.d_q, n * 2));
+          CHECK_CUDA(cudaMalloc(&p.d_k, n * 2));
+          CHECK_CUDA(cudaMalloc(&p.d_v, n * 2));
+          CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p)));
+          cudaStream_t stream;
+          CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+          cudaEvent_t e0, e1;
+          CHECK_CUDA(cudaEventCreate(&e0));
+          CHECK_CUDA(cudaEventCreate(&e1));
+          for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaError_t(flash_bwd_cuda(p, t, stream)));
+          std::vector<float> ms;
+          for (int i = 0; i < 20; ++i) {
+            CHECK_CUDA(cudaEventRecord(e0, stream));
+            CHECK_CUDA(cudaError_t(flash_bwd_cuda(p, t, stream)));
+            CHECK_CUDA(cudaEventRecord(e1, stream));
+            CHECK_CUDA(cudaEventSynchronize(e1));
+            float x;
+            CHECK_CUDA(cudaEventElapsedTime(&x, e0, e1));
+            ms.push_back(x);
+          }
+          std::sort(ms.begin(), ms.end());
+          const double med = ms[ms.size() / 2];
+          const double flops = 2.5 * 4.0 * B * double(S) * S * H * d / (causal ? 2.0 : 1.0);
+          std::printf("| %s | %d | %s | %d | %d | %d | %.3f | %.3f..%.3f | %.1f |\n",
+                      t == DType::kFloat16 ? "fp16" : "bf16", d, causal ? "yes" : "no", B, S, H, med, ms.front(),
+                      ms.back(), flops / (med * 1e-3) / 1e12);
+          std::fflush(stdout);
+          for (void* b : bufs) cudaFree(b);
+          cudaFree(p.lse);
+          cudaFree(p.d_q);
+          cudaFree(p.d_k);
+          cudaFree(p.d_v);
+          cudaFree(p.scratch);
+          cudaEventDestroy(e0);
+          cudaEventDestroy(e1);
+          cudaStreamDestroy(stream);
+        }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "test";
+  if (mode == "test") return run_tests();
+  if (mode == "bench") {
+    std::vector<int> dims;
+    for (int i = 2; i < argc; ++i) dims.push_back(std::atoi(argv[i]));
+    if (dims.empty()) dims = {64, 128};
+    return run_bench(dims);
+  }
+  std::fprintf(stderr, "usage: %s test | bench [head_dim ...]\n", argv[0]);
+  return 2;
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the CUDA backward (cc/kernels/cuda/flash_bwd_*.cu) with tests/cuda_harness/bwd_harness.cu, then runs
+# the harness:   tests/cuda_harness/run_bwd_harness.sh [test | bench [head_dim ...]]   (default: test)
+# Env: CUTLASS_INCLUDE (default: the pip nvidia-cutlass headers), NVCC_ARCHS (default "80 90a"),
+#      BWD_BUILD (default build/bwd_harness), JOBS (default nproc), BUILD_ONLY=1 to skip the run.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cutlass=${CUTLASS_INCLUDE:-$(python3 -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source/include}
+out=${BWD_BUILD:-$root/build/bwd_harness}
+mkdir -p "$out"
+gencode=""
+for a in ${NVCC_ARCHS:-80 90a}; do gencode+=" -gencode=arch=compute_$a,code=sm_$a"; done
+export BWD_FLAGS="-std=c++17 --expt-relaxed-constexpr -O3 -I$root -I$cutlass $gencode -Xcompiler -fopenmp"
+export BWD_OUT=$out
+ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/tests/cuda_harness/bwd_harness.cu |
+  xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
+    'f={}; o=$BWD_OUT/$(basename $f .cu).o; nvcc $BWD_FLAGS -Xptxas -v -c $f -o $o > $o.log 2>&1 || { cat $o.log; exit 1; }'
+# Resource report of the main kernels (registers, spills).
+grep -h -A2 "Compiling entry function.*bwd_dkdv" "$out"/*.o.log | grep -E "entry|spill|Used" | sed 's/ptxas info *: //' |
+  paste - - - | sed -E 's/Compiling entry function .*BwdTraitsILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)E[^N]*N7cutlass([0-9]+)([a-z0-9_]+)EEELb([01]).*for .(sm_[0-9a]+)./d\1 M\2 N\3 w\4 \6 dropout=\7 \8/' | sort -u || true
+nvcc $BWD_FLAGS -o "$out/bwd_harness" "$out"/*.o -lgomp
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
+exec "$out/bwd_harness" "${@:-test}"
