@@ -1,0 +1,86 @@
+"""Saving and reloading models that use the tf_flash layers, as users do it: `.keras` files,
+`model.export()`, `tf.saved_model.save`, each reloaded in a fresh process (tests/saving_helper.py);
+a clear error when tf_flash was not imported; tf.distribute.MirroredStrategy over 2 CPU devices."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import saving_helper
+
+try:
+    import tf_flash  # noqa: F401
+    HAVE_OP = True
+except ImportError:
+    HAVE_OP = False
+
+pytestmark = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not built")
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saving_helper.py")
+
+
+def _helper(command, directory):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    proc = subprocess.run([sys.executable, HELPER, command, str(directory)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, f"{command} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A trained model in every saved form, with the logits it gives."""
+    directory = tmp_path_factory.mktemp("saved")
+    keras.utils.set_random_seed(0)
+    model = saving_helper.build_model(dropout=0.1)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    tokens, labels = saving_helper.data()
+    model.fit(tokens, labels, epochs=1, batch_size=4, verbose=0)
+    logits = model.predict(tokens, verbose=0)
+    model.save(directory / "model.keras")
+    model.export(str(directory / "exported"), verbose=False)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="tokens")])
+    def serve(tokens):
+        return {"logits": model(tokens, training=False)}
+
+    tf.saved_model.save(model, str(directory / "saved_model"), signatures={"serving_default": serve})
+    np.savez(directory / "expected.npz", tokens=tokens, labels=labels, logits=logits)
+    return directory, model, logits
+
+
+def test_keras_file_round_trip_in_process(saved):
+    directory, model, logits = saved
+    reloaded = keras.models.load_model(directory / "model.keras")
+    tokens, _ = saving_helper.data()
+    np.testing.assert_allclose(reloaded.predict(tokens, verbose=0), logits, atol=1e-5)
+    assert reloaded.get_layer("mha").get_config() == model.get_layer("mha").get_config()
+    assert type(reloaded.get_layer("flash")).__name__ == "FlashAttention"
+
+
+def test_every_saved_form_reloads_in_a_fresh_process(saved):
+    result = _helper("reload", saved[0])
+    for key in ("keras_max_diff", "export_max_diff", "tfsm_max_diff", "signature_max_diff"):
+        assert result[key] < 1e-5, (key, result)
+    assert np.all(np.isfinite(result["keras_continued_loss"])) and result["keras_weights_changed"], result
+    assert result["export_longer_shape"] == [8, 2]
+
+
+def test_loading_without_importing_tf_flash_names_it(saved):
+    result = _helper("no_import", saved[0])
+    assert not result["tf_flash_imported"]
+    assert result["keras_error"] and "tf_flash" in result["keras_error"], result
+    assert result["saved_model_error"] and "TfFlash>FlashAttention" in result["saved_model_error"], result
+
+
+def test_mirrored_strategy_on_two_cpu_devices_matches_one_device():
+    result = _helper("distribute", "-")
+    assert result["replicas"] == 2
+    assert result["weights_moved"] > 1e-4
+    assert result["max_weight_diff"] < 1e-5, result
+    np.testing.assert_allclose(result["multi_loss"], result["single_loss"], rtol=1e-5)
+    assert np.all(np.isfinite(result["dropout_loss"]))
