@@ -126,13 +126,8 @@ struct HeadContext {
   void DropoutScales(int64_t row0, int64_t col0, int64_t rows, int64_t cols, Matrix* keep) const {
     keep->resize(rows, cols);
     for (int64_t r = 0; r < rows; ++r) {
-      float* out = keep->data() + r * cols;
-      int64_t col = col0;
-      while (col < col0 + cols) {
-        const uint32_t bits = dropout_keep_bits4(p.seed, p.seed_offset, batch_head, row0 + r, col, drop_threshold);
-        const int64_t group_end = std::min<int64_t>((col & ~int64_t{3}) + 4, col0 + cols);
-        for (; col < group_end; ++col) out[col - col0] = ((bits >> (col & 3)) & 1u) ? keep_scale : 0.f;
-      }
+      dropout_row_scales(p.seed, p.seed_offset, batch_head, row0 + r, col0, col0 + cols, drop_threshold,
+                         keep_scale, keep->data() + r * cols);
     }
   }
 };
