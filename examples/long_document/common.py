@@ -1,0 +1,268 @@
+"""Shared pieces of the long-document example: data, split, tokenization, batching, model, metrics.
+
+Importing this module registers the example's own Keras layer (``PositionEmbedding``), so
+``keras.models.load_model`` finds it; ``import tf_flash`` registers the attention layers.
+"""
+import math
+import os
+import random
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+SHORT_CONTEXT = 512  # documents longer than this many tokens are the "long" subset in the results
+
+
+# ----------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------
+def load_tree(data_dir):
+    """Reads a folder-per-class tree (keras.utils.text_dataset_from_directory convention).
+
+    Returns (texts, labels, class_names, paths); labels index into the sorted class names.
+    """
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(
+            f"data directory not found. Received: data_dir={data_dir!r} "
+            "(run examples/long_document/prepare_data.py, or pass a folder-per-class tree)")
+    class_names = sorted(d for d in os.listdir(data_dir)
+                         if os.path.isdir(os.path.join(data_dir, d)) and not d.startswith("."))
+    if len(class_names) < 2:
+        raise ValueError(f"need at least 2 class folders in data_dir. Received: data_dir={data_dir!r} "
+                         f"with classes {class_names}")
+    texts, labels, paths = [], [], []
+    for label, name in enumerate(class_names):
+        folder = os.path.join(data_dir, name)
+        for dirpath, _, files in sorted(os.walk(folder)):
+            for f in sorted(files):
+                if f.startswith("."):
+                    continue
+                path = os.path.join(dirpath, f)
+                with open(path, "rb") as fh:
+                    texts.append(fh.read().decode("utf-8", errors="replace"))
+                labels.append(label)
+                paths.append(path)
+    return texts, np.asarray(labels, np.int32), class_names, paths
+
+
+def stratified_split(labels, val_frac=0.1, test_frac=0.1, seed=1337):
+    """Index arrays (train, val, test), each class split in the same proportions (>= 1 doc each)."""
+    if not (0 < val_frac < 1 and 0 < test_frac < 1 and val_frac + test_frac < 1):
+        raise ValueError(f"fractions must be in (0, 1) and sum below 1. Received: "
+                         f"val_frac={val_frac}, test_frac={test_frac}")
+    rng = np.random.RandomState(seed)
+    train, val, test = [], [], []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        rng.shuffle(idx)
+        n_val = max(1, int(round(len(idx) * val_frac)))
+        n_test = max(1, int(round(len(idx) * test_frac)))
+        val += idx[:n_val].tolist()
+        test += idx[n_val:n_val + n_test].tolist()
+        train += idx[n_val + n_test:].tolist()
+    return tuple(np.sort(np.asarray(s, np.int64)) for s in (train, val, test))
+
+
+def length_stats(lengths):
+    lengths = np.asarray(lengths)
+    return {"median": int(np.median(lengths)), "p90": int(np.percentile(lengths, 90)),
+            "max": int(lengths.max()), "mean": int(lengths.mean())}
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenization (Keras TextVectorization; vocabulary from the training split only)
+# ----------------------------------------------------------------------------------------------
+def make_vectorizer(vocabulary=None, max_tokens=None, output_sequence_length=None, ragged=False):
+    return keras.layers.TextVectorization(
+        max_tokens=max_tokens, standardize="lower_and_strip_punctuation", split="whitespace",
+        output_mode="int", output_sequence_length=output_sequence_length, ragged=ragged,
+        vocabulary=vocabulary, name="text_vectorization")
+
+
+def build_vocabulary(train_texts, vocab_size):
+    vec = make_vectorizer(max_tokens=vocab_size)
+    vec.adapt(tf.data.Dataset.from_tensor_slices(train_texts).batch(64))
+    return vec.get_vocabulary()
+
+
+def tokenize(texts, vocabulary, batch_size=64):
+    """Full-length int32 token ids of every text (no truncation, no padding)."""
+    vec = make_vectorizer(vocabulary=vocabulary, ragged=True)
+    out = []
+    for i in range(0, len(texts), batch_size):
+        rag = vec(tf.constant(texts[i:i + batch_size]))
+        out += [np.asarray(r, np.int32) for r in rag.numpy()]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Batching: documents of similar length share a batch, each batch is padded to a multiple of
+# `pad_to` tokens (at most `context`). Padding is id 0, which the embedding masks.
+# ----------------------------------------------------------------------------------------------
+class LengthBucketedBatches:
+    def __init__(self, tokens, labels, context, batch_size, shuffle=False, seed=0, pad_to=128,
+                 pool_batches=32):
+        self.tokens = [t[:context] for t in tokens]
+        self.labels = np.asarray(labels, np.int32)
+        self.context, self.batch_size, self.shuffle = context, batch_size, shuffle
+        self.seed, self.pad_to, self.pool = seed, min(pad_to, context), pool_batches * batch_size
+        self.epoch = 0
+        self.num_batches = math.ceil(len(self.tokens) / batch_size)
+
+    def batch_indices(self):
+        n = len(self.tokens)
+        lengths = np.array([len(t) for t in self.tokens])
+        if not self.shuffle:
+            order = np.argsort(lengths, kind="stable")
+            return [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)]
+        rng = np.random.RandomState(self.seed + self.epoch)
+        self.epoch += 1
+        perm = rng.permutation(n)
+        batches = []
+        for i in range(0, n, self.pool):  # sort within pools of documents, then batch
+            pool = perm[i:i + self.pool]
+            pool = pool[np.argsort(lengths[pool], kind="stable")]
+            batches += [pool[j:j + self.batch_size] for j in range(0, len(pool), self.batch_size)]
+        rng.shuffle(batches)
+        return batches
+
+    def padded(self, idx):
+        longest = max(1, max(len(self.tokens[i]) for i in idx))
+        width = min(self.context, self.pad_to * math.ceil(longest / self.pad_to))
+        x = np.zeros((len(idx), width), np.int32)
+        for row, i in enumerate(idx):
+            x[row, :len(self.tokens[i])] = self.tokens[i]
+        return x
+
+    def __iter__(self):
+        for idx in self.batch_indices():
+            yield self.padded(idx), self.labels[idx]
+
+    def dataset(self):
+        ds = tf.data.Dataset.from_generator(
+            self.__iter__, output_signature=(tf.TensorSpec((None, None), tf.int32),
+                                             tf.TensorSpec((None,), tf.int32)))
+        return ds.apply(tf.data.experimental.assert_cardinality(self.num_batches)).prefetch(2)
+
+    def order(self):
+        """Document order of an unshuffled pass (to map predictions back)."""
+        return np.concatenate(self.batch_indices())
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+# ----------------------------------------------------------------------------------------------
+@keras.saving.register_keras_serializable(package="tf_flash_examples")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned position embedding to token embeddings [B, S, D]; passes the Keras mask on."""
+
+    def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1. Received: max_length={max_length}")
+        self.max_length = int(max_length)
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(name="embeddings", shape=(self.max_length, input_shape[-1]),
+                                          initializer=self.initializer)
+
+    def call(self, inputs):
+        length = keras.ops.shape(inputs)[1]
+        return inputs + keras.ops.cast(self.embeddings[None, :length], inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "max_length": self.max_length,
+                "initializer": keras.initializers.serialize(self.initializer)}
+
+
+def import_tf_flash():
+    """`import tf_flash` (loads the op library, registers the layers); falls back to this checkout."""
+    try:
+        import tf_flash
+    except ModuleNotFoundError:
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        if not os.path.isdir(os.path.join(repo, "tf_flash")):
+            raise
+        sys.path.insert(0, repo)
+        import tf_flash
+    return tf_flash
+
+
+def attention_class(attention):
+    if attention == "flash":
+        return import_tf_flash().layers.FlashMultiHeadAttention
+    if attention == "keras":
+        return keras.layers.MultiHeadAttention
+    raise ValueError(f"attention must be 'flash' or 'keras'. Received: attention={attention!r}")
+
+
+def build_classifier(vocab_size, num_classes, context, embed_dim=64, num_heads=2, ff_dim=128,
+                     num_layers=2, dropout=0.1, attention="flash"):
+    """Token ids [B, S] (0 = padding, S <= context) -> class probabilities [B, num_classes].
+
+    Pre-LayerNorm transformer encoder. Embedding(mask_zero=True) creates the padding mask and Keras
+    masking carries it through the blocks into the attention layers (query and value masks) and
+    into the masked mean pooling.
+    """
+    mha = attention_class(attention)
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    x = keras.layers.Embedding(vocab_size, embed_dim, mask_zero=True, name="token_embedding")(tokens)
+    x = PositionEmbedding(context, name="position_embedding")(x)
+    x = keras.layers.Dropout(dropout)(x)
+    for i in range(num_layers):
+        h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block{i}_ln1")(x)
+        h = mha(num_heads=num_heads, key_dim=embed_dim // num_heads, name=f"block{i}_attention")(h, h)
+        x = keras.layers.Add(name=f"block{i}_add1")([x, keras.layers.Dropout(dropout)(h)])
+        h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block{i}_ln2")(x)
+        h = keras.layers.Dense(ff_dim, activation="gelu", name=f"block{i}_ff1")(h)
+        h = keras.layers.Dense(embed_dim, name=f"block{i}_ff2")(h)
+        x = keras.layers.Add(name=f"block{i}_add2")([x, keras.layers.Dropout(dropout)(h)])
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_ln")(x)
+    x = keras.layers.GlobalAveragePooling1D(name="masked_mean")(x)
+    x = keras.layers.Dropout(dropout)(x)
+    probs = keras.layers.Dense(num_classes, activation="softmax", name="classifier")(x)
+    return keras.Model(tokens, probs, name=f"long_doc_{attention}_{context}")
+
+
+def build_text_model(classifier, vocabulary, context):
+    """Raw strings [B] -> probabilities: TextVectorization (fixed vocabulary) + the classifier."""
+    text = keras.Input((), dtype="string", name="text")
+    tokens = make_vectorizer(vocabulary=vocabulary, output_sequence_length=context)(text)
+    return keras.Model(text, classifier(tokens), name=classifier.name + "_text")
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------
+def accuracy(y_true, y_pred):
+    return float(np.mean(np.asarray(y_true) == np.asarray(y_pred))) if len(y_true) else float("nan")
+
+
+def macro_f1(y_true, y_pred, num_classes):
+    """Mean F1 over the classes present in y_true or y_pred (as sklearn's f1_score(average='macro'))."""
+    y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
+    f1s = []
+    for c in range(num_classes):
+        tp = np.sum((y_true == c) & (y_pred == c))
+        fp = np.sum((y_true != c) & (y_pred == c))
+        fn = np.sum((y_true == c) & (y_pred != c))
+        if tp + fp + fn == 0:
+            continue
+        f1s.append(2 * tp / (2 * tp + fp + fn))
+    return float(np.mean(f1s)) if f1s else float("nan")
+
+
+def set_seed(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    keras.utils.set_random_seed(seed)

@@ -1,0 +1,479 @@
+"""Long-document classification: the same transformer at 512 tokens vs long context.
+
+The experiment of the FlashAttention paper (Section 4.2, long-document classification): the model
+that sees more of each document should classify it better, and FlashAttention makes the long context
+affordable. This script
+
+1. reads a folder-per-class tree (default ``data/linux-doc``, made by ``prepare_data.py``), splits it
+   (stratified, fixed seed) and prints class counts and length statistics;
+2. builds the vocabulary on the training split (``keras.layers.TextVectorization``);
+3. trains the same classifier once per run -- ``flash`` (``tf_flash.layers.FlashMultiHeadAttention``)
+   at each context length, and ``keras`` (``keras.layers.MultiHeadAttention``) at the long context --
+   each in its own process, so that its peak memory is its own;
+4. writes the results table (``results.md``, ``results.json``) and ``accuracy_vs_context.png``;
+5. saves the long-context flash model (with its TextVectorization, so it takes raw text) as
+   ``model.keras`` and as a SavedModel (``saved_model/``), reloads both in a fresh process and checks
+   that the predictions are identical, then classifies a test document with ``predict.py``.
+
+Configurations (``--preset``):
+
+* ``cpu`` (default): finishes in minutes on 2 CPU cores. 2 blocks, width 64, 2 heads of 32,
+  contexts 512 and 2048, 3 epochs, batch 16.
+* ``full``: the real experiment, for a GPU: 4 blocks, width 256, 4 heads of 64, contexts 512 to
+  16384, 10 epochs; the Keras baseline at every context, to show where it runs out of memory.
+* ``tiny``: a few documents per class and a toy model (the end-to-end test).
+
+Every preset value can be overridden (``--contexts 512,4096 --epochs 5 ...``). Runs that are already
+in ``OUT/runs/`` are reused with ``--resume`` (useful to run the full preset piece by piece).
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+PRESETS = {
+    "cpu": dict(contexts="512,2048", keras_contexts="long", epochs=3, batch_size=16, embed_dim=64,
+                num_heads=2, ff_dim=128, num_layers=2, vocab_size=20000, learning_rate=2e-3,
+                max_docs_per_class=0),
+    "full": dict(contexts="512,1024,2048,4096,8192,16384", keras_contexts="all", epochs=10,
+                 batch_size=16, embed_dim=256, num_heads=4, ff_dim=512, num_layers=4,
+                 vocab_size=30000, learning_rate=1e-3, max_docs_per_class=0),
+    "tiny": dict(contexts="64,256", keras_contexts="long", epochs=1, batch_size=8, embed_dim=16,
+                 num_heads=2, ff_dim=32, num_layers=1, vocab_size=2000, learning_rate=3e-3,
+                 max_docs_per_class=12),
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    p.add_argument("--full", action="store_const", const="full", dest="preset",
+                   help="same as --preset full")
+    p.add_argument("--data-dir", default=os.path.join(REPO_ROOT, "data", "linux-doc"),
+                   help="folder-per-class tree of text files")
+    p.add_argument("--out", default=None, help="output folder (default runs/long_document/PRESET)")
+    p.add_argument("--attention", choices=["flash", "keras"], default="flash",
+                   help="attention layer of the context-length runs (and of the saved model)")
+    p.add_argument("--contexts", help="comma-separated context lengths in tokens")
+    p.add_argument("--keras-contexts",
+                   help="contexts for the keras.layers.MultiHeadAttention baseline: a list, "
+                        "'long' (the longest of --contexts), 'all', or 'none'")
+    for name, typ in [("epochs", int), ("batch_size", int), ("embed_dim", int), ("num_heads", int),
+                      ("ff_dim", int), ("num_layers", int), ("vocab_size", int),
+                      ("learning_rate", float), ("max_docs_per_class", int)]:
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--jit-compile", choices=["false", "auto"], default="false",
+                   help="Keras jit_compile for every run (false: the same for both attention "
+                        "layers; XLA recompiles for every padded length)")
+    p.add_argument("--mixed-precision", choices=["none", "mixed_float16", "mixed_bfloat16"],
+                   default="none")
+    p.add_argument("--cpu-memory-limit-gb", type=float, default=12.0,
+                   help="on CPU, skip a keras-attention run whose score tensors alone would need "
+                        "more than this (the machine may be shared); GPUs report a real OOM")
+    p.add_argument("--no-save", action="store_true", help="skip saving, reloading and predicting")
+    p.add_argument("--resume", action="store_true", help="reuse finished runs in OUT/runs/")
+    p.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return args
+    for k, v in PRESETS[args.preset].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    try:
+        args.contexts = sorted({int(c) for c in str(args.contexts).split(",")})
+    except ValueError:
+        p.error(f"--contexts must be comma-separated integers. Received: contexts={args.contexts!r}")
+    if min(args.contexts) < 1:
+        p.error(f"--contexts must be positive. Received: contexts={args.contexts}")
+    kc = str(args.keras_contexts)
+    if kc == "long":
+        args.keras_contexts = [max(args.contexts)]
+    elif kc == "all":
+        args.keras_contexts = list(args.contexts)
+    elif kc == "none":
+        args.keras_contexts = []
+    else:
+        try:
+            args.keras_contexts = sorted({int(c) for c in kc.split(",")})
+        except ValueError:
+            p.error(f"--keras-contexts must be a list, 'long', 'all' or 'none'. Received: {kc!r}")
+    if args.embed_dim % args.num_heads:
+        p.error(f"--embed-dim must be divisible by --num-heads. Received: embed_dim="
+                f"{args.embed_dim}, num_heads={args.num_heads}")
+    if args.out is None:
+        args.out = os.path.join(REPO_ROOT, "runs", "long_document", args.preset)
+    return args
+
+
+# ----------------------------------------------------------------------------------------------
+# Parent: data, runs, results
+# ----------------------------------------------------------------------------------------------
+def prepare(args):
+    import numpy as np
+    import common
+
+    t0 = time.time()
+    texts, labels, class_names, paths = common.load_tree(args.data_dir)
+    if args.max_docs_per_class:
+        keep = np.concatenate([np.flatnonzero(labels == c)[:args.max_docs_per_class]
+                               for c in range(len(class_names))])
+        texts, labels, paths = [texts[i] for i in keep], labels[keep], [paths[i] for i in keep]
+    train, val, test = common.stratified_split(labels, seed=args.seed)
+    words = np.array([len(t.split()) for t in texts])
+    vocab = common.build_vocabulary([texts[i] for i in train], args.vocab_size)
+    tokens = common.tokenize(texts, vocab)
+    lengths = np.array([len(t) for t in tokens])
+
+    print(f"\n{len(texts)} documents in {len(class_names)} classes from {args.data_dir}")
+    print(f"split (stratified, seed {args.seed}): train {len(train)}, val {len(val)}, test {len(test)}")
+    print(f"\n{'class':<18}{'train':>7}{'val':>6}{'test':>6}{'median words':>14}")
+    for c, name in enumerate(class_names):
+        n = [int(np.sum(labels[s] == c)) for s in (train, val, test)]
+        print(f"{name:<18}{n[0]:>7}{n[1]:>6}{n[2]:>6}{int(np.median(words[labels == c])):>14}")
+    ws, ts = common.length_stats(words), common.length_stats(lengths)
+    print(f"\nwords per document:  median {ws['median']}, p90 {ws['p90']}, max {ws['max']}")
+    print(f"tokens per document: median {ts['median']}, p90 {ts['p90']}, max {ts['max']}; "
+          f"{np.mean(lengths > common.SHORT_CONTEXT):.0%} longer than {common.SHORT_CONTEXT} tokens")
+    for c in args.contexts:
+        print(f"  context {c:>6}: sees all of {np.mean(lengths <= c):.0%} of the documents, "
+              f"{np.minimum(lengths, c).sum() / lengths.sum():.0%} of all tokens")
+    print(f"vocabulary: {len(vocab)} entries from the training split ({time.time() - t0:.1f}s)\n")
+
+    os.makedirs(args.out, exist_ok=True)
+    data_path = os.path.join(args.out, "data.npz")
+    np.savez(data_path, tokens=np.concatenate(tokens), offsets=np.cumsum([0] + [len(t) for t in tokens]),
+             labels=labels, train=train, val=val, test=test)
+    with open(os.path.join(args.out, "data.json"), "w") as f:
+        json.dump({"data_dir": os.path.abspath(args.data_dir), "class_names": class_names,
+                   "vocabulary": vocab, "paths": paths, "num_docs": len(texts),
+                   "split": {"train": len(train), "val": len(val), "test": len(test)},
+                   "words": ws, "tokens": ts}, f)
+    return dict(class_names=class_names, paths=paths, test=test, words=ws, tokens=ts,
+                num_docs=len(texts), split=[len(train), len(val), len(test)])
+
+
+def estimated_score_gb(args, context):
+    """Memory of standard attention's score tensors in training: ~4 [B, H, S, S] float32 per block."""
+    return 4 * args.num_layers * args.batch_size * args.num_heads * context ** 2 * 4 / 2 ** 30
+
+
+def run_name(attention, context):
+    return f"{attention}_{context}"
+
+
+def launch(args, attention, context, save):
+    name = run_name(attention, context)
+    os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
+    result_path = os.path.join(args.out, "runs", name + ".json")
+    if args.resume and os.path.exists(result_path):
+        with open(result_path) as f:
+            result = json.load(f)
+        if result.get("status") == "ok" or not save:
+            print(f"[{name}] reusing {result_path}")
+            return result
+    spec = {k: v for k, v in vars(args).items() if k != "worker"}
+    spec.update(attention=attention, context=context, save=save, result_path=result_path)
+    spec_path = os.path.join(args.out, "runs", name + ".spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    print(f"\n=== {name}: {attention} attention, context {context} tokens ===", flush=True)
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path])
+    if os.path.exists(result_path):
+        with open(result_path) as f:
+            return json.load(f)
+    status = (f"killed by signal {-proc.returncode} (out of memory?)" if proc.returncode < 0
+              else f"failed (exit {proc.returncode})")
+    result = {"attention": attention, "context": context, "status": status,
+              "wall_s": time.time() - t0}
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+    return result
+
+
+def fmt(v, spec):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def write_results(args, info, results, device):
+    rows = []
+    header = ("| attention | context | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
+              "s/epoch | peak mem GiB | status |")
+    rows.append(header)
+    rows.append("|" + "---|" * 9)
+    for r in results:
+        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["attention"], r["context"], fmt(r.get("accuracy"), ".3f"), fmt(r.get("macro_f1"), ".3f"),
+            fmt(r.get("long_accuracy"), ".3f"), fmt(r.get("long_macro_f1"), ".3f"),
+            fmt(r.get("epoch_s"), ".1f"), fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
+    table = "\n".join(rows)
+    ok = next((r for r in results if r.get("status") == "ok"), {})
+    mem_kind = ok.get("memory_kind", "peak RSS of the training process" if device == "CPU" else "")
+    meta = (f"Data: {info['num_docs']} documents, {len(info['class_names'])} classes "
+            f"({os.path.basename(os.path.normpath(args.data_dir))}), split train/val/test "
+            f"{'/'.join(map(str, info['split']))}; tokens per document median {info['tokens']['median']}, "
+            f"p90 {info['tokens']['p90']}, max {info['tokens']['max']}.\n"
+            f"Model: {args.num_layers} blocks, width {args.embed_dim}, {args.num_heads} heads, "
+            f"ff {args.ff_dim}, vocabulary {args.vocab_size}, {ok.get('params', '?')} parameters; "
+            f"{args.epochs} epochs, batch {args.batch_size}, AdamW lr {args.learning_rate}, "
+            f"jit_compile={args.jit_compile}, precision {args.mixed_precision}.\n"
+            f"Test accuracy / macro-F1 on all test documents and on those longer than 512 tokens "
+            f"({ok.get('long_docs', '?')} of {ok.get('test_docs', '?')}); s/epoch: mean over epochs "
+            f"after the first (which includes tracing); peak memory: {mem_kind}.\n"
+            f"Device: {device}; TensorFlow {ok.get('tf_version', '?')}, Keras "
+            f"{ok.get('keras_version', '?')}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
+    md = f"# Long-document classification: context length ({args.preset} preset)\n\n{table}\n\n{meta}\n"
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"preset": args.preset, "device": device, "config": {
+            k: v for k, v in vars(args).items() if k not in ("worker",)}, "data": {
+            "num_docs": info["num_docs"], "classes": info["class_names"], "split": info["split"],
+            "words": info["words"], "tokens": info["tokens"]}, "runs": results}, f, indent=1)
+    print("\n" + table + "\n\n" + meta + "\n")
+    plot(args, results)
+
+
+def plot(args, results):
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: `pip install matplotlib` for accuracy_vs_context.png")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    styles = {"flash": ("tab:blue", "o"), "keras": ("tab:orange", "s")}
+    for attention in ("flash", "keras"):
+        runs = [r for r in results if r["attention"] == attention]
+        done = [r for r in runs if r.get("status") == "ok"]
+        color, marker = styles[attention]
+        label = ("FlashMultiHeadAttention" if attention == "flash" else "keras MultiHeadAttention")
+        if done:
+            ax.plot([r["context"] for r in done], [r["accuracy"] for r in done], marker=marker,
+                    color=color, label=f"{label}: all test docs")
+            ax.plot([r["context"] for r in done], [r["long_accuracy"] for r in done], marker=marker,
+                    color=color, linestyle="--", label=f"{label}: docs > 512 tokens")
+        for r in runs:
+            if r.get("status") != "ok":
+                ax.axvline(r["context"], color=color, linestyle=":", alpha=0.6)
+                ax.annotate(r["status"].split(":")[0], (r["context"], 0.05), color=color, rotation=90,
+                            fontsize=8, ha="right")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Long-document classification ({args.preset} preset)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = os.path.join(args.out, "accuracy_vs_context.png")
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args.worker)
+    t_start = time.time()
+    info = prepare(args)
+    device = detect_device()
+    plan = [("flash" if args.attention == "flash" else "keras", c) for c in args.contexts]
+    plan += [("keras", c) for c in args.keras_contexts if ("keras", c) not in plan]
+    save_run = (args.attention, max(args.contexts))
+    results = []
+    for attention, context in plan:
+        if attention == "keras" and device == "CPU" and \
+                estimated_score_gb(args, context) > args.cpu_memory_limit_gb:
+            gb = estimated_score_gb(args, context)
+            print(f"\n=== keras_{context}: skipped, attention scores alone need ~{gb:.0f} GiB > "
+                  f"--cpu-memory-limit-gb {args.cpu_memory_limit_gb:g} ===")
+            results.append({"attention": attention, "context": context,
+                            "status": f"skipped: ~{gb:.0f} GiB of scores"})
+            continue
+        results.append(launch(args, attention, context,
+                              save=not args.no_save and (attention, context) == save_run))
+    write_results(args, info, results, device)
+
+    status = 0
+    if not args.no_save:
+        status = check_saved(args, info)
+    print(f"\ntotal wall time {time.time() - t_start:.0f}s; results in {args.out}")
+    if any(r.get("status") == "ok" for r in results) is False:
+        status = 1
+    return status
+
+
+def check_saved(args, info):
+    model = os.path.join(args.out, "model.keras")
+    if not os.path.exists(model):
+        print("no saved model (the saving run did not finish)")
+        return 1
+    predict = os.path.join(HERE, "predict.py")
+    print("\n=== reload in a fresh process: .keras and SavedModel, predictions must be identical ===",
+          flush=True)
+    rc = subprocess.run([sys.executable, predict, "--model", model, "--verify",
+                         os.path.join(args.out, "reference.json")]).returncode
+    doc = info["paths"][int(info["test"][0])]
+    print(f"\n=== predict.py on a test document ({os.path.relpath(doc, args.data_dir)}) ===",
+          flush=True)
+    rc2 = subprocess.run([sys.executable, predict, "--model", model, doc]).returncode
+    return rc or rc2
+
+
+def detect_device():
+    out = subprocess.run([sys.executable, "-c",
+                          "import os; os.environ['TF_CPP_MIN_LOG_LEVEL']='3'\n"
+                          "import tensorflow as tf\n"
+                          "g = tf.config.list_physical_devices('GPU')\n"
+                          "print(tf.config.experimental.get_device_details(g[0]).get('device_name', 'GPU') "
+                          "if g else 'CPU')"], capture_output=True, text=True)
+    name = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "CPU"
+    if name == "CPU":
+        return "CPU"
+    return name
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker: one training run in its own process
+# ----------------------------------------------------------------------------------------------
+def worker(spec_path):
+    with open(spec_path) as f:
+        spec = json.load(f)
+    import numpy as np
+    import keras
+    import tensorflow as tf
+    import common
+
+    out = spec["out"]
+    data = np.load(os.path.join(out, "data.npz"))
+    with open(os.path.join(out, "data.json")) as f:
+        meta = json.load(f)
+    offsets, flat = data["offsets"], data["tokens"]
+    tokens = [flat[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    labels, train, val, test = data["labels"], data["train"], data["val"], data["test"]
+    vocab, class_names = meta["vocabulary"], meta["class_names"]
+    context, attention = spec["context"], spec["attention"]
+    gpus = tf.config.list_physical_devices("GPU")
+    result = {"attention": attention, "context": context, "tf_version": tf.__version__,
+              "keras_version": keras.__version__, "host": platform.node()}
+
+    common.set_seed(spec["seed"])
+    if spec["mixed_precision"] != "none":
+        keras.mixed_precision.set_global_policy(spec["mixed_precision"])
+
+    def batches(idx, shuffle):
+        return common.LengthBucketedBatches([tokens[i] for i in idx], labels[idx], context,
+                                            spec["batch_size"], shuffle=shuffle, seed=spec["seed"])
+
+    train_b, val_b, test_b = batches(train, True), batches(val, False), batches(test, False)
+    model = common.build_classifier(len(vocab), len(class_names), context, spec["embed_dim"],
+                                    spec["num_heads"], spec["ff_dim"], spec["num_layers"],
+                                    spec["dropout"], attention)
+    model.compile(optimizer=keras.optimizers.AdamW(spec["learning_rate"], weight_decay=0.01),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  jit_compile=False if spec["jit_compile"] == "false" else "auto")
+    result["params"] = int(model.count_params())
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.t)
+
+    times = []
+    if gpus:
+        tf.config.experimental.reset_memory_stats("GPU:0")
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    try:
+        history = model.fit(train_b.dataset(), validation_data=val_b.dataset(), epochs=spec["epochs"],
+                            callbacks=[EpochTimer()], verbose=spec["verbose"])
+        probs = model.predict(test_b.dataset(), verbose=0)
+    except tf.errors.ResourceExhaustedError as e:
+        result.update(status="OOM", error=str(e).splitlines()[0][:300])
+        return finish(spec, result, gpus)
+    order = test_b.order()
+    y_true = labels[test][order]
+    y_pred = probs.argmax(-1)
+    long = np.array([len(tokens[i]) for i in test])[order] > common.SHORT_CONTEXT
+    n = len(class_names)
+    result.update(
+        status="ok", epochs=spec["epochs"], epoch_times_s=times,
+        epoch_s=float(np.mean(times[1:] if len(times) > 1 else times)),
+        train_s=float(sum(times)), rss_before_fit_gib=rss0,
+        accuracy=common.accuracy(y_true, y_pred), macro_f1=common.macro_f1(y_true, y_pred, n),
+        long_accuracy=common.accuracy(y_true[long], y_pred[long]),
+        long_macro_f1=common.macro_f1(y_true[long], y_pred[long], n),
+        test_docs=int(len(y_true)), long_docs=int(long.sum()),
+        val_accuracy=[float(a) for a in history.history.get("val_accuracy", [])])
+    print(f"[{attention}_{context}] test accuracy {result['accuracy']:.3f}, macro-F1 "
+          f"{result['macro_f1']:.3f}; on the {result['long_docs']} documents > "
+          f"{common.SHORT_CONTEXT} tokens: accuracy {result['long_accuracy']:.3f}, macro-F1 "
+          f"{result['long_macro_f1']:.3f}; {result['epoch_s']:.1f}s/epoch", flush=True)
+    finish(spec, result, gpus, measure_only=True)
+    if spec["save"]:
+        save(spec, model, vocab, class_names, meta["paths"], test)
+    return finish(spec, result, gpus)
+
+
+def finish(spec, result, gpus, measure_only=False):
+    if "peak_memory_gib" not in result:
+        if gpus:
+            import tensorflow as tf
+            result["peak_memory_gib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2 ** 30
+            result["memory_kind"] = "peak GPU memory (tf.config.experimental.get_memory_info)"
+        else:
+            result["peak_memory_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+            result["memory_kind"] = ("peak RSS of the training process (includes ~"
+                                     f"{result.get('rss_before_fit_gib', 0):.1f} GiB before fit)")
+    if measure_only:
+        return 0
+    with open(spec["result_path"], "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+def save(spec, classifier, vocab, class_names, paths, test):
+    """Saves the model with its tokenizer (raw text in) as .keras and SavedModel + reference outputs."""
+    import tensorflow as tf
+    import common
+
+    out = spec["out"]
+    text_model = common.build_text_model(classifier, vocab, spec["context"])
+    keras_path = os.path.join(out, "model.keras")
+    text_model.save(keras_path)
+    export_path = os.path.join(out, "saved_model")
+    text_model.export(export_path, verbose=False)
+    with open(os.path.join(out, "labels.json"), "w") as f:
+        json.dump({"class_names": class_names, "context": spec["context"],
+                   "attention": spec["attention"]}, f)
+    sample = [int(i) for i in test[:16]]
+    texts = []
+    for i in sample:
+        with open(paths[i], "rb") as fh:
+            texts.append(fh.read().decode("utf-8", errors="replace"))
+    probs = text_model.predict(tf.constant(texts), batch_size=4, verbose=0)
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump({"texts": texts, "probs": probs.tolist()}, f)
+    print(f"saved {keras_path} and {export_path}/ (raw text in, class probabilities out)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The README's first command: long-document classification with FlashMultiHeadAttention.
+#
+#   bash scripts/example.sh                 # install, prepare data, train the default CPU config,
+#                                           # evaluate, save, reload in a fresh process, predict
+#   bash scripts/example.sh --full          # the full experiment (meant for a GPU)
+#   SKIP_INSTALL=1 bash scripts/example.sh  # tf_flash already installed
+#
+# Arguments go to examples/long_document/train.py (see --help there). Outputs: runs/long_document/
+# (results.md, results.json, accuracy_vs_context.png, model.keras, saved_model/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+start=$(date +%s)
+
+# 1. TensorFlow, Bazel, build and pip-install tf_flash.
+if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
+  bash scripts/install.sh
+fi
+"$PYTHON" -c "import tf_flash; tf_flash.layers.FlashMultiHeadAttention" \
+  || { echo "tf_flash does not import: see the errors above (scripts/install.sh)" >&2; exit 1; }
+"$PYTHON" -c "import matplotlib" 2>/dev/null || "$PYTHON" -m pip install --quiet matplotlib
+
+# 2. The documents: Debian's linux-doc-6.1 (Linux kernel documentation). Where the package is not
+# installed (or /usr/share/doc is filtered), prepare_data.py unpacks it with apt-get download + dpkg -x.
+DOC=/usr/share/doc/linux-doc-6.1/Documentation
+if [[ ! -d "$DOC" && "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+  apt-get install -y --no-install-recommends linux-doc-6.1 \
+    || { apt-get update && apt-get install -y --no-install-recommends linux-doc-6.1; } || true
+fi
+"$PYTHON" examples/long_document/prepare_data.py --out data/linux-doc
+
+# 3. Train (512 tokens vs long context, flash vs Keras attention), evaluate, save, reload, predict.
+"$PYTHON" examples/long_document/train.py --data-dir data/linux-doc "$@"
+echo "scripts/example.sh: done in $(( $(date +%s) - start ))s"
