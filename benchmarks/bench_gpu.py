@@ -1,0 +1,497 @@
+#!/usr/bin/env python
+"""GPU benchmark of tf_flash (benchmarks.md, GPU part), for the lent H100/H200.
+
+Grid (FA2 paper): hidden 2048, head dim d in {64, 128} (+256 with --dims), heads = 2048/d,
+(batch, seqlen) in (32,512) (16,1k) (8,2k) (4,4k) (2,8k) (1,16k); causal and not; bf16 and fp16
+(fp32 with --fp32); inputs N(0,1), layout [B, S, H, D]. FLOPs: fwd = 4 b s^2 h d (halved when causal),
+fwd+bwd = 3.5 fwd.
+
+Implementations, all in the same run: tf_flash; TF standard attention (einsum, softmax, einsum) with and
+without jit_compile=True; the attention of keras.layers.MultiHeadAttention (keras.ops.dot_product_attention);
+with --torch, torch SDPA with the flash and cuDNN backends in a separate process.
+
+Timing: per configuration, >= 3 warm-up calls after the first (tracing/compilation) call, then >= 20
+timed samples; a sample runs k back-to-back calls (k sized so a sample lasts >= ~25 ms, so Python
+dispatch overlaps the GPU work as in a training loop) and ends by fetching one element of the last
+result (synchronizes the stream). Reported: median per-call time and spread (min, q1, q3, max).
+Memory: peak of tf.config.experimental.get_memory_info after reset_memory_stats, one fwd+bwd, for
+s = 1k .. 64k at b=1, h=16, d=128 and the FA1 configuration (b=16, h=8, d=64); torch:
+max_memory_allocated.
+
+Robustness: each implementation runs in a worker process that appends one JSON line per finished
+configuration; out-of-memory and other errors are recorded and the worker goes on; if the worker dies
+(TF's standard attention aborts at b*h*s^2 >= 2^31) the parent records the crash and starts a new worker
+for the remaining configurations.
+
+    python benchmarks/bench_gpu.py --torch               # full grid, results/gpu_<device>_<date>.*
+    python benchmarks/bench_gpu.py --quick --torch       # smoke run
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+FA2_GRID = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
+TF_IMPLS = ["tf_flash", "tf_standard", "tf_standard_xla", "keras_mha"]
+TORCH_IMPLS = ["torch_flash", "torch_cudnn"]
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Workers
+# ---------------------------------------------------------------------------------------------------------
+
+def _sample_calls(call, fetch, warmup, repeats, min_sample_s=0.025, max_calls=200):
+    """Median per-call time over `repeats` samples of k back-to-back calls each."""
+    result = None
+    for _ in range(warmup):
+        result = call()
+    fetch(result)
+    t0 = time.perf_counter()
+    fetch(call())
+    single = max(time.perf_counter() - t0, 1e-6)
+    k = int(min(max_calls, max(1, min_sample_s / single)))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(k):
+            result = call()
+        fetch(result)
+        times.append((time.perf_counter() - t0) / k)
+    stats = common.summarize(times)
+    stats["calls_per_sample"] = k
+    return stats
+
+
+def _error_text(err):
+    name = type(err).__name__
+    text = str(err).strip().splitlines()[0][:240] if str(err).strip() else ""
+    if "ResourceExhausted" in name or "out of memory" in text.lower() or "OutOfMemory" in name:
+        return "OOM"
+    return f"{name}: {text}"
+
+
+def _tf_run_config(cfg, args):
+    import tensorflow as tf
+    dtype = getattr(tf, DTYPE_NAMES[cfg["dtype"]])
+    shape = [cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["dim"]]
+    with tf.device(args.device):
+        q, k, v, dout = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(4))
+    fwd, fwd_bwd = common.make_fns(cfg["impl"], cfg["causal"])
+    result = {}
+    if cfg["kind"] == "memory":
+        tf.config.experimental.reset_memory_stats(args.device)
+        base = tf.config.experimental.get_memory_info(args.device)["current"]
+        with tf.device(args.device):
+            grads = fwd_bwd(q, k, v, dout)
+            grads[0][0, 0, 0, 0].numpy()
+        info = tf.config.experimental.get_memory_info(args.device)
+        del grads
+        return {"peak_mb": info["peak"] / 2**20, "inputs_mb": base / 2**20,
+                "extra_mb": (info["peak"] - base) / 2**20}
+    for mode in cfg["modes"]:
+        fn = fwd if mode == "fwd" else fwd_bwd
+        try:
+            with tf.device(args.device):
+                t0 = time.perf_counter()
+                first = fn(q, k, v, dout)
+                (first if mode == "fwd" else first[0])[0, 0, 0, 0].numpy()
+                compile_s = time.perf_counter() - t0
+                del first
+                stats = _sample_calls(
+                    lambda: fn(q, k, v, dout),
+                    lambda r: (r if mode == "fwd" else r[0])[0, 0, 0, 0].numpy(),
+                    args.warmup, args.repeats)
+            stats["first_call_s"] = compile_s
+            stats["tflops"] = common.attention_flops(cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["dim"],
+                                                     cfg["causal"], mode) / stats["median_s"] / 1e12
+            result[mode] = stats
+        except Exception as err:  # noqa: BLE001 - OOM and friends: record and go on
+            result[mode] = {"error": _error_text(err)}
+    return result
+
+
+def _torch_run_config(cfg, args):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"torch_flash": SDPBackend.FLASH_ATTENTION, "torch_cudnn": SDPBackend.CUDNN_ATTENTION}[cfg["impl"]]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cfg["dtype"]]
+    shape = (cfg["batch"], cfg["heads"], cfg["seqlen"], cfg["dim"])  # torch SDPA layout [B, H, S, D]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    v.requires_grad_(True)
+    F = torch.nn.functional
+
+    def fwd():
+        with torch.no_grad(), sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=cfg["causal"])
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=cfg["causal"])
+        out.backward(dout)
+        return q.grad
+
+    def fetch(r):
+        torch.cuda.synchronize()
+
+    if cfg["kind"] == "memory":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fwd_bwd()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return {"peak_mb": peak / 2**20, "inputs_mb": base / 2**20, "extra_mb": (peak - base) / 2**20}
+    result = {}
+    for mode in cfg["modes"]:
+        fn = fwd if mode == "fwd" else fwd_bwd
+        try:
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            stats = _sample_calls(fn, fetch, args.warmup, args.repeats)
+            stats["first_call_s"] = first
+            stats["tflops"] = common.attention_flops(cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["dim"],
+                                                     cfg["causal"], mode) / stats["median_s"] / 1e12
+            result[mode] = stats
+        except Exception as err:  # noqa: BLE001
+            result[mode] = {"error": _error_text(err)}
+        finally:
+            torch.cuda.empty_cache()
+    return result
+
+
+def worker_main(args):
+    with open(args.worker) as f:
+        configs = json.load(f)
+    is_torch = configs and configs[0]["impl"].startswith("torch")
+    if not is_torch:
+        import tensorflow as tf
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+        if args.device.startswith("GPU") and not tf.config.list_physical_devices("GPU"):
+            raise SystemExit("no GPU visible to TensorFlow")
+    run = _torch_run_config if is_torch else _tf_run_config
+    with open(args.results, "a") as out:
+        for cfg in configs:
+            out.write(json.dumps({"start": cfg["id"]}) + "\n")
+            out.flush()
+            try:
+                result = run(cfg, args)
+            except Exception as err:  # noqa: BLE001
+                result = {"error": _error_text(err)}
+            out.write(json.dumps({"id": cfg["id"], "result": result}) + "\n")
+            out.flush()
+            if not is_torch:
+                import gc
+                gc.collect()
+            else:
+                import torch
+                torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Parent
+# ---------------------------------------------------------------------------------------------------------
+
+def build_configs(args):
+    configs = []
+    impls = list(args.impls) + (TORCH_IMPLS if args.torch else [])
+    for impl in impls:
+        for dtype in args.dtypes:
+            for dim in args.dims:
+                for causal in (False, True):
+                    for batch, seqlen in args.grid:
+                        configs.append({"kind": "speed", "impl": impl, "dtype": dtype, "batch": batch,
+                                        "seqlen": seqlen, "heads": args.hidden // dim, "dim": dim, "causal": causal,
+                                        "modes": ["fwd", "fwd_bwd"]})
+        if not args.skip_memory:
+            mem_dtype = args.dtypes[0]
+            for seqlen in args.mem_seqlens:
+                configs.append({"kind": "memory", "impl": impl, "dtype": mem_dtype, "batch": 1, "seqlen": seqlen,
+                                "heads": 16, "dim": 128, "causal": False, "modes": ["fwd_bwd"], "mem_set": "b1 h16 d128"})
+            for seqlen in args.fa1_seqlens:
+                configs.append({"kind": "memory", "impl": impl, "dtype": mem_dtype, "batch": 16, "seqlen": seqlen,
+                                "heads": 8, "dim": 64, "causal": False, "modes": ["fwd_bwd"], "mem_set": "FA1 b16 h8 d64"})
+    for i, cfg in enumerate(configs):
+        cfg["id"] = i
+    return configs
+
+
+def run_group(configs, args, log):
+    """Runs configs (one implementation) in worker processes, restarting after a crash. Returns {id: result}."""
+    results, remaining = {}, list(configs)
+    while remaining:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(remaining, f)
+            cfg_path = f.name
+        res_path = cfg_path + ".results"
+        open(res_path, "w").close()
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", cfg_path, "--results", res_path,
+               "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--device", args.device]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen, started, last_line = 0, None, ""
+        deadline = t0 + args.group_timeout
+        while True:
+            try:
+                output, _ = proc.communicate(timeout=5)
+                lines = (output or "").strip().splitlines() or [""]
+                telling = [l for l in lines if any(w in l for w in ("Check failed", "rror", "Abort", "Killed",
+                                                                    "Segmentation", "out of memory"))]
+                last_line = (telling or lines)[-1]
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            seen = _drain(res_path, seen, results, log, configs)
+            if time.perf_counter() > deadline:
+                proc.kill()
+                proc.communicate()
+                last_line = f"group timeout after {args.group_timeout}s"
+                break
+        _drain(res_path, seen, results, log, configs)
+        with open(res_path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if "start" in rec:
+                    started = rec["start"]
+                elif rec.get("id") == started:
+                    started = None
+        before = len(remaining)
+        remaining = [c for c in remaining if c["id"] not in results]
+        if remaining:
+            victim = started if started is not None else remaining[0]["id"]
+            why = f"worker died (exit {proc.returncode}): {last_line[:200]}"
+            results[victim] = {"error": why, "crashed": True}
+            log(f"  crash on config {victim}: {why}")
+            remaining = [c for c in remaining if c["id"] != victim]
+            if len(remaining) == before:  # no progress at all: give up on this group
+                for c in remaining:
+                    results[c["id"]] = {"error": "skipped: " + why}
+                remaining = []
+        for path in (cfg_path, res_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return results
+
+
+def _drain(res_path, seen, results, log, configs):
+    by_id = {c["id"]: c for c in configs}
+    with open(res_path) as f:
+        lines = f.readlines()
+    for line in lines[seen:]:
+        if not line.endswith("\n"):
+            break
+        seen += 1
+        rec = json.loads(line)
+        if "id" in rec:
+            results[rec["id"]] = rec["result"]
+            log("  " + _describe(by_id[rec["id"]], rec["result"]))
+    return seen
+
+
+def _describe(cfg, result):
+    head = (f"{cfg['impl']:16s} {cfg['dtype']} b{cfg['batch']} s{cfg['seqlen']} h{cfg['heads']} d{cfg['dim']} "
+            f"{'causal' if cfg['causal'] else 'full  '}")
+    if cfg["kind"] == "memory":
+        return f"{head} memory: " + (f"peak {result['peak_mb']:.0f} MB" if "peak_mb" in result else result.get("error", "?"))
+    parts = []
+    for mode in cfg["modes"]:
+        r = result.get(mode, result)
+        parts.append(f"{mode} " + (f"{r['median_s'] * 1e3:.3f} ms {r['tflops']:.1f} TF/s" if "median_s" in r
+                                   else r.get("error", "?")))
+    return head + " " + " | ".join(parts)
+
+
+def _cell(result, mode, key, scale=1.0, digits=1):
+    r = result.get(mode, {})
+    if key in r:
+        return common.fmt(r[key] * scale, digits)
+    if result.get("crashed"):
+        return "crash"
+    return r.get("error", result.get("error", "-"))[:40]
+
+
+def report(configs, results, info, args, stem):
+    speed = [c for c in configs if c["kind"] == "speed" and c["id"] in results]
+    memory = [c for c in configs if c["kind"] == "memory" and c["id"] in results]
+    impls = [i for i in list(args.impls) + (TORCH_IMPLS if args.torch else [])]
+    lines = [f"# tf_flash GPU benchmark{' (quick smoke run)' if args.quick else ''}", "", common.info_markdown(info),
+             "", "FLOPs: fwd = 4 b s^2 h d (halved when causal), fwd+bwd = 3.5 fwd; TFLOP/s = 1e12 FLOP/s. "
+             f"Median of {args.repeats} samples after {args.warmup} warm-up calls; spread = (q3 - q1) / median.", ""]
+    # Pivot: one row per (dtype, d, causal, b, s), one column per impl, fwd and fwd+bwd TFLOP/s.
+    for mode, title in (("fwd", "Forward"), ("fwd_bwd", "Forward + backward")):
+        rows = []
+        keys = sorted({(c["dtype"], c["dim"], c["causal"], c["seqlen"], c["batch"]) for c in speed})
+        for dtype, dim, causal, seqlen, batch in keys:
+            row = [dtype, dim, "yes" if causal else "no", batch, seqlen]
+            for impl in impls:
+                match = [c for c in speed if (c["impl"], c["dtype"], c["dim"], c["causal"], c["seqlen"], c["batch"])
+                         == (impl, dtype, dim, causal, seqlen, batch)]
+                row.append(_cell(results[match[0]["id"]], mode, "tflops") if match else "-")
+            rows.append(row)
+        lines += [f"## {title} TFLOP/s", "", common.markdown_table(["dtype", "d", "causal", "b", "s"] + impls, rows), ""]
+    # Long format with times and spread.
+    rows = []
+    for c in speed:
+        r = results[c["id"]]
+        for mode in c["modes"]:
+            m = r.get(mode, {})
+            spread = (m["q3_s"] - m["q1_s"]) / m["median_s"] * 100 if "median_s" in m else None
+            rows.append([c["impl"], c["dtype"], c["dim"], "yes" if c["causal"] else "no", c["batch"], c["seqlen"], mode,
+                         _cell(r, mode, "median_s", 1e3, 3), _cell(r, mode, "tflops"), common.fmt(spread, 1),
+                         m.get("calls_per_sample", "")])
+    lines += ["## All timings", "", common.markdown_table(
+        ["impl", "dtype", "d", "causal", "b", "s", "mode", "median ms", "TFLOP/s", "spread %", "calls/sample"], rows), ""]
+    if memory:
+        rows = []
+        for mem_set in sorted({c["mem_set"] for c in memory}):
+            for seqlen in sorted({c["seqlen"] for c in memory if c["mem_set"] == mem_set}):
+                row = [mem_set, seqlen]
+                for impl in impls:
+                    match = [c for c in memory if (c["impl"], c["mem_set"], c["seqlen"]) == (impl, mem_set, seqlen)]
+                    r = results[match[0]["id"]] if match else {}
+                    row.append(common.fmt(r["peak_mb"], 0) if "peak_mb" in r else r.get("error", "-")[:30])
+                rows.append(row)
+        lines += [f"## Peak memory, fwd+bwd, MB ({memory[0]['dtype']}; TF: get_memory_info peak, torch: "
+                  "max_memory_allocated; includes inputs and gradients)", "",
+                  common.markdown_table(["config", "s"] + impls, rows), ""]
+    # Plots: bf16/first dtype, d=128 (or first), non-causal: runtime vs s; memory vs s.
+    plots = []
+    if speed:
+        dtype0 = args.dtypes[0]
+        dim0 = 128 if 128 in args.dims else args.dims[0]
+        for mode in ("fwd", "fwd_bwd"):
+            series = {}
+            for c in speed:
+                if c["dtype"] == dtype0 and c["dim"] == dim0:
+                    r = results[c["id"]].get(mode, {})
+                    label = c["impl"] + (" causal" if c["causal"] else "")
+                    series.setdefault(label, []).append((c["seqlen"], r["median_s"] * 1e3 if "median_s" in r else None))
+            path = common.plot_vs_seqlen(os.path.join(args.out_dir, f"{stem}_runtime_{mode}.png"), series,
+                                         f"{mode} time (ms)", f"{dtype0} d{dim0} hidden {args.hidden}: {mode}")
+            if path:
+                plots.append(os.path.basename(path))
+    if memory:
+        series = {}
+        for c in memory:
+            if c["mem_set"] == "b1 h16 d128":
+                r = results[c["id"]]
+                series.setdefault(c["impl"], []).append((c["seqlen"], r.get("peak_mb")))
+        path = common.plot_vs_seqlen(os.path.join(args.out_dir, f"{stem}_memory.png"), series, "peak memory (MB)",
+                                     "fwd+bwd peak memory, b1 h16 d128")
+        if path:
+            plots.append(os.path.basename(path))
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as f:
+        f.write("\n".join(lines))
+    common.write_json(os.path.join(args.out_dir, f"{stem}.json"),
+                      {"info": info, "args": vars(args),
+                       "entries": [dict(c, result=results[c["id"]]) for c in configs if c["id"] in results]})
+    # Short table for the terminal: d=128 (or first), first dtype, TFLOP/s per impl.
+    short = []
+    dtype0 = args.dtypes[0]
+    dim0 = 128 if 128 in args.dims else args.dims[0]
+    for causal in (False, True):
+        for batch, seqlen in args.grid:
+            row = [f"{'causal' if causal else 'full'} b{batch} s{seqlen}"]
+            for impl in impls:
+                match = [c for c in speed if (c["impl"], c["dtype"], c["dim"], c["causal"], c["seqlen"])
+                         == (impl, dtype0, dim0, causal, seqlen)]
+                r = results[match[0]["id"]] if match else {}
+                row.append("/".join(_cell(r, m, "tflops", digits=0) for m in ("fwd", "fwd_bwd")) if r else "-")
+            short.append(row)
+    return (f"{dtype0} d{dim0}, TFLOP/s fwd/fwd+bwd\n" +
+            common.markdown_table(["config"] + impls, short))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--results", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="smoke run: two shapes, d128, bf16, few repeats")
+    parser.add_argument("--torch", action="store_true", help="also torch SDPA (flash, cuDNN) in a separate process")
+    parser.add_argument("--impls", nargs="+", default=TF_IMPLS, choices=TF_IMPLS)
+    parser.add_argument("--dtypes", nargs="+", default=None, choices=list(DTYPE_NAMES))
+    parser.add_argument("--fp32", action="store_true", help="add float32 (reported separately)")
+    parser.add_argument("--dims", type=int, nargs="+", default=None)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--grid", default=None, help="batch:seqlen,... (default the FA2 grid)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--mem-seqlens", type=int, nargs="+", default=None)
+    parser.add_argument("--fa1-seqlens", type=int, nargs="+", default=None)
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--group-timeout", type=float, default=3600, help="seconds per implementation worker")
+    parser.add_argument("--out-dir", default=common.RESULTS_DIR)
+    parser.add_argument("--tag", default=None)
+    parser.add_argument("--device", default="GPU:0", help="TF device (CPU:0 only to smoke-test this script)")
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args)
+        return
+    if args.grid:
+        args.grid = [tuple(int(x) for x in item.split(":")) for item in args.grid.split(",")]
+    else:
+        args.grid = [(2, 512), (1, 2048)] if args.quick else FA2_GRID
+    if args.dtypes is None:
+        args.dtypes = ["bf16"] if args.quick else ["bf16", "fp16"]
+    if args.fp32 and "fp32" not in args.dtypes:
+        args.dtypes.append("fp32")
+    if args.dims is None:
+        args.dims = [128] if args.quick else [64, 128]
+    if args.quick:
+        args.repeats = min(args.repeats, 5)
+    if args.mem_seqlens is None:
+        args.mem_seqlens = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    if args.fa1_seqlens is None:
+        args.fa1_seqlens = [] if args.quick else [512, 1024, 2048, 4096, 8192]
+    info = common.machine_info(gpu=True)
+    if args.torch:
+        try:
+            info["torch"] = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, "
+                                            "torch.version.cuda, torch.backends.cudnn.version())"],
+                                           capture_output=True, text=True, timeout=120).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as err:
+            info["torch"] = f"unavailable: {err}"
+    device = (info.get("gpus") or ["gpu"])[0].split(",")[0].strip().replace(" ", "-").lower()
+    stem = args.tag or (f"gpu_{device}_quick" if args.quick else
+                        f"gpu_{device}_" + info["date_utc"][:10].replace("-", ""))
+    os.makedirs(args.out_dir, exist_ok=True)
+    log_file = open(os.path.join(args.out_dir, f"{stem}.log"), "w")
+
+    def log(msg):
+        print(msg, flush=True)
+        log_file.write(msg + "\n")
+        log_file.flush()
+
+    log(f"tf_flash GPU benchmark {info['date_utc']} on {info.get('gpus')}, TF {info.get('tensorflow')}, "
+        f"tf_flash {info.get('tf_flash')} {info.get('tf_flash_build', '')}, torch {info.get('torch', '-')}")
+    configs = build_configs(args)
+    results = {}
+    for impl in list(args.impls) + (TORCH_IMPLS if args.torch else []):
+        group = [c for c in configs if c["impl"] == impl]
+        log(f"== {impl}: {len(group)} configurations")
+        results.update(run_group(group, args, log))
+        short = report(configs, results, info, args, stem)
+    log("")
+    log(short)
+    log_file.close()
+
+
+if __name__ == "__main__":
+    main()
