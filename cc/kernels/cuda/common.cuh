@@ -1,0 +1,136 @@
+// Device helpers shared by the tf_flash CUDA kernels (forward and backward): accumulator layout views,
+// warp-quad reductions, fp32 -> fp16/bf16 conversion, shared-memory GEMM loops with ldmatrix
+// double-buffering, predicated cp.async tile copies, and the per-element visibility test.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "cutlass/numeric_conversion.h"
+#include "cutlass/numeric_types.h"
+
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/philox.h"
+
+namespace tf_flash {
+namespace cuda {
+
+// ---- Layout views of an SM80 m16n8k16 accumulator fragment, shape ((2,2), MMA_M, MMA_N) ----
+// Row/column view: ((2, MMA_M), (2, MMA_N)); mode-0 of the fragment is (column pair, row half).
+template <class Layout>
+__host__ __device__ constexpr auto acc_rowcol(Layout layout) {
+  static_assert(decltype(cute::size<0>(layout))::value == 4, "expected an m16n8 accumulator");
+  static_assert(decltype(cute::rank(layout))::value == 3, "expected (MMA, MMA_M, MMA_N)");
+  auto split = cute::logical_divide(layout, cute::Shape<cute::_2>{});  // ((2,2), M, N)
+  return cute::make_layout(cute::make_layout(cute::get<0, 1>(split), cute::get<1>(split)),
+                           cute::make_layout(cute::get<0, 0>(split), cute::get<2>(split)));
+}
+
+// The accumulator of S = Q K^T reused as the A operand of P V (m16n8k16: two n8 atoms form one k16
+// slice): ((2,2), MMA_M, MMA_N) -> ((2,2,2), MMA_M, MMA_N / 2).
+template <class Layout>
+__host__ __device__ constexpr auto acc_as_a_operand(Layout layout) {
+  using X = cute::Underscore;
+  static_assert(decltype(cute::size<2>(layout))::value % 2 == 0, "MMA_N must be even");
+  auto split = cute::logical_divide(layout, cute::Shape<X, X, cute::_2>{});  // (4, M, (2, N/2))
+  return cute::make_layout(cute::make_layout(cute::get<0>(split), cute::get<2, 0>(split)),
+                           cute::get<1>(split), cute::get<2, 1>(split));
+}
+
+// ---- Reductions over the 4 threads of a quad that share one accumulator row ----
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return x;
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
+// 2^x on the special-function unit (flushes denormals; the softmax never needs them).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// fp32 register tensor -> register tensor of To with the same (static) layout, converted in pairs.
+template <class To, class Engine, class Layout>
+__device__ __forceinline__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
+  constexpr int N = decltype(cute::size(src))::value;
+  using From = typename Engine::value_type;
+  cutlass::NumericArrayConverter<To, From, N> convert;
+  auto converted = convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
+  auto dst = cute::make_tensor<To>(src.layout());
+  *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) = converted;
+  return dst;
+}
+
+// ---- GEMM loops over the k-slices of shared-memory operands, loading slice i+1 (ldmatrix) while the
+// tensor cores work on slice i ----
+template <class TiledMma, class Acc, class FragA, class FragB, class SmemA, class SmemB, class CopyA,
+          class CopyB, class ThrCopyA, class ThrCopyB>
+__device__ __forceinline__ void gemm_smem_smem(TiledMma& tiled_mma, Acc& acc, FragA& frag_a, FragB& frag_b,
+                                               SmemA const& smem_a, SmemB const& smem_b, CopyA const& copy_a,
+                                               CopyB const& copy_b, ThrCopyA const& thr_copy_a,
+                                               ThrCopyB const& thr_copy_b) {
+  using namespace cute;
+  Tensor frag_a_view = thr_copy_a.retile_D(frag_a);
+  Tensor frag_b_view = thr_copy_b.retile_D(frag_b);
+  copy(copy_a, smem_a(_, _, _0{}), frag_a_view(_, _, _0{}));
+  copy(copy_b, smem_b(_, _, _0{}), frag_b_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size<2>(frag_a); ++i) {
+    if (i + 1 < size<2>(frag_a)) {
+      copy(copy_a, smem_a(_, _, i + 1), frag_a_view(_, _, i + 1));
+      copy(copy_b, smem_b(_, _, i + 1), frag_b_view(_, _, i + 1));
+    }
+    gemm(tiled_mma, frag_a(_, _, i), frag_b(_, _, i), acc);
+  }
+}
+
+// A already in registers (the probabilities P), B from shared memory.
+template <class TiledMma, class Acc, class FragA, class FragB, class SmemB, class CopyB, class ThrCopyB>
+__device__ __forceinline__ void gemm_reg_smem(TiledMma& tiled_mma, Acc& acc, FragA const& frag_a, FragB& frag_b,
+                                              SmemB const& smem_b, CopyB const& copy_b,
+                                              ThrCopyB const& thr_copy_b) {
+  using namespace cute;
+  Tensor frag_b_view = thr_copy_b.retile_D(frag_b);
+  copy(copy_b, smem_b(_, _, _0{}), frag_b_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size<2>(frag_a); ++i) {
+    if (i + 1 < size<2>(frag_a)) copy(copy_b, smem_b(_, _, i + 1), frag_b_view(_, _, i + 1));
+    gemm(tiled_mma, frag_a(_, _, i), frag_b(_, _, i), acc);
+  }
+}
+
+// ---- Global -> shared tile copy with cp.async; rows >= rows_left or columns >= cols are zero-filled
+// (the zero-fill form reads no global bytes for them). `coord` is the identity tensor partitioned like
+// src, giving each 16-byte chunk's (row, column) inside the tile. ----
+template <class TiledCopy, class Src, class Dst, class Coord>
+__device__ __forceinline__ void copy_tile_async(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
+                                                Coord const& coord, int64_t rows_left, int cols) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    const bool row_ok = get<0>(coord(0, m, 0)) < rows_left;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(src); ++k) {
+      const bool ok = row_ok && get<1>(coord(0, m, k)) < cols;
+      copy(tiled_copy.with(ok), src(_, m, k), dst(_, m, k));
+    }
+  }
+}
+
+// Clamp a user-supplied length into [0, limit].
+__device__ __forceinline__ int64_t clamp_len(int64_t len, int64_t limit) {
+  return len < 0 ? 0 : (len > limit ? limit : len);
+}
+
+}  // namespace cuda
+}  // namespace tf_flash

@@ -1,0 +1,10 @@
+// Forward instantiation: fp16, head dim 128 (see fwd_kernel.h).
+#include "cc/kernels/cuda/fwd_launch.h"
+
+#if TF_FLASH_HEADDIM_COMPILED(128)
+namespace tf_flash {
+namespace cuda {
+template cudaError_t run_flash_fwd<cutlass::half_t, 128>(const FlashFwdParams&, cudaStream_t);
+}  // namespace cuda
+}  // namespace tf_flash
+#endif

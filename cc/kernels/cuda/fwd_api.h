@@ -1,0 +1,19 @@
+// Declaration of the per-(dtype, head dim) forward launchers. Each one is defined once, in its own
+// flash_fwd_<dtype>_hdim<d>.cu, so that the instantiations compile in parallel; this header is all
+// that cuda_entry.cu needs to see.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cc/kernels/flash/params.h"
+
+namespace tf_flash {
+namespace cuda {
+
+// Launches the forward kernel for kHeadDim (>= head_dim and head_dim_v) on `stream`; returns the launch
+// status. Element is cutlass::half_t or cutlass::bfloat16_t.
+template <class Element, int kHeadDim>
+cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace tf_flash

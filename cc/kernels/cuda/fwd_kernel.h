@@ -1,0 +1,388 @@
+// FlashAttention-2 style forward kernel (tf_flash's own, written on CuTe): one CTA per (query tile,
+// head, batch) keeps its Q tile in shared memory and streams the visible K/V tiles through it with
+// cp.async, K of the next tile loading while P V of this one runs and V loading while Q K^T runs;
+// ldmatrix feeds mma.sync (SM80 atoms, also run on sm_90); the online softmax lives in registers with
+// fp32 accumulation. Tiles entirely hidden by causal / window / lengths (and by block_mask in the
+// general variant) are never loaded; masks are evaluated per element only on tiles that straddle a
+// boundary.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+
+#include "cutlass/numeric_types.h"
+
+#include "cc/kernels/cuda/common.cuh"
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/philox.h"
+
+namespace tf_flash {
+namespace cuda {
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+  static_assert(kBlockM == 16 * kNWarps || kBlockM == 32 * kNWarps || kBlockM == 64 * kNWarps,
+                "each warp owns 16, 32 or 64 query rows");
+  static_assert(kBlockN % 16 == 0, "key tile must be a multiple of 16");
+
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
+  // Warps stacked along M; the N tile of 16 lets one ldmatrix.x4 feed two n8 atoms.
+  using TiledMma = cute::TiledMMA<MmaAtom, cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
+                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
+
+  // Shared-memory rows of 64 (or 32) elements, XOR-swizzled so that ldmatrix and the 16-byte cp.async
+  // stores hit distinct banks.
+  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzleBits = kSmemRowElems == 64 ? 3 : 2;
+  using SmemLayoutAtom = decltype(cute::composition(
+      cute::Swizzle<kSwizzleBits, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>, cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // V seen as (head dim, key) for the B operand of P V, read with ldmatrix.trans.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
+  using SmemLayoutVtNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutVt{}));
+  using SmemLayoutO = SmemLayoutQ;  // the output tile reuses Q's shared memory
+
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+  using SmemCopyAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
+
+  static constexpr int kElemsPer16B = 16 / sizeof(Element);
+  static constexpr int kThreadsPerRow = kSmemRowElems / kElemsPer16B;
+  static_assert(kNThreads % kThreadsPerRow == 0, "");
+  using GmemThreadLayout = cute::Layout<cute::Shape<cute::Int<kNThreads / kThreadsPerRow>, cute::Int<kThreadsPerRow>>,
+                                        cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
+  using GmemTiledCopyQKV = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>{}));
+  using GmemTiledCopyO = decltype(cute::make_tiled_copy(cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+                                                        GmemThreadLayout{},
+                                                        cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>{}));
+  static_assert(kBlockM % (kNThreads / kThreadsPerRow) == 0 && kBlockN % (kNThreads / kThreadsPerRow) == 0, "");
+
+  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
+};
+
+// Tile choices per head dim (H100/A100: 4 warps keep ~230 registers/thread for 2 CTAs per SM; head dim
+// 256 needs 8 warps to hold its 128 x 256 output accumulator).
+template <int kHeadDim, class Element> struct FwdConfig;
+template <class E> struct FwdConfig<32, E> { using Traits = FwdTraits<32, 128, 128, 4, E>; };
+template <class E> struct FwdConfig<64, E> { using Traits = FwdTraits<64, 128, 128, 4, E>; };
+template <class E> struct FwdConfig<96, E> { using Traits = FwdTraits<96, 128, 64, 4, E>; };
+template <class E> struct FwdConfig<128, E> { using Traits = FwdTraits<128, 128, 64, 4, E>; };
+template <class E> struct FwdConfig<256, E> { using Traits = FwdTraits<256, 128, 64, 8, E>; };
+
+// Block-mask coverage of the tile [m0, m_end) x [n0, n_end) (valid rows and columns only).
+struct TileCoverage {
+  bool any, all;
+};
+__device__ __forceinline__ TileCoverage block_mask_coverage(const FlashFwdParams& p, int b, int h, int64_t m0,
+                                                            int64_t m_end, int64_t n0, int64_t n_end) {
+  TileCoverage c{false, true};
+  if (m_end <= m0 || n_end <= n0) return TileCoverage{false, false};
+  for (int64_t qb = m0 / p.block_q; qb <= (m_end - 1) / p.block_q; ++qb) {
+    for (int64_t kb = n0 / p.block_k; kb <= (n_end - 1) / p.block_k; ++kb) {
+      const bool v = mask_at(p.block_mask, b, h, qb, kb);
+      c.any |= v;
+      c.all &= v;
+    }
+  }
+  return c;
+}
+
+// kGeneral adds the element masks (attn_mask, block_mask) and dropout; the plain variant handles
+// causal, window, lengths, GQA and any sequence lengths.
+template <class Traits, bool kGeneral>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const FlashFwdParams p) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(128) char smem[];
+
+  // Heaviest query tiles (the last ones under a causal mask) are scheduled first.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tidx = threadIdx.x;
+
+  const int64_t q_len = clamp_len(valid_q_len(p, b), p.seqlen_q);
+  const int64_t kv_len = clamp_len(valid_kv_len(p, b), p.seqlen_k);
+  const int64_t m0 = int64_t(m_block) * kBlockM;
+  const int64_t m_valid_end = m0 + kBlockM < q_len ? m0 + kBlockM : q_len;
+
+  // Key tiles any valid row of this query tile can see.
+  int n_block_min = 0, n_block_max = 0;
+  KeyRange first_row{0, 0}, last_row{0, 0};
+  if (m0 < q_len) {
+    first_row = key_range(p, m0, q_len, kv_len);
+    last_row = key_range(p, m_valid_end - 1, q_len, kv_len);
+    const int64_t begin = first_row.begin, end = last_row.end;
+    if (end > begin) {
+      n_block_min = int(begin / kBlockN);
+      n_block_max = int((end + kBlockN - 1) / kBlockN);
+    }
+  }
+
+  const int h_kv = h / (p.num_heads / p.num_heads_kv);
+  const Element* q_ptr = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
+  const Element* k_ptr = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+  const Element* v_ptr = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+  Element* o_ptr = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(int64_t(p.seqlen_q), Int<kHeadDim>{}),
+                          make_stride(p.q_row_stride, _1{}));
+  Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));
+  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(int64_t(p.seqlen_k), Int<kHeadDim>{}),
+                          make_stride(p.k_row_stride, _1{}));
+  Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));  // (BN, D, n)
+  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(int64_t(p.seqlen_k), Int<kHeadDim>{}),
+                          make_stride(p.v_row_stride, _1{}));
+  Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));
+  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(int64_t(p.seqlen_q), Int<kHeadDim>{}),
+                          make_stride(p.o_row_stride, _1{}));
+  Tensor gO = local_tile(mO, TileQ{}, make_coord(m_block, 0));
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
+  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
+
+  typename Traits::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(tidx);
+  Tensor tQgQ = gmem_thr_copy.partition_S(gQ);
+  Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+  Tensor tKgK = gmem_thr_copy.partition_S(gK);
+  Tensor tKsK = gmem_thr_copy.partition_D(sK);
+  Tensor tVgV = gmem_thr_copy.partition_S(gV);
+  Tensor tVsV = gmem_thr_copy.partition_D(sV);
+  Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(TileQ{}));
+  Tensor tKVcKV = gmem_thr_copy.partition_S(make_identity_tensor(TileKV{}));
+
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tidx);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);
+  Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});
+
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(tidx);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(tidx);
+  Tensor tSsK = smem_thr_copy_k.partition_S(sK);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(tidx);
+  Tensor tOsVt = smem_thr_copy_v.partition_S(sVt);
+
+  // (row, column) inside the score tile of each accumulator element, viewed as rows x columns.
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+
+  // Block-mask state of the tiles (general variant only).
+  auto coverage = [&](int n_block) -> TileCoverage {
+    if constexpr (kGeneral) {
+      if (p.block_mask.data != nullptr) {
+        const int64_t n0 = int64_t(n_block) * kBlockN;
+        const int64_t n_end = n0 + kBlockN < kv_len ? n0 + kBlockN : kv_len;
+        return block_mask_coverage(p, b, h, m0, m_valid_end, n0, n_end);
+      }
+    }
+    return TileCoverage{true, true};
+  };
+  auto next_visible = [&](int n_block) -> int {  // the next tile to process below n_block
+    int n = n_block - 1;
+    if constexpr (kGeneral) {
+      if (p.block_mask.data != nullptr)
+        while (n >= n_block_min && !coverage(n).any) --n;
+    }
+    return n;
+  };
+
+  copy_tile_async(gmem_copy, tQgQ, tQsQ, tQcQ, p.seqlen_q - m0, p.head_dim);
+  int n_block = next_visible(n_block_max);
+  if (n_block >= n_block_min) {
+    copy_tile_async(gmem_copy, tKgK(_, _, _, n_block), tKsK, tKVcKV, p.seqlen_k - int64_t(n_block) * kBlockN,
+                    p.head_dim);
+  }
+  cp_async_fence();
+
+  clear(acc_o);
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+  float row_max[kRows], row_sum[kRows];
+  CUTE_UNROLL
+  for (int i = 0; i < kRows; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+  }
+  // Scores are scaled in the exponent: p = 2^(s * scale * log2(e) - max * scale * log2(e)).
+  const float scale_log2 = fmaxf(p.scale * float(M_LOG2E), 1e-30f);
+  const uint32_t drop_threshold = kGeneral ? dropout_threshold(p.dropout_rate) : 0u;
+  const bool has_dropout = kGeneral && p.dropout_rate > 0.f;
+  const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
+
+  bool first = true;
+  while (n_block >= n_block_min) {
+    const int64_t n0 = int64_t(n_block) * kBlockN;
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    cp_async_wait<0>();
+    __syncthreads();  // K tile landed; every warp is done reading V of the previous tile
+    copy_tile_async(gmem_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, p.seqlen_k - n0, p.head_dim_v);
+    cp_async_fence();
+
+    gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k, smem_thr_copy_q,
+                   smem_thr_copy_k);
+
+    const int n_next = next_visible(n_block);
+    Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+
+    // Element masks only where the tile straddles a boundary of some valid row's key range.
+    const TileCoverage cover = coverage(n_block);
+    bool need_mask = n0 < last_row.begin || n0 + kBlockN > first_row.end;
+    if constexpr (kGeneral) need_mask = need_mask || p.attn_mask.data != nullptr || !cover.all;
+    if (need_mask) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
+        const KeyRange range = key_range(p, row, q_len, kv_len);
+        CUTE_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) {
+          const int64_t col = n0 + get<1>(tScS_rc(0, ni));
+          bool visible = col >= range.begin && col < range.end;
+          if constexpr (kGeneral) {
+            if (visible && p.attn_mask.data != nullptr) visible = mask_at(p.attn_mask, b, h, row, col);
+            if (visible && !cover.all) visible = mask_at(p.block_mask, b, h, row / p.block_q, col / p.block_k);
+          }
+          if (!visible) s(mi, ni) = -INFINITY;
+        }
+      }
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V tile landed; every warp is done reading this K tile
+    if (n_next >= n_block_min) {
+      copy_tile_async(gmem_copy, tKgK(_, _, _, n_next), tKsK, tKVcKV, p.seqlen_k - int64_t(n_next) * kBlockN,
+                      p.head_dim);
+    }
+    cp_async_fence();
+
+    // Online softmax: new running max, rescale the running sum and output, exponentiate.
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      float mx = row_max[mi];
+      CUTE_UNROLL
+      for (int ni = 0; ni < kCols; ++ni) mx = fmaxf(mx, s(mi, ni));
+      mx = quad_max(mx);
+      const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+      if (!first) {
+        const float correction = fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+        row_sum[mi] *= correction;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) *= correction;
+      }
+      row_max[mi] = mx;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < kCols; ++ni) {
+        const float e = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
+        s(mi, ni) = e;
+        sum += e;
+      }
+      row_sum[mi] += sum;
+    }
+    first = false;
+
+    if constexpr (kGeneral) {
+      if (has_dropout) {  // dropped after the normalizer is taken, as in dropout(softmax(s)) @ v
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
+          CUTE_UNROLL
+          for (int ni = 0; ni < kCols; ni += 2) {  // a thread's column pairs never straddle a group of 4
+            const int64_t col = n0 + get<1>(tScS_rc(0, ni));
+            const uint32_t bits = dropout_keep_bits4(p.seed, p.seed_offset, batch_head, row, col, drop_threshold);
+            if (!((bits >> (col & 3)) & 1u)) s(mi, ni) = 0.f;
+            if (!((bits >> ((col + 1) & 3)) & 1u)) s(mi, ni + 1) = 0.f;
+          }
+        }
+      }
+    }
+
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+    gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_copy_v);
+
+    n_block = n_next;
+  }
+
+  // Epilogue: normalize, write lse, stage O through shared memory for 16-byte global stores.
+  const float keep_scale = has_dropout ? 1.f / (1.f - p.dropout_rate) : 1.f;
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    const float sum = quad_sum(row_sum[mi]);
+    const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
+    const bool valid = row < q_len && sum > 0.f;
+    const float inv = valid ? keep_scale / sum : 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) = valid ? acc_o_rc(mi, ni) * inv : 0.f;
+    if (p.lse != nullptr && get<1>(tScS_rc(0, 0)) == 0 && row < p.seqlen_q) {
+      p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? row_max[mi] * p.scale + logf(sum) : -INFINITY;
+    }
+  }
+
+  Tensor rO = convert_fragment<Element>(acc_o);
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(tidx);
+  Tensor taccOrO = smem_thr_copy_o.retile_S(rO);
+  Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+  cp_async_wait<0>();
+  __syncthreads();  // no warp still reads Q
+  copy(smem_copy_o, taccOrO, taccOsO);
+  __syncthreads();
+
+  typename Traits::GmemTiledCopyO gmem_copy_o;
+  auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(tidx);
+  Tensor tOsO = gmem_thr_copy_o.partition_S(sO);
+  Tensor tOgO = gmem_thr_copy_o.partition_D(gO);
+  Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(TileQ{}));
+  Tensor tOrO = make_tensor<Element>(shape(tOgO));
+  copy(gmem_copy_o, tOsO, tOrO);
+  const int64_t rows_left = p.seqlen_q - m0;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOgO); ++m) {
+    if (get<0>(tOcO(0, m, 0)) < rows_left) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOgO); ++k) {
+        if (get<1>(tOcO(0, m, k)) < p.head_dim_v) copy(gmem_copy_o, tOrO(_, m, k), tOgO(_, m, k));
+      }
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace tf_flash

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds the standalone forward harness (no TensorFlow) with nvcc, one object per instantiation, in
+# parallel. Usage: tests/cuda_harness/build.sh [outdir]
+#   ARCHS="80 90a"   targets (default both)      JOBS=N     parallel compiles (default nproc)
+#   REDUCED=1        only head dims 64 and 128 (CI-sized build, TF_FLASH_CUDA_REDUCED)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="${1:-$root/build/cuda_harness}"
+mkdir -p "$out"
+cutlass="${CUTLASS_INCLUDE:-$(python3 -c 'import cutlass_library,os;print(os.path.join(os.path.dirname(cutlass_library.__file__),"source","include"))')}"
+archs="${ARCHS:-80 90a}"
+gencode=""
+for a in $archs; do gencode+=" -gencode=arch=compute_${a},code=sm_${a}"; done
+flags="-std=c++17 --expt-relaxed-constexpr -O3 -lineinfo $gencode -I$root -I$cutlass"
+[ "${REDUCED:-0}" = 1 ] && flags+=" -DTF_FLASH_CUDA_REDUCED"
+srcs=("$root"/cc/kernels/cuda/flash_fwd_*.cu "$root/cc/kernels/cuda/cuda_entry.cu" "$root/tests/cuda_harness/fwd_harness.cu")
+printf '%s\n' "${srcs[@]}" | xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
+  'nvcc '"$flags"' -Xptxas -warn-spills -c "$1" -o "'"$out"'/$(basename "$1" .cu).o"' _ {}
+nvcc $gencode "$out"/*.o -o "$out/fwd_harness"
+echo "built $out/fwd_harness"

@@ -1,0 +1,506 @@
+// Standalone harness for the CUDA forward kernel (no TensorFlow): fills FlashFwdParams from random
+// data, runs flash_fwd_cuda and compares with a float64 CPU reference that applies the shared
+// semantics of cc/kernels/flash/mask.h and philox.h. Outputs and lse are poisoned with NaN first, so an
+// element the kernel does not write fails the check.
+//
+//   fwd_harness test [quick]   correctness cases (exit status 1 on any failure)
+//   fwd_harness bigoffset      batch stride > 2^31 elements (64-bit offsets)
+//   fwd_harness bench [d...]   benchmarks.md grid, CUDA-event timing, median of 30 calls
+//
+// Pass criterion (style.md): max |kernel - ref| <= 2 * max |std - ref| + 1e-3, where std is standard
+// attention computed in the input dtype (scores and probabilities rounded to it, fp32 accumulation);
+// lse within 2e-3 (absolute, or both -inf); no NaN anywhere.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/philox.h"
+
+using tf_flash::DType;
+using tf_flash::FlashFwdParams;
+
+#define CHECK_CUDA(x)                                                                                  \
+  do {                                                                                                 \
+    cudaError_t e_ = (x);                                                                              \
+    if (e_ != cudaSuccess) {                                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
+      std::exit(2);                                                                                    \
+    }                                                                                                  \
+  } while (0)
+
+namespace {
+
+uint16_t to_bits(float x, DType dt) {
+  if (dt == DType::kFloat16) {
+    __half h = __float2half_rn(x);
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+  }
+  __nv_bfloat16 h = __float2bfloat16_rn(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+float from_bits(uint16_t b, DType dt) {
+  if (dt == DType::kFloat16) {
+    __half h;
+    std::memcpy(&h, &b, 2);
+    return __half2float(h);
+  }
+  __nv_bfloat16 h;
+  std::memcpy(&h, &b, 2);
+  return __bfloat162float(h);
+}
+float round_dt(float x, DType dt) { return from_bits(to_bits(x, dt), dt); }
+
+struct Case {
+  const char* name;
+  DType dtype;
+  int B, H, Hkv, Sq, Sk, D, Dv;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  bool qlen = false, kvlen = false;
+  bool attn_mask = false;
+  int block_q = 0, block_k = 0;  // block mask when > 0
+  float dropout = 0.f;
+  float scale = -1.f;  // < 0: 1/sqrt(D)
+};
+
+struct Result {
+  double err, err_std, lse_err;
+  long nan_out, nan_lse;
+  bool ok;
+  float ms;
+};
+
+// float64 reference and same-dtype standard attention for one case, on host copies.
+void reference(const Case& c, const FlashFwdParams& p, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+               const std::vector<uint16_t>& v, std::vector<double>& out, std::vector<double>& lse,
+               std::vector<float>& out_std) {
+  const DType dt = c.dtype;
+  const uint32_t thr = tf_flash::dropout_threshold(p.dropout_rate);
+  out.assign(size_t(c.B) * c.Sq * c.H * c.Dv, 0.0);
+  out_std.assign(out.size(), 0.f);
+  lse.assign(size_t(c.B) * c.H * c.Sq, -INFINITY);
+  std::vector<double> s(c.Sk), pr(c.Sk);
+  std::vector<float> s32(c.Sk);
+  std::vector<char> vis(c.Sk);
+  for (int b = 0; b < c.B; ++b) {
+    const int64_t ql = tf_flash::valid_q_len(p, b), kl = tf_flash::valid_kv_len(p, b);
+    for (int h = 0; h < c.H; ++h) {
+      const int hk = h / (c.H / c.Hkv);
+      for (int i = 0; i < c.Sq; ++i) {
+        const tf_flash::KeyRange r = tf_flash::key_range(p, i, ql, kl);
+        double mx = -INFINITY;
+        float mx32 = -INFINITY;
+        bool any = false;
+        for (int j = 0; j < c.Sk; ++j) {
+          bool ok = j >= r.begin && j < r.end;
+          if (ok && p.attn_mask.data) ok = tf_flash::mask_at(p.attn_mask, b, h, i, j);
+          if (ok && p.block_mask.data) ok = tf_flash::mask_at(p.block_mask, b, h, i / p.block_q, j / p.block_k);
+          vis[j] = ok;
+          if (!ok) continue;
+          any = true;
+          double acc = 0;
+          float acc32 = 0;
+          for (int d = 0; d < c.D; ++d) {
+            const float a = from_bits(q[((size_t(b) * c.Sq + i) * c.H + h) * c.D + d], dt);
+            const float bb = from_bits(k[((size_t(b) * c.Sk + j) * c.Hkv + hk) * c.D + d], dt);
+            acc += double(a) * bb;
+            acc32 += a * bb;
+          }
+          s[j] = acc * p.scale;
+          s32[j] = round_dt(round_dt(acc32, dt) * p.scale, dt);  // standard attention rounds the scores
+          mx = std::max(mx, s[j]);
+          mx32 = std::max(mx32, s32[j]);
+        }
+        if (!any) continue;  // row sees nothing: out 0, lse -inf
+        double sum = 0;
+        float sum32 = 0;
+        for (int j = 0; j < c.Sk; ++j) {
+          pr[j] = vis[j] ? std::exp(s[j] - mx) : 0.0;
+          sum += pr[j];
+          s32[j] = vis[j] ? std::exp(s32[j] - mx32) : 0.f;
+          sum32 += s32[j];
+        }
+        lse[(size_t(b) * c.H + h) * c.Sq + i] = mx + std::log(sum);
+        const double keep_scale = 1.0 / (1.0 - p.dropout_rate);
+        for (int j = 0; j < c.Sk; ++j) {
+          if (!vis[j]) continue;
+          double w = pr[j] / sum;
+          float w32 = round_dt(s32[j] / sum32, dt);
+          if (p.dropout_rate > 0.f) {
+            const bool keep = tf_flash::dropout_keep(p.seed, p.seed_offset, uint64_t(b) * c.H + h, i, j, thr);
+            w = keep ? w * keep_scale : 0.0;
+            w32 = keep ? round_dt(w32 * float(keep_scale), dt) : 0.f;
+          }
+          for (int d = 0; d < c.Dv; ++d) {
+            const float vv = from_bits(v[((size_t(b) * c.Sk + j) * c.Hkv + hk) * c.Dv + d], dt);
+            out[((size_t(b) * c.Sq + i) * c.H + h) * c.Dv + d] += w * vv;
+            out_std[((size_t(b) * c.Sq + i) * c.H + h) * c.Dv + d] += w32 * vv;
+          }
+        }
+      }
+    }
+  }
+  for (auto& x : out_std) x = round_dt(x, dt);
+}
+
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
+  if (!h.empty()) CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+Result run_case(const Case& c, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const DType dt = c.dtype;
+  std::vector<uint16_t> q(size_t(c.B) * c.Sq * c.H * c.D), k(size_t(c.B) * c.Sk * c.Hkv * c.D),
+      v(size_t(c.B) * c.Sk * c.Hkv * c.Dv);
+  for (auto& x : q) x = to_bits(normal(rng), dt);
+  for (auto& x : k) x = to_bits(normal(rng), dt);
+  for (auto& x : v) x = to_bits(normal(rng), dt);
+
+  FlashFwdParams p;
+  p.batch = c.B;
+  p.seqlen_q = c.Sq;
+  p.seqlen_k = c.Sk;
+  p.num_heads = c.H;
+  p.num_heads_kv = c.Hkv;
+  p.head_dim = c.D;
+  p.head_dim_v = c.Dv;
+  p.q_row_stride = int64_t(c.H) * c.D, p.q_head_stride = c.D, p.q_batch_stride = int64_t(c.Sq) * c.H * c.D;
+  p.k_row_stride = int64_t(c.Hkv) * c.D, p.k_head_stride = c.D, p.k_batch_stride = int64_t(c.Sk) * c.Hkv * c.D;
+  p.v_row_stride = int64_t(c.Hkv) * c.Dv, p.v_head_stride = c.Dv, p.v_batch_stride = int64_t(c.Sk) * c.Hkv * c.Dv;
+  p.o_row_stride = int64_t(c.H) * c.Dv, p.o_head_stride = c.Dv, p.o_batch_stride = int64_t(c.Sq) * c.H * c.Dv;
+  p.scale = c.scale >= 0.f ? c.scale : 1.f / std::sqrt(float(c.D));
+  p.causal = c.causal;
+  p.window_left = c.wl;
+  p.window_right = c.wr;
+  std::vector<int32_t> qlens(c.B), kvlens(c.B);
+  for (int b = 0; b < c.B; ++b) {
+    qlens[b] = b == 0 ? c.Sq : int(rng() % (c.Sq + 1));
+    kvlens[b] = b == 1 ? 0 : int(rng() % (c.Sk + 1));
+  }
+  p.q_lengths = c.qlen ? qlens.data() : nullptr;
+  p.kv_lengths = c.kvlen ? kvlens.data() : nullptr;
+  std::vector<uint8_t> am, bm;
+  if (c.attn_mask) {  // [B, 1, Sq, Sk] broadcast over heads; ~70% visible
+    am.resize(size_t(c.B) * c.Sq * c.Sk);
+    for (auto& x : am) x = (rng() % 10) < 7;
+    p.attn_mask.data = reinterpret_cast<const bool*>(am.data());
+    p.attn_mask.batch_stride = int64_t(c.Sq) * c.Sk, p.attn_mask.head_stride = 0;
+    p.attn_mask.row_stride = c.Sk, p.attn_mask.col_stride = 1;
+  }
+  if (c.block_q > 0) {  // [B, H, nq, nk]; ~50% of blocks visible
+    p.block_q = c.block_q, p.block_k = c.block_k;
+    p.num_q_blocks = (c.Sq + c.block_q - 1) / c.block_q, p.num_k_blocks = (c.Sk + c.block_k - 1) / c.block_k;
+    bm.resize(size_t(c.B) * c.H * p.num_q_blocks * p.num_k_blocks);
+    for (auto& x : bm) x = rng() % 2;
+    p.block_mask.data = reinterpret_cast<const bool*>(bm.data());
+    p.block_mask.col_stride = 1, p.block_mask.row_stride = p.num_k_blocks;
+    p.block_mask.head_stride = int64_t(p.num_q_blocks) * p.num_k_blocks;
+    p.block_mask.batch_stride = p.block_mask.head_stride * c.H;
+  }
+  p.dropout_rate = c.dropout;
+  p.seed = 0x123456789abcdefull ^ rng();
+  p.seed_offset = rng();
+
+  std::vector<double> ref, ref_lse;
+  std::vector<float> ref_std;
+  reference(c, p, q, k, v, ref, ref_lse, ref_std);
+
+  // Device copies (pointers swapped into a second params struct).
+  FlashFwdParams dp = p;
+  uint16_t *dq = to_device(q), *dk = to_device(k), *dv = to_device(v);
+  uint16_t* dout;
+  float* dlse;
+  CHECK_CUDA(cudaMalloc(&dout, ref.size() * 2 + 16));
+  CHECK_CUDA(cudaMalloc(&dlse, ref_lse.size() * 4 + 16));
+  CHECK_CUDA(cudaMemset(dout, 0xFF, ref.size() * 2));  // NaN in fp16 and bf16
+  CHECK_CUDA(cudaMemset(dlse, 0xFF, ref_lse.size() * 4));
+  int32_t *dql = to_device(qlens), *dkl = to_device(kvlens);
+  uint8_t *dam = c.attn_mask ? to_device(am) : nullptr, *dbm = c.block_q > 0 ? to_device(bm) : nullptr;
+  dp.q = dq, dp.k = dk, dp.v = dv, dp.out = dout, dp.lse = dlse;
+  dp.q_lengths = c.qlen ? dql : nullptr;
+  dp.kv_lengths = c.kvlen ? dkl : nullptr;
+  dp.attn_mask.data = reinterpret_cast<const bool*>(dam);
+  dp.block_mask.data = reinterpret_cast<const bool*>(dbm);
+
+  Result res{};
+  const std::string why = tf_flash::flash_cuda_unsupported(dp, dt, false);
+  if (!why.empty()) {
+    std::printf("  unsupported: %s\n", why.c_str());
+    res.ok = false;
+    return res;
+  }
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaEventRecord(e0));
+  const int err = tf_flash::flash_fwd_cuda(dp, dt, nullptr);
+  CHECK_CUDA(cudaEventRecord(e1));
+  if (err != 0) {
+    std::printf("  launch error %d: %s\n", err, tf_flash::flash_cuda_error_string(err));
+    std::exit(2);
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaEventElapsedTime(&res.ms, e0, e1));
+  std::vector<uint16_t> out(ref.size());
+  std::vector<float> lse(ref_lse.size());
+  CHECK_CUDA(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const float x = from_bits(out[i], dt);
+    if (std::isnan(x)) {
+      ++res.nan_out;
+      continue;
+    }
+    res.err = std::max(res.err, std::fabs(x - ref[i]));
+    res.err_std = std::max(res.err_std, std::fabs(ref_std[i] - ref[i]));
+  }
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isnan(lse[i])) {
+      ++res.nan_lse;
+      continue;
+    }
+    if (std::isinf(ref_lse[i]) || std::isinf(lse[i])) {
+      if (lse[i] != ref_lse[i]) res.lse_err = INFINITY;
+    } else {
+      res.lse_err = std::max(res.lse_err, std::fabs(lse[i] - ref_lse[i]));
+    }
+  }
+  res.ok = res.nan_out == 0 && res.nan_lse == 0 && res.err <= 2 * res.err_std + 1e-3 && res.lse_err <= 2e-3;
+  cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dql), cudaFree(dkl);
+  if (dam) cudaFree(dam);
+  if (dbm) cudaFree(dbm);
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return res;
+}
+
+std::vector<Case> make_cases(bool quick) {
+  std::vector<Case> cs;
+  const DType dts[] = {DType::kBFloat16, DType::kFloat16};
+  for (DType dt : dts) {
+    for (int d : {32, 64, 96, 128, 256}) {
+      cs.push_back({"plain", dt, 2, 3, 3, 200, 333, d, d});
+      cs.push_back({"causal", dt, 2, 2, 2, 257, 190, d, d, true});
+      if (quick && d != 64 && d != 128) continue;
+      cs.push_back({"causal-long", dt, 1, 2, 1, 513, 513, d, d, true});
+      cs.push_back({"window", dt, 2, 2, 2, 300, 300, d, d, false, 70, 20});
+      cs.push_back({"window-causal", dt, 1, 2, 2, 300, 280, d, d, true, 150});
+      cs.push_back({"lengths", dt, 3, 2, 2, 130, 257, d, d, false, -1, -1, true, true});
+      cs.push_back({"causal-lengths", dt, 3, 2, 1, 200, 200, d, d, true, -1, -1, true, true});
+      cs.push_back({"gqa", dt, 2, 8, 2, 129, 129, d, d});
+      cs.push_back({"tiny", dt, 1, 1, 1, 1, 1, d, d});
+      cs.push_back({"seqk1", dt, 1, 2, 2, 70, 1, d, d, true});
+      cs.push_back({"scale2", dt, 1, 2, 2, 100, 150, d, d, false, -1, -1, false, false, false, 0, 0, 0.f, 0.5f});
+      cs.push_back({"attn-mask", dt, 2, 2, 2, 150, 211, d, d, true, -1, -1, false, true, true});
+      cs.push_back({"block-aligned", dt, 2, 2, 2, 256, 384, d, d, false, -1, -1, false, false, false, 128, 128});
+      cs.push_back({"block-small", dt, 2, 2, 2, 200, 300, d, d, true, -1, -1, false, false, false, 32, 48});
+      cs.push_back({"dropout", dt, 2, 2, 2, 150, 170, d, d, false, -1, -1, false, false, false, 0, 0, 0.2f});
+      cs.push_back({"dropout-all", dt, 2, 2, 1, 190, 170, d, d, true, 50, -1, true, true, true, 64, 32, 0.3f});
+    }
+    cs.push_back({"dv<d", dt, 2, 2, 2, 150, 170, 128, 64});
+    cs.push_back({"dv>d", dt, 2, 2, 2, 150, 170, 32, 96, true});
+    cs.push_back({"d=80", dt, 2, 2, 2, 150, 170, 80, 80, true});
+    cs.push_back({"d=40,dv=24", dt, 2, 2, 2, 77, 99, 40, 24});
+  }
+  return cs;
+}
+
+int run_tests(bool quick) {
+  std::mt19937 rng(1234);
+  int fails = 0, n = 0;
+  std::printf("%-14s %-5s %4s %4s %5s %5s  %10s %10s %9s %s\n", "case", "dtype", "D", "Dv", "Sq", "Sk", "max_err",
+              "std_err", "lse_err", "result");
+  for (const Case& c : make_cases(quick)) {
+    const Result r = run_case(c, rng);
+    ++n;
+    if (!r.ok) ++fails;
+    std::printf("%-14s %-5s %4d %4d %5d %5d  %10.3g %10.3g %9.3g %s%s\n", c.name,
+                c.dtype == DType::kFloat16 ? "fp16" : "bf16", c.D, c.Dv, c.Sq, c.Sk, r.err, r.err_std, r.lse_err,
+                r.ok ? "ok" : "FAIL", (r.nan_out || r.nan_lse) ? " (NaN/unwritten)" : "");
+  }
+  std::printf("%d/%d cases passed\n", n - fails, n);
+  return fails ? 1 : 0;
+}
+
+// Batch stride beyond 2^31 elements: q, k and v share one buffer; only batch 1 is checked.
+int run_bigoffset() {
+  const int B = 2, S = 192, H = 2, D = 64;
+  const int64_t bstride = (int64_t(1) << 31) + 4096;  // elements
+  const size_t elems = size_t(bstride) + size_t(S) * H * D;
+  uint16_t *buf, *out;
+  CHECK_CUDA(cudaMalloc(&buf, elems * 2));
+  CHECK_CUDA(cudaMalloc(&out, elems * 2));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> h0(size_t(S) * H * D), h1(h0.size());
+  for (auto& x : h0) x = to_bits(normal(rng), DType::kBFloat16);
+  for (auto& x : h1) x = to_bits(normal(rng), DType::kBFloat16);
+  CHECK_CUDA(cudaMemcpy(buf, h0.data(), h0.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(buf + bstride, h1.data(), h1.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(out + bstride, 0xFF, h1.size() * 2));
+  float* lse;
+  CHECK_CUDA(cudaMalloc(&lse, B * H * S * 4));
+  FlashFwdParams p;
+  p.q = p.k = p.v = buf;
+  p.out = out;
+  p.lse = lse;
+  p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H, p.head_dim = p.head_dim_v = D;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = bstride;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = H * D;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = D;
+  p.scale = 0.125f;
+  p.causal = true;
+  const int err = tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr);
+  if (err) {
+    std::printf("bigoffset launch error: %s\n", tf_flash::flash_cuda_error_string(err));
+    return 1;
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint16_t> o(h1.size());
+  CHECK_CUDA(cudaMemcpy(o.data(), out + bstride, o.size() * 2, cudaMemcpyDeviceToHost));
+  Case c{"bigoffset", DType::kBFloat16, 1, H, H, S, S, D, D, true};
+  FlashFwdParams hp = p;
+  hp.batch = 1;
+  std::vector<double> ref, ref_lse;
+  std::vector<float> ref_std;
+  reference(c, hp, h1, h1, h1, ref, ref_lse, ref_std);
+  double e = 0, es = 0;
+  long nans = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    const float x = from_bits(o[i], DType::kBFloat16);
+    if (std::isnan(x)) ++nans;
+    else e = std::max(e, std::fabs(x - ref[i]));
+    es = std::max(es, std::fabs(ref_std[i] - ref[i]));
+  }
+  const bool ok = nans == 0 && e <= 2 * es + 1e-3;
+  std::printf("bigoffset (batch stride %lld elements): max_err %.3g std_err %.3g nan %ld %s\n",
+              (long long)bstride, e, es, nans, ok ? "ok" : "FAIL");
+  cudaFree(buf), cudaFree(out), cudaFree(lse);
+  return ok ? 0 : 1;
+}
+
+__global__ void fill_normalish(uint16_t* x, size_t n, uint32_t seed, bool fp16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    // Sum of 4 uniforms (Irwin-Hall), centered and scaled to unit variance: close enough to N(0,1).
+    float acc = 0.f;
+    for (int t = 0; t < 4; ++t) {
+      uint32_t h = uint32_t(i) * 0x9E3779B1u ^ (seed + t * 0x85EBCA77u) ^ uint32_t(i >> 32) * 0xC2B2AE3Du;
+      h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12, h *= 0x297A2D39u, h ^= h >> 15;
+      acc += (h >> 8) * (1.f / 16777216.f);
+    }
+    const float v = (acc - 2.f) * 1.7320508f;
+    if (fp16) {
+      __half hv = __float2half_rn(v);
+      x[i] = *reinterpret_cast<uint16_t*>(&hv);
+    } else {
+      __nv_bfloat16 bv = __float2bfloat16_rn(v);
+      x[i] = *reinterpret_cast<uint16_t*>(&bv);
+    }
+  }
+}
+
+int run_bench(const std::vector<int>& dims) {
+  const int tokens = 16384, hidden = 2048;
+  const size_t n = size_t(tokens) * hidden;
+  uint16_t *q, *k, *v, *o;
+  float* lse;
+  CHECK_CUDA(cudaMalloc(&q, n * 2));
+  CHECK_CUDA(cudaMalloc(&k, n * 2));
+  CHECK_CUDA(cudaMalloc(&v, n * 2));
+  CHECK_CUDA(cudaMalloc(&o, n * 2));
+  CHECK_CUDA(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
+  const int seqlens[] = {512, 1024, 2048, 4096, 8192, 16384};
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::printf("%-5s %4s %6s %5s %6s  %9s %9s %9s  %8s\n", "dtype", "d", "causal", "batch", "seqlen", "med_ms",
+              "min_ms", "max_ms", "TFLOP/s");
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    const bool fp16 = dt == DType::kFloat16;
+    fill_normalish<<<1024, 256>>>(q, n, 1, fp16);
+    fill_normalish<<<1024, 256>>>(k, n, 2, fp16);
+    fill_normalish<<<1024, 256>>>(v, n, 3, fp16);
+    CHECK_CUDA(cudaGetLastError());
+    for (int d : dims) {
+      for (int causal = 0; causal < 2; ++causal) {
+        for (int s : seqlens) {
+          const int b = tokens / s, h = hidden / d;
+          FlashFwdParams p;
+          p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+          p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
+          p.head_dim = p.head_dim_v = d;
+          p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
+          p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
+          p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+          p.scale = 1.f / std::sqrt(float(d));
+          p.causal = causal;
+          for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, dt, nullptr)));
+          std::vector<float> ms;
+          for (int it = 0; it < 30; ++it) {
+            CHECK_CUDA(cudaEventRecord(e0));
+            const int err = tf_flash::flash_fwd_cuda(p, dt, nullptr);
+            CHECK_CUDA(cudaEventRecord(e1));
+            CHECK_CUDA(cudaError_t(err));
+            CHECK_CUDA(cudaEventSynchronize(e1));
+            float t;
+            CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+            ms.push_back(t);
+          }
+          std::sort(ms.begin(), ms.end());
+          const double med = ms[ms.size() / 2];
+          const double flops = 4.0 * b * double(s) * s * h * d / (causal ? 2 : 1);
+          std::printf("%-5s %4d %6d %5d %6d  %9.4f %9.4f %9.4f  %8.1f\n", fp16 ? "fp16" : "bf16", d, causal, b, s, med,
+                      ms.front(), ms.back(), flops / (med * 1e-3) / 1e12);
+        }
+      }
+    }
+  }
+  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse);
+  return 0;
+}
+
+}  // namespace
+
+// The support check also consults the backward's constraints; when the harness is linked without the
+// backward objects this weak stand-in answers "supported" for them.
+namespace tf_flash {
+__attribute__((weak)) std::string flash_bwd_cuda_unsupported(const FlashFwdParams&, DType) { return ""; }
+}  // namespace tf_flash
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "test";
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
+  if (mode == "test") return run_tests(argc > 2 && std::string(argv[2]) == "quick");
+  if (mode == "bigoffset") return run_bigoffset();
+  if (mode == "bench") {
+    std::vector<int> dims;
+    for (int i = 2; i < argc; ++i) dims.push_back(std::atoi(argv[i]));
+    if (dims.empty()) dims = {64, 128};
+    return run_bench(dims);
+  }
+  std::fprintf(stderr, "usage: %s test [quick] | bigoffset | bench [d ...]\n", argv[0]);
+  return 2;
+}
