@@ -48,6 +48,7 @@ SHAPES = [
     (2, 45, 200, 6, 1, 16, 24),
     (1, 1, 129, 2, 2, 8, 8),
     (1, 257, 257, 2, 1, 128, 128),
+    (1, 300, 530, 2, 2, 16, 16),  # several tiles on both axes
 ]
 
 # Feature sets, each combined with the shapes above.
