@@ -267,8 +267,31 @@ def test_padding_lengths_detects_prefix_masks_in_graph():
     assert not bool(is_prefix) and lens.numpy().tolist() == [5, 5, 5]
 
 
-def _run_dropout(layer, query, training):
-    return layer(query, query, training=training)
+@pytest.mark.parametrize("padding", ["end", "holes"])
+def test_prefix_masks_reach_the_op_as_lengths(padding, monkeypatch):
+    """Padding at the end -> q_lengths/kv_lengths and no element mask (the kernel skips the padding);
+    any other pattern -> the general attention_mask path."""
+    calls = []
+    real = _common._flash_ops.flash_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_common._flash_ops, "flash_attention", spy)
+    tokens = np.array([[3, 4, 5, 0, 0, 0], [1, 2, 3, 4, 5, 6]], "int32")
+    if padding == "holes":
+        tokens[1, 2] = 0
+    _embedding_model(FlashMultiHeadAttention, causal=False)(tokens)
+    (kwargs,) = calls
+    mask = kwargs["attention_mask"]
+    if padding == "end":
+        assert kwargs["q_lengths"].numpy().tolist() == [3, 6]
+        assert kwargs["kv_lengths"].numpy().tolist() == [3, 6]
+        assert mask.shape.num_elements() == 0
+    else:
+        assert kwargs["kv_lengths"].numpy().tolist() == [6, 6]
+        np.testing.assert_array_equal(np.asarray(mask).reshape(2, 6), tokens != 0)
 
 
 def test_dropout_only_in_training_and_fresh_each_step():
@@ -490,7 +513,7 @@ def test_compile_defaults_leave_xla_off_and_fit_runs():
     assert not model_supports_jit(model)  # "auto" resolves to False on every device
     assert model.jit_compile is False
     tokens, labels = _data()
-    history = model.fit(tokens, labels, epochs=2, batch_size=4, verbose=0)
+    history = model.fit(tokens, labels, epochs=1, batch_size=4, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     assert model.predict(tokens, verbose=0).shape == (8, 2)
     with pytest.warns(UserWarning, match="jit_compile"):

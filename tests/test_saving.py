@@ -83,4 +83,5 @@ def test_mirrored_strategy_on_two_cpu_devices_matches_one_device():
     assert result["weights_moved"] > 1e-4
     assert result["max_weight_diff"] < 1e-5, result
     np.testing.assert_allclose(result["multi_loss"], result["single_loss"], rtol=1e-5)
+    assert np.all(np.isfinite(result["single_loss"]))
     assert np.all(np.isfinite(result["dropout_loss"]))
