@@ -159,6 +159,10 @@ def test_grouped_query_attention_matches_keras(kv_heads, causal):
     expected = _forward_backward(gqa, query, value, value, call_kwargs, "eager")
     actual = _forward_backward(flash, query, value, value, call_kwargs, "eager")
     _assert_close(actual, expected)
+    call_kwargs["return_attention_scores"] = True
+    expected = _forward_backward(gqa, query, value, value, call_kwargs, "eager")
+    actual = _forward_backward(flash, query, value, value, call_kwargs, "eager")
+    _assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("window", [(1, 2), (0, None), (None, 1), 2])
@@ -532,8 +536,13 @@ def test_mixed_precision(policy):
         call_kwargs = {"value_mask": _prefix([4, 7], S), "use_causal_mask": True}
         expected = _forward_backward(mha, query, value, value, call_kwargs, "eager")
         actual = _forward_backward(flash, query, value, value, call_kwargs, "eager")
-        assert actual[0].dtype == keras.config.dtype_policy().compute_dtype
         tol = 2e-2 if policy == "mixed_float16" else 1e-1
+        assert actual[0].dtype == keras.config.dtype_policy().compute_dtype
+        heads = tf.constant(_rand(B, T, 2, 4, seed=3))
+        attended = FlashAttention(causal=True)(heads, heads)
+        assert attended.dtype == keras.config.dtype_policy().compute_dtype
+        expected_heads, _ = reference_attention(heads.numpy(), heads.numpy(), heads.numpy(), causal=True)
+        _assert_close(attended, expected_heads, atol=tol, rtol=tol)
         _assert_close(actual, expected, atol=tol, rtol=tol)
 
         model = _classifier(FlashMultiHeadAttention(2, 4))
