@@ -10,8 +10,9 @@ the dropout overhead (p=0.1 vs 0).
 Every configuration runs in its own subprocess, so that each peak RSS (getrusage ru_maxrss) belongs to
 that configuration alone and a configuration that runs out of memory does not end the run.
 
-    python benchmarks/bench_cpu.py            # full run (~30-60 min on 2 cores), results/cpu_<date>.*
-    python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k
+    python benchmarks/bench_cpu.py            # full run (~30-40 min on 2 cores), results/cpu_<date>.*
+    python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k (~30 min more; shorten with
+                                              #   --long-seqlens 16384 32768 or --long-modes fwd)
     python benchmarks/bench_cpu.py --quick    # smoke run (a few minutes), results/cpu_quick.*
 """
 import argparse
@@ -338,7 +339,7 @@ def main():
     if args.seqlens is None:
         args.seqlens = [512, 1024] if args.quick else [512, 1024, 2048, 4096, 8192]
     if args.budget is None:
-        args.budget = 2.0 if args.quick else 30.0
+        args.budget = 2.0 if args.quick else 15.0
     if args.sparse_seqlen is None:
         args.sparse_seqlen = 2048 if args.quick else 8192
     if args.dropout_seqlens is None:

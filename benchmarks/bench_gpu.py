@@ -83,6 +83,10 @@ def _tf_run_config(cfg, args):
     shape = [cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["dim"]]
     with tf.device(args.device):
         q, k, v, dout = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(4))
+    if cfg["impl"] == "tf_flash" and args.device.startswith("GPU"):
+        import tf_flash
+        if tf_flash.build_info().get("cuda") != "1":  # else TF would quietly run the CPU kernel
+            raise RuntimeError(f"tf_flash was built without CUDA: {tf_flash.build_info()}")
     fwd, fwd_bwd = common.make_fns(cfg["impl"], cfg["causal"])
     result = {}
     if cfg["kind"] == "memory":
