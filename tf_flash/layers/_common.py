@@ -146,7 +146,10 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
         query, key, value, causal=causal, window=window, q_lengths=q_lengths, kv_lengths=kv_lengths,
         attention_mask=attention_mask, block_mask=block_mask, block_size=block_size,
         dropout_rate=dropout_rate, seed=seed, scale=scale, return_lse=True)
-    if empty_rows == "mean":
+    # Without masks, a window or a block pattern every row sees key 0 (causal included): no fill.
+    may_have_empty_rows = any(arg is not None for arg in (query_mask, kv_mask, attention_mask, window,
+                                                          block_mask))
+    if empty_rows == "mean" and may_have_empty_rows:
         empty = tf.equal(tf.transpose(lse, [0, 2, 1]), -np.inf)[..., None]  # [B, Sq, H, 1]
         if query_mask is not None:
             empty = tf.logical_or(empty, tf.logical_not(query_mask)[:, :, None, None])
