@@ -3,6 +3,7 @@
 # parallel. Usage: tests/cuda_harness/build.sh [outdir]
 #   ARCHS="80 90a"   targets (default both)      JOBS=N     parallel compiles (default nproc)
 #   REDUCED=1        only head dims 64 and 128 (CI-sized build, TF_FLASH_CUDA_REDUCED)
+#   VARIANTS=0       leave out the tile-shape variants (fwd_variants.cu)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:-$root/build/cuda_harness}"
@@ -14,6 +15,7 @@ for a in $archs; do gencode+=" -gencode=arch=compute_${a},code=sm_${a}"; done
 flags="-std=c++17 --expt-relaxed-constexpr -O3 -lineinfo $gencode -I$root -I$cutlass"
 [ "${REDUCED:-0}" = 1 ] && flags+=" -DTF_FLASH_CUDA_REDUCED"
 srcs=("$root"/cc/kernels/cuda/flash_fwd_*.cu "$root/cc/kernels/cuda/cuda_entry.cu" "$root/tests/cuda_harness/fwd_harness.cu")
+[ "${VARIANTS:-1}" = 1 ] && srcs+=("$root/tests/cuda_harness/fwd_variants.cu")
 printf '%s\n' "${srcs[@]}" | xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
   'nvcc '"$flags"' -Xptxas -warn-spills -c "$1" -o "'"$out"'/$(basename "$1" .cu).o"' _ {}
 nvcc $gencode "$out"/*.o -o "$out/fwd_harness"

@@ -450,6 +450,67 @@ __global__ void fill_normal(E* x, size_t n, uint32_t seed) {
   }
 }
 
+static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int warmup, int iters) {
+  FlashBwdParams p;
+  p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H;
+  p.head_dim = p.head_dim_v = d;
+  p.scale = 1.f / std::sqrt(float(d));
+  p.causal = causal;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * d;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * H * d;
+  const size_t n = size_t(B) * S * H * d;
+  void* bufs[5];
+  for (int i = 0; i < 5; ++i) {
+    CHECK_CUDA(cudaMalloc(&bufs[i], n * 2));
+    if (t == DType::kFloat16)
+      fill_normal<<<1024, 256>>>(static_cast<cutlass::half_t*>(bufs[i]), n, uint32_t(i * 7919 + S + d));
+    else
+      fill_normal<<<1024, 256>>>(static_cast<cutlass::bfloat16_t*>(bufs[i]), n, uint32_t(i * 7919 + S + d));
+    CHECK_CUDA(cudaGetLastError());
+  }
+  p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.out = bufs[3], p.d_out = bufs[4];
+  std::vector<float> lse(size_t(B) * H * S, std::log(float(S)) + 0.5f);
+  CHECK_CUDA(cudaMalloc(&p.lse, lse.size() * 4));
+  CHECK_CUDA(cudaMemcpy(p.lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&p.d_q, n * 2));
+  CHECK_CUDA(cudaMalloc(&p.d_k, n * 2));
+  CHECK_CUDA(cudaMalloc(&p.d_v, n * 2));
+  CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p)));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (int i = 0; i < warmup; ++i) CHECK_CUDA(cudaError_t(flash_bwd_cuda(p, t, stream)));
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0, stream));
+    CHECK_CUDA(cudaError_t(flash_bwd_cuda(p, t, stream)));
+    CHECK_CUDA(cudaEventRecord(e1, stream));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float x;
+    CHECK_CUDA(cudaEventElapsedTime(&x, e0, e1));
+    ms.push_back(x);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2];
+  const double flops = 2.5 * 4.0 * B * double(S) * S * H * d / (causal ? 2.0 : 1.0);
+  std::printf("| %s | %d | %s | %d | %d | %d | %.3f | %.3f..%.3f | %.1f |\n",
+              t == DType::kFloat16 ? "fp16" : "bf16", d, causal ? "yes" : "no", B, S, H, med, ms.front(),
+              ms.back(), flops / (med * 1e-3) / 1e12);
+  std::fflush(stdout);
+  for (void* b : bufs) cudaFree(b);
+  cudaFree(p.lse);
+  cudaFree(p.d_q);
+  cudaFree(p.d_k);
+  cudaFree(p.d_v);
+  cudaFree(p.scratch);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(stream);
+}
+
 static int run_bench(const std::vector<int>& dims) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -457,69 +518,13 @@ static int run_bench(const std::vector<int>& dims) {
   std::printf("| dtype | d | causal | batch | seqlen | heads | ms (median) | min..max ms | TFLOP/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   const std::pair<int, int> grid[] = {{32, 512}, {16, 1024}, {8, 2048}, {4, 4096}, {2, 8192}, {1, 16384}};
+  const char* only = std::getenv("BWD_BENCH_DTYPE");  // bf16 or fp16: time just that one
   for (DType t : {DType::kBFloat16, DType::kFloat16})
     for (int d : dims)
+      if (!only || std::string(only) == (t == DType::kFloat16 ? "fp16" : "bf16"))
       for (bool causal : {false, true})
         for (auto [B, S] : grid) {
-          const int H = 2048 / d;
-          FlashBwdParams p;
-          p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H;
-          p.head_dim = p.head_dim_v = d;
-          p.scale = 1.f / std::sqrt(float(d));
-          p.causal = causal;
-          p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * d;
-          p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
-          p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * H * d;
-          const size_t n = size_t(B) * S * H * d;
-          void* bufs[5];
-          for (int i = 0; i < 5; ++i) {
-            CHECK_CUDA(cudaMalloc(&bufs[i], n * 2));
-            if (t == DType::kFloat16)
-              fill_normal<<<1024, 256>>>(static_cast<cutlass::half_t*>(bufs[i]), n, uint32_t(i * 7919 + S + d));
-            else
-              fill_normal<<<1024, 256>>>(static_cast<cutlass::bfloat16_t*>(bufs[i]), n, uint32_t(i * 7919 + S + d));
-            CHECK_CUDA(cudaGetLastError());
-          }
-          p.q = bufs[0], p.k = bufs[1], p.v = bufs[2], p.out = bufs[3], p.d_out = bufs[4];
-          std::vector<float> lse(size_t(B) * H * S, std::log(float(S)) + 0.5f);
-          CHECK_CUDA(cudaMalloc(&p.lse, lse.size() * 4));
-          CHECK_CUDA(cudaMemcpy(p.lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
-          CHECK_CUDA(cudaMalloc(&p.d_q, n * 2));
-          CHECK_CUDA(cudaMalloc(&p.d_k, n * 2));
-          CHECK_CUDA(cudaMalloc(&p.d_v, n * 2));
-          CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p)));
-          cudaStream_t stream;
-          CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-          cudaEvent_t e0, e1;
-          CHECK_CUDA(cudaEventCreate(&e0));
-          CHECK_CUDA(cudaEventCreate(&e1));
-          for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaError_t(flash_bwd_cuda(p, t, stream)));
-          std::vector<float> ms;
-          for (int i = 0; i < 20; ++i) {
-            CHECK_CUDA(cudaEventRecord(e0, stream));
-            CHECK_CUDA(cudaError_t(flash_bwd_cuda(p, t, stream)));
-            CHECK_CUDA(cudaEventRecord(e1, stream));
-            CHECK_CUDA(cudaEventSynchronize(e1));
-            float x;
-            CHECK_CUDA(cudaEventElapsedTime(&x, e0, e1));
-            ms.push_back(x);
-          }
-          std::sort(ms.begin(), ms.end());
-          const double med = ms[ms.size() / 2];
-          const double flops = 2.5 * 4.0 * B * double(S) * S * H * d / (causal ? 2.0 : 1.0);
-          std::printf("| %s | %d | %s | %d | %d | %d | %.3f | %.3f..%.3f | %.1f |\n",
-                      t == DType::kFloat16 ? "fp16" : "bf16", d, causal ? "yes" : "no", B, S, H, med, ms.front(),
-                      ms.back(), flops / (med * 1e-3) / 1e12);
-          std::fflush(stdout);
-          for (void* b : bufs) cudaFree(b);
-          cudaFree(p.lse);
-          cudaFree(p.d_q);
-          cudaFree(p.d_k);
-          cudaFree(p.d_v);
-          cudaFree(p.scratch);
-          cudaEventDestroy(e0);
-          cudaEventDestroy(e1);
-          cudaStreamDestroy(stream);
+          run_bench_one(t, d, B, S, 2048 / d, causal, 3, 20);
         }
   return 0;
 }
@@ -527,6 +532,12 @@ static int run_bench(const std::vector<int>& dims) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "test";
   if (mode == "test") return run_tests();
+  if (mode == "bench1" && argc >= 8) {  // bench1 bf16|fp16 d batch seqlen heads causal: one config, 1+3 calls
+    const DType t = std::string(argv[2]) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+    run_bench_one(t, std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
+                  std::atoi(argv[7]) != 0, 1, 3);
+    return 0;
+  }
   if (mode == "bench") {
     std::vector<int> dims;
     for (int i = 2; i < argc; ++i) dims.push_back(std::atoi(argv[i]));

@@ -6,6 +6,7 @@
 //   fwd_harness test [quick]   correctness cases (exit status 1 on any failure)
 //   fwd_harness bigoffset      batch stride > 2^31 elements (64-bit offsets)
 //   fwd_harness bench [d...]   benchmarks.md grid, CUDA-event timing, median of 30 calls
+//   fwd_harness tiles          tile-shape variants of fwd_variants.cu (bf16, 2k and 8k)
 //
 // Pass criterion (style.md): max |kernel - ref| <= 2 * max |std - ref| + 1e-3, where std is standard
 // attention computed in the input dtype (scores and probabilities rounded to it, fp32 accumulation);
@@ -420,6 +421,79 @@ __global__ void fill_normalish(uint16_t* x, size_t n, uint32_t seed, bool fp16) 
   }
 }
 
+}  // namespace
+// Defined by fwd_variants.cu; these weak stand-ins let the harness link without it (no variants).
+__attribute__((weak)) const char* const* fwd_variant_names() {
+  static const char* const none[] = {nullptr};
+  return none;
+}
+__attribute__((weak)) int run_fwd_variant(const char*, const tf_flash::FlashFwdParams&) { return -1; }
+namespace {
+
+// Times one configuration: 3 warm-up calls, then the median of 30 event-timed calls (ms).
+template <class Launch>
+std::vector<float> time_calls(Launch launch) {
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaError_t(launch()));
+  std::vector<float> ms;
+  for (int it = 0; it < 30; ++it) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    const int err = launch();
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaError_t(err));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return ms;
+}
+
+// `tiles`: each compiled tile variant (bf16) on the 8k and 2k shapes, causal and not.
+int run_tiles() {
+  const int tokens = 16384, hidden = 2048;
+  const size_t n = size_t(tokens) * hidden;
+  uint16_t *q, *k, *v, *o;
+  float* lse;
+  CHECK_CUDA(cudaMalloc(&q, n * 2));
+  CHECK_CUDA(cudaMalloc(&k, n * 2));
+  CHECK_CUDA(cudaMalloc(&v, n * 2));
+  CHECK_CUDA(cudaMalloc(&o, n * 2));
+  CHECK_CUDA(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
+  fill_normalish<<<1024, 256>>>(q, n, 1, false);
+  fill_normalish<<<1024, 256>>>(k, n, 2, false);
+  fill_normalish<<<1024, 256>>>(v, n, 3, false);
+  std::printf("%-16s %6s %6s %9s %8s\n", "variant", "causal", "seqlen", "med_ms", "TFLOP/s");
+  const char* const* kFwdVariants = fwd_variant_names();
+  for (int i = 0; kFwdVariants[i]; ++i) {
+    const int d = std::atoi(kFwdVariants[i] + 1);
+    for (int causal = 0; causal < 2; ++causal) {
+      for (int s : {2048, 8192}) {
+        const int b = tokens / s, h = hidden / d;
+        FlashFwdParams p;
+        p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+        p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
+        p.head_dim = p.head_dim_v = d;
+        p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
+        p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
+        p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+        p.scale = 1.f / std::sqrt(float(d));
+        p.causal = causal;
+        const std::vector<float> ms = time_calls([&] { return run_fwd_variant(kFwdVariants[i], p); });
+        const double med = ms[ms.size() / 2];
+        const double flops = 4.0 * b * double(s) * s * h * d / (causal ? 2 : 1);
+        std::printf("%-16s %6d %6d %9.4f %8.1f\n", kFwdVariants[i], causal, s, med, flops / (med * 1e-3) / 1e12);
+      }
+    }
+  }
+  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse);
+  return 0;
+}
+
 int run_bench(const std::vector<int>& dims) {
   const int tokens = 16384, hidden = 2048;
   const size_t n = size_t(tokens) * hidden;
@@ -495,6 +569,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
   if (mode == "test") return run_tests(argc > 2 && std::string(argv[2]) == "quick");
   if (mode == "bigoffset") return run_bigoffset();
+  if (mode == "tiles") return run_tiles();
   if (mode == "bench") {
     std::vector<int> dims;
     for (int i = 2; i < argc; ++i) dims.push_back(std::atoi(argv[i]));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA backward (cc/kernels/cuda/flash_bwd_*.cu) with tests/cuda_harness/bwd_harness.cu, then runs
 # the harness:   tests/cuda_harness/run_bwd_harness.sh [test | bench [head_dim ...]]   (default: test)
-# Env: CUTLASS_INCLUDE (default: the pip nvidia-cutlass headers), NVCC_ARCHS (default "80 90a"),
+# Env: EXTRA_FLAGS (e.g. -DTF_FLASH_CUDA_REDUCED), CUTLASS_INCLUDE (default: the pip nvidia-cutlass headers), NVCC_ARCHS (default "80 90a"),
 #      BWD_BUILD (default build/bwd_harness), JOBS (default nproc), BUILD_ONLY=1 to skip the run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -10,7 +10,7 @@ out=${BWD_BUILD:-$root/build/bwd_harness}
 mkdir -p "$out"
 gencode=""
 for a in ${NVCC_ARCHS:-80 90a}; do gencode+=" -gencode=arch=compute_$a,code=sm_$a"; done
-export BWD_FLAGS="-std=c++17 --expt-relaxed-constexpr -O3 -I$root -I$cutlass $gencode -Xcompiler -fopenmp"
+export BWD_FLAGS="-std=c++17 --expt-relaxed-constexpr -O3 -I$root -I$cutlass $gencode -Xcompiler -fopenmp ${EXTRA_FLAGS:-}"
 export BWD_OUT=$out
 ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/tests/cuda_harness/bwd_harness.cu |
   xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \

@@ -273,7 +273,8 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
 }
 
 // ---- Kernel 2: dK, dV of one key tile; dQ by atomics. ----
-template <typename Traits, bool kDropout>
+// kGeneral: attn_mask / block_mask / dropout code compiled in (the plain variant has none of it).
+template <typename Traits, bool kGeneral, bool kDropout>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const FlashBwdParams p, BwdScratch s) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
 
   // Block-sparse: a tile is visited when any block it overlaps is True; a tile overlapping several blocks
   // also gets the element-wise block check.
-  const bool has_block_mask = p.block_mask.data != nullptr;
+  const bool has_block_mask = kGeneral && p.block_mask.data != nullptr;
   const bool tile_in_one_kblock = !has_block_mask || (n0 / p.block_k == (n0 + kBlockN - 1) / p.block_k);
   auto tile_visible = [&](int it) -> bool {
     if (!has_block_mask) return true;
@@ -447,7 +448,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
 
   const float scale_log2 = p.scale * kLog2e;
-  const bool has_attn_mask = p.attn_mask.data != nullptr;
+  const bool has_attn_mask = kGeneral && p.attn_mask.data != nullptr;
   const uint32_t drop_threshold = kDropout ? dropout_threshold(p.dropout_rate) : 0u;
   const float keep_scale = kDropout ? 1.f / (1.f - p.dropout_rate) : 1.f;
 
@@ -511,8 +512,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
         if (need_mask) {
           bool vis = col < kv_len && row < q_len && (right < 0 || col <= row + right) &&
                      (left < 0 || col >= row - left);
-          if (vis && has_attn_mask) vis = mask_at(p.attn_mask, b, h, row, col);
-          if (vis && has_block_mask) vis = block_visible(p, b, h, row / p.block_q, col / p.block_k);
+          if constexpr (kGeneral) {
+            if (vis && has_attn_mask) vis = mask_at(p.attn_mask, b, h, row, col);
+            if (vis && has_block_mask) vis = block_visible(p, b, h, row / p.block_q, col / p.block_k);
+          }
           if (!vis) pv = 0.f;
         }
         float dpv = dP(mi, ni);
@@ -538,22 +541,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     copy(copy_pds, thr_pds.retile_S(rdS), tPsdS);
     __syncthreads();
 
-    // dV += P^T dO, dK += dS^T Q
+    // dV += P^T dO
     gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, thr_b_dkv.partition_S(sdOt), copy_a_dkv, copy_b_dkv,
-            thr_a_dkv, thr_b_dkv);
-    gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
             thr_a_dkv, thr_b_dkv);
 
     // dQ += dS K (unscaled; kernel 3 applies the softmax scale)
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
+#ifndef TF_FLASH_BWD_EXPERIMENT_NO_DQ
     gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_a_dq, copy_b_dq, thr_a_dq, thr_b_dq);
+#endif
     float* dq_ptr = s.dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + m0) * kHeadDim;
     Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              Stride<Int<kHeadDim>, _1>{});
     Tensor tdQgdQ = thr_dq.partition_C(gdQ);
+#if defined(TF_FLASH_BWD_EXPERIMENT_NO_DQ) || defined(TF_FLASH_BWD_EXPERIMENT_NO_ATOMICS)
+    if (acc_dq(0) == 12345.f) tdQgdQ(0) = 1.f;  // timing experiments only: keep the work, drop the atomics
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(TF_FLASH_BWD_SCALAR_ATOMICS)
+    // sm_90: the accumulator's (even, odd) column pairs are adjacent in memory: one 8-byte red per pair.
+    static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dq); i += 2)
+      atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
+#endif
+
+    // dK += dS^T Q after the atomics were issued, so that they drain under these MMAs.
+    gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
+            thr_a_dkv, thr_b_dkv);
 
     stage ^= 1;
     it = it_next;
@@ -602,7 +619,11 @@ struct BwdConfig<Element, 32> {
 };
 template <typename Element>
 struct BwdConfig<Element, 64> {
+#ifdef TF_FLASH_BWD_D64_M128
+  using Traits = BwdTraits<64, 128, 128, 8, 4, 4, 4, Element>;
+#else
   using Traits = BwdTraits<64, 64, 128, 8, 2, 4, 4, Element>;
+#endif
 };
 template <typename Element>
 struct BwdConfig<Element, 96> {
@@ -633,7 +654,10 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       kernel<<<grid, Traits::kNThreads, smem, stream>>>(p, s);
       return cudaGetLastError();
     };
-    cudaError_t e = p.dropout_rate > 0.f ? launch(bwd_dkdv_kernel<Traits, true>) : launch(bwd_dkdv_kernel<Traits, false>);
+    const bool general = p.attn_mask.data != nullptr || p.block_mask.data != nullptr || p.dropout_rate > 0.f;
+    cudaError_t e = p.dropout_rate > 0.f ? launch(bwd_dkdv_kernel<Traits, true, true>)
+                    : general            ? launch(bwd_dkdv_kernel<Traits, true, false>)
+                                         : launch(bwd_dkdv_kernel<Traits, false, false>);
     if (e != cudaSuccess) return e;
   }
   if (p.seqlen_q > 0) {
