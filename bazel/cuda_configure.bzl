@@ -7,11 +7,13 @@ Environment (also settable as `bazel build --repo_env=NAME=VALUE`):
                        NN gives SASS for sm_NN; "NN+ptx" also embeds PTX for compute_NN (forward
                        compatible, JIT-compiled on newer GPUs).
   TF_FLASH_NVCC_FLAGS  extra nvcc flags, space separated (e.g. "--threads 2 -Xptxas=-v").
+  TF_FLASH_CUDA_REDUCED  "1": compile only the reduced instantiation set (-DTF_FLASH_CUDA_REDUCED, see
+                       cc/kernels/cuda/static_switch.h): a quicker compile check for CI.
   CUDA_HOME, CUDA_PATH toolkit roots searched first (bin/nvcc).
 nvcc is looked for in: $CUDA_HOME, $CUDA_PATH, PATH, /usr/local/cuda, then the pip package
 nvidia-cuda-nvcc-cu12 (the one `tensorflow[and-cuda]` installs) of the build's Python.
 
-Generated: //:defs.bzl (CUDA_ENABLED, NVCC, CUDA_ARCHS, CUDA_VERSION, CUDA_REASON, NVCC_EXTRA_FLAGS),
+Generated: //:defs.bzl (CUDA_ENABLED, NVCC, CUDA_ARCHS, CUDA_VERSION, CUDA_REASON, NVCC_EXTRA_FLAGS, CUDA_REDUCED),
 //:cudart (the CUDA runtime, static when libcudart_static.a exists) and //:cuda_headers (the toolkit's
 include dir, for C++ that needs CUDA headers when the TF wheel ships none).
 """
@@ -57,6 +59,7 @@ CUDA_VERSION = {version}
 CUDA_ARCHS = {archs}
 NVCC_EXTRA_FLAGS = {extra}
 NVCC_INCLUDES = {nvcc_includes}
+CUDA_REDUCED = {reduced}
 """
 
 def _env(repository_ctx, name):
@@ -149,6 +152,7 @@ def _disabled(repository_ctx, archs, reason):
         archs = repr(archs),
         extra = "[]",
         nvcc_includes = "[]",
+        reduced = False,
     ))
 
 def _cuda_configure_impl(repository_ctx):
@@ -258,6 +262,7 @@ def _cuda_configure_impl(repository_ctx):
         archs = repr(archs),
         extra = repr(extra),
         nvcc_includes = repr(nvcc_includes),
+        reduced = _env(repository_ctx, "TF_FLASH_CUDA_REDUCED") == "1",
     ))
 
 cuda_configure = repository_rule(
@@ -266,6 +271,7 @@ cuda_configure = repository_rule(
         "TF_FLASH_CUDA",
         "TF_FLASH_CUDA_ARCHS",
         "TF_FLASH_NVCC_FLAGS",
+        "TF_FLASH_CUDA_REDUCED",
         "CUDA_HOME",
         "CUDA_PATH",
     ],

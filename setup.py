@@ -1,0 +1,164 @@
+"""Builds the op library with Bazel and installs tf_flash with it.
+
+    pip install --no-build-isolation .
+
+`--no-build-isolation` matters: the library is compiled against the TensorFlow installed in the
+environment pip runs in (its headers, libtensorflow_framework and ABI flags, read by
+bazel/tf_configure.bzl through this same interpreter), and it only loads into that TensorFlow version.
+
+Environment:
+  BAZEL                 the Bazel binary (default: bazel on PATH)
+  TF_FLASH_BAZEL_ARGS   extra `bazel build` arguments, space separated (e.g. "--jobs=16")
+  TF_FLASH_CUDA         1 / 0 / auto (default): build the CUDA kernels / CPU-only / when nvcc is found
+  TF_FLASH_CUDA_ARCHS   e.g. "80;90a" (default); see bazel/cuda_configure.bzl
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from setuptools import Distribution, find_packages, setup
+from setuptools.command.build_py import build_py
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+LIB_NAME = "_flash_attention_ops.so"
+TARGETS = ["//cc:" + LIB_NAME, "//cc:build_info"]
+
+
+def _version():
+    with open(os.path.join(ROOT, "tf_flash", "__init__.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
+
+def _log(message):
+    print("tf_flash setup: " + message, file=sys.stderr, flush=True)
+
+
+def _tf_fingerprint():
+    """TensorFlow's version and location for this interpreter, without importing it (slow)."""
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover
+        return ""
+    for name in ("tensorflow", "tensorflow-cpu", "tf-nightly", "tensorflow-intel"):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return "%s==%s@%s" % (name, dist.version, dist.locate_file(""))
+    return ""
+
+
+def _bazel():
+    bazel = os.environ.get("BAZEL") or shutil.which("bazel") or shutil.which("bazelisk")
+    if not bazel:
+        raise RuntimeError(
+            "tf_flash: Bazel is needed to build the op library and was not found (set BAZEL, or "
+            "install it: `apt-get install bazel-bootstrap` on Debian; scripts/install.sh does all setup)."
+        )
+    return bazel
+
+
+def build_library():
+    """Runs the Bazel build; returns (path of the .so, build info string, CPU-only reason or None)."""
+    if not _tf_fingerprint():
+        raise RuntimeError(
+            "tf_flash: TensorFlow is not installed for %s. Install it first (pip install "
+            "'tensorflow==2.21.*'), then `pip install --no-build-isolation .` so the build sees it."
+            % sys.executable
+        )
+    env = dict(os.environ)
+    env["PYTHON_BIN_PATH"] = sys.executable
+    env["TF_FLASH_PYTHON_FINGERPRINT"] = _tf_fingerprint()
+    bazel = _bazel()
+    extra = os.environ.get("TF_FLASH_BAZEL_ARGS", "").split()
+    command = [bazel, "build"] + extra + TARGETS
+    _log("running " + " ".join(command) + " (PYTHON_BIN_PATH=%s)" % sys.executable)
+    subprocess.run(command, cwd=ROOT, env=env, check=True)
+
+    def info(key):
+        out = subprocess.run([bazel, "info"] + extra + [key], cwd=ROOT, env=env, check=True,
+                             stdout=subprocess.PIPE, universal_newlines=True)
+        return out.stdout.strip()
+
+    bin_dir = info("bazel-bin")
+    library = os.path.join(bin_dir, "cc", LIB_NAME)
+    with open(os.path.join(bin_dir, "cc", "build_info.txt")) as f:
+        build_info = f.read().strip()
+    reason = None
+    if "cuda=1" not in build_info.split(";"):
+        defs = os.path.join(info("output_base"), "external", "local_cuda", "defs.bzl")
+        try:
+            with open(defs) as f:
+                match = re.search(r"^CUDA_REASON = (.*)$", f.read(), re.M)
+            reason = (match.group(1).strip("'\"") if match else "") or "no CUDA sources"
+        except OSError:
+            reason = "unknown"
+    return library, build_info, reason
+
+
+def report_build(library, build_info, reason):
+    if reason is None:
+        _log("built WITH CUDA kernels (%s): %s" % (build_info, library))
+    else:
+        _log("built CPU-only (%s; %s): %s" % (reason, build_info, library))
+
+
+class BuildPyWithBazel(build_py):
+    """build_py that also builds the op library and puts it at tf_flash/_lib/ in the package."""
+
+    def run(self):
+        super().run()
+        library, build_info, reason = build_library()
+        report_build(library, build_info, reason)
+        target_dir = os.path.join(self.build_lib, "tf_flash", "_lib")
+        os.makedirs(target_dir, exist_ok=True)
+        target = os.path.join(target_dir, LIB_NAME)
+        if os.path.exists(target):
+            os.chmod(target, 0o755)
+            os.remove(target)
+        shutil.copyfile(library, target)
+        os.chmod(target, 0o755)
+        _log("op library -> " + target)
+
+
+class BinaryDistribution(Distribution):
+    """The package ships a compiled library: wheels get a platform tag, never py3-none-any."""
+
+    def has_ext_modules(self):
+        return True
+
+
+def _readme():
+    path = os.path.join(ROOT, "README.md")
+    if not os.path.exists(path):
+        return ""
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def main():
+    setup(
+        name="tf_flash",
+        version=_version(),
+        description="FlashAttention custom ops (CPU and CUDA) for TensorFlow and Keras 3",
+        long_description=_readme(),
+        long_description_content_type="text/markdown",
+        packages=find_packages(include=["tf_flash", "tf_flash.*"]),
+        package_data={"tf_flash": ["_lib/" + LIB_NAME]},
+        python_requires=">=3.9",
+        # TensorFlow is deliberately not a requirement: the library is built against whichever TensorFlow
+        # package (tensorflow, tensorflow-cpu, ...) is installed, and pip must not swap it for another.
+        install_requires=[],
+        cmdclass={"build_py": BuildPyWithBazel},
+        distclass=BinaryDistribution,
+        zip_safe=False,
+        license="Apache-2.0",
+    )
+
+
+# Guarded so that scripts/install.sh can `import setup` and run build_library() with visible output
+# (pip hides a build's output); pip and setuptools' PEP 517 backend run this file as __main__.
+if __name__ == "__main__":
+    main()
