@@ -23,7 +23,8 @@ except ImportError:
 
 needs_op = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not built")
 _GPUS = tf.config.list_physical_devices("GPU")
-DEVICES = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])]
+DEVICES = [pytest.param("/CPU:0", id="cpu"),
+           pytest.param("/GPU:0", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])]
 MODES = pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
 DTYPES = pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16], ids=["f32", "f16", "bf16"])
 # Normalized max error allowed vs the float64 reference (error / max(1, max|ref|)).
@@ -356,5 +357,5 @@ def test_seed_validation(seed):
 def test_cpu_and_gpu_drop_the_same_entries(dtype):
     batch, heads, n, rate = 2, 2, 128, 0.3
     q, k, v = _one_hot_case(batch, heads, n, dtype)
-    outs = [_flash(q, k, v, device, False, dropout_rate=rate, seed=2024)[0] for device in ("cpu", "gpu")]
+    outs = [_flash(q, k, v, device, False, dropout_rate=rate, seed=2024)[0] for device in ("/CPU:0", "/GPU:0")]
     np.testing.assert_array_equal(_recover_keep(outs[0], n, rate), _recover_keep(outs[1], n, rate))

@@ -26,7 +26,8 @@ except ImportError:  # builders are pure NumPy: test them even before the op lib
 needs_op = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not built")
 
 _GPUS = tf.config.list_physical_devices("GPU")
-DEVICES = ["cpu", pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])]
+DEVICES = [pytest.param("/CPU:0", id="cpu"),
+           pytest.param("/GPU:0", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])]
 
 BUILDERS = {
     "dense": lambda sq, sk, bs: sparsity.dense(sq, sk, bs),
