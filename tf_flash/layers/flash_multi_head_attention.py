@@ -31,9 +31,11 @@ class FlashMultiHeadAttention(keras.layers.Layer):
 
     Same constructor arguments, `call` signature, sublayers (`query`, `key`, `value`, `gate`,
     `attention_output`, EinsumDense with the same equations) and weight shapes as Keras'
-    MultiHeadAttention: weights move both ways (`get_weights`/`set_weights`, `.weights.h5`), and
-    with the same weights both layers give the same outputs and gradients up to float rounding.
-    The [Sq, Sk] score matrix is never materialized, except for `return_attention_scores=True`.
+    MultiHeadAttention: weights move both ways with `get_weights`/`set_weights` (of the layers or of
+    two models of the same topology; a `.weights.h5` file keys layers by class name, so it does not
+    load across the two classes), and with the same weights both layers give the same outputs and
+    gradients up to float rounding. The [Sq, Sk] score matrix is never materialized, except for
+    `return_attention_scores=True`. Saved models (`.keras`, SavedModel) load after `import tf_flash`.
 
     Args (Keras' MultiHeadAttention):
         num_heads, key_dim, value_dim, dropout, use_bias, output_shape, sliding_window,
