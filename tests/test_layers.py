@@ -223,6 +223,16 @@ def test_weights_move_both_ways_between_models():
             w.path.split("/", 1)[1] for w in flash_layer.weights]
 
 
+def test_from_keras_copies_config_and_weights():
+    mha = keras.layers.MultiHeadAttention(2, 4, value_dim=3, output_shape=5, use_gate=True, name="a")
+    query, value, key = (tf.constant(_rand(B, n, d, seed=n)) for n, d in ((T, DIM), (S, 3), (S, 4)))
+    expected = mha(query, value, key, use_causal_mask=True)
+    flash = FlashMultiHeadAttention.from_keras(mha, name="b")
+    assert flash.name == "b" and flash.get_config()["value_dim"] == 3
+    _assert_close(flash(query, value, key, use_causal_mask=True), expected)
+    assert not FlashMultiHeadAttention.from_keras(keras.layers.MultiHeadAttention(2, 4)).built
+
+
 def _embedding_model(attention_cls, causal, **kwargs):
     tokens = keras.Input((None,), dtype="int32")
     x = keras.layers.Embedding(11, DIM, mask_zero=True, name="embed")(tokens)

@@ -176,6 +176,23 @@ class FlashMultiHeadAttention(keras.layers.Layer):
     value_dense = property(lambda self: self._value_dense)
     output_dense = property(lambda self: self._output_dense)
 
+    @classmethod
+    def from_keras(cls, layer, **overrides):
+        """A FlashMultiHeadAttention with the config (and, when built, the weights) of a
+        `keras.layers.MultiHeadAttention`; `overrides` replace config entries (e.g. a new name).
+
+        For a whole model: `keras.models.clone_model(model, clone_function=...)` with this for the
+        attention layers, then `new_model.set_weights(model.get_weights())`.
+        """
+        config = layer.get_config()
+        config.update(overrides)
+        flash = cls.from_config(config)
+        if layer.built:
+            dims = [sub.kernel.shape[0] for sub in (layer.query_dense, layer.value_dense, layer.key_dense)]
+            flash.build(*[(None, None, dim) for dim in dims])
+            flash.set_weights(layer.get_weights())
+        return flash
+
     @property
     def _effective_window(self):
         if self._sliding_window is not None:
