@@ -414,16 +414,38 @@ def test_flash_attention_layer_matches_reference(case, mode, device):
     _assert_close(out, expected, atol=1e-5)
 
 
-def test_flash_attention_layer_in_a_model_with_masking_and_gradients():
+class _SplitHeads(keras.layers.Layer):
+    """[B, S, H*D] -> [B, S, H, D], keeping the Keras padding mask (Reshape drops it)."""
+
+    def __init__(self, heads, **kwargs):
+        super().__init__(**kwargs)
+        self.heads = heads
+        self.supports_masking = True
+
+    def call(self, x):
+        return tf.reshape(x, tf.concat([tf.shape(x)[:2], [self.heads, x.shape[-1] // self.heads]], 0))
+
+    def compute_output_shape(self, shape):
+        return tuple(shape[:2]) + (self.heads, shape[-1] // self.heads)
+
+
+def test_flash_attention_layer_gets_keras_masks_in_a_model():
     tokens = keras.Input((None,), dtype="int32")
-    x = keras.layers.Embedding(9, 8, mask_zero=True)(tokens)
-    heads = keras.layers.Reshape((-1, 2, 4))(x)  # Reshape keeps the [B, S] mask
+    x = keras.layers.Embedding(9, 8, mask_zero=True, name="embed")(tokens)
+    heads = _SplitHeads(2)(x)
     attended = FlashAttention(causal=True, name="flash")(heads, heads)
-    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Reshape((-1, 8))(attended))
-    model = keras.Model(tokens, keras.layers.Dense(1)(pooled))
+    merged = keras.layers.Reshape((-1, 8))(attended)
+    model = keras.Model(tokens, [attended, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(merged))])
+    data = np.array([[1, 2, 3, 0], [4, 5, 6, 7]], "int32")
+    got, _ = model(data)
+    embedded = model.get_layer("embed")(data).numpy().reshape(2, 4, 2, 4)
+    expected, _ = reference_attention(embedded, embedded, embedded, causal=True, q_lengths=np.array([3, 4]),
+                                      kv_lengths=np.array([3, 4]))
+    _assert_close(got, expected, atol=1e-5)
+
+    model = keras.Model(tokens, model.outputs[1])
     model.compile(optimizer="sgd", loss="mse")
-    data = np.array([[1, 2, 3, 0], [4, 5, 0, 0]], "int32")
-    history = model.fit(data, np.ones([2, 1], "float32"), epochs=2, verbose=0)
+    history = model.fit(data, np.ones([2, 1], "float32"), epochs=1, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     assert model.get_layer("flash").compute_output_shape((2, 4, 2, 4), (2, 6, 2, 3)) == (2, 4, 2, 3)
 
