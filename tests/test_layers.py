@@ -1,8 +1,6 @@
 """Keras layers: FlashMultiHeadAttention against keras.layers.MultiHeadAttention (same weights -> same
 outputs and gradients), masks, extras (GQA, window, block-sparse, dropout), FlashAttention, configs,
 compile()/fit with Keras' defaults, mixed precision. Tiny shapes: the suite runs on 2 CPU cores."""
-import os
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,7 +9,7 @@ import keras
 from reference import reference_attention  # tests/reference.py (float64 NumPy)
 
 try:
-    import tf_flash
+    import tf_flash  # noqa: F401  (loads the op library)
     from tf_flash.layers import FlashAttention, FlashMultiHeadAttention
     from tf_flash.layers import _common
     HAVE_OP = True
