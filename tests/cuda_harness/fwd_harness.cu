@@ -494,6 +494,35 @@ int run_tiles() {
   return 0;
 }
 
+// `one d causal seqlen`: five calls of one bench shape (bf16), for a profiler.
+int run_one(int d, bool causal, int s) {
+  const int tokens = 16384, hidden = 2048;
+  const size_t n = size_t(tokens) * hidden;
+  uint16_t *q, *k, *v, *o;
+  float* lse;
+  CHECK_CUDA(cudaMalloc(&q, n * 2));
+  CHECK_CUDA(cudaMalloc(&k, n * 2));
+  CHECK_CUDA(cudaMalloc(&v, n * 2));
+  CHECK_CUDA(cudaMalloc(&o, n * 2));
+  CHECK_CUDA(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
+  fill_normalish<<<1024, 256>>>(q, n, 1, false);
+  fill_normalish<<<1024, 256>>>(k, n, 2, false);
+  fill_normalish<<<1024, 256>>>(v, n, 3, false);
+  const int b = tokens / s, h = hidden / d;
+  FlashFwdParams p;
+  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+  p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
+  p.head_dim = p.head_dim_v = d;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+  p.scale = 1.f / std::sqrt(float(d));
+  p.causal = causal;
+  for (int i = 0; i < 5; ++i) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr)));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  return 0;
+}
+
 int run_bench(const std::vector<int>& dims) {
   const int tokens = 16384, hidden = 2048;
   const size_t n = size_t(tokens) * hidden;
@@ -570,6 +599,7 @@ int main(int argc, char** argv) {
   if (mode == "test") return run_tests(argc > 2 && std::string(argv[2]) == "quick");
   if (mode == "bigoffset") return run_bigoffset();
   if (mode == "tiles") return run_tiles();
+  if (mode == "one" && argc == 5) return run_one(std::atoi(argv[2]), std::atoi(argv[3]) != 0, std::atoi(argv[4]));
   if (mode == "bench") {
     std::vector<int> dims;
     for (int i = 2; i < argc; ++i) dims.push_back(std::atoi(argv[i]));

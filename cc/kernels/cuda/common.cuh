@@ -110,11 +110,12 @@ __device__ __forceinline__ void gemm_reg_smem(TiledMma& tiled_mma, Acc& acc, Fra
 }
 
 // ---- Global -> shared tile copy with cp.async; rows >= rows_left or columns >= cols are zero-filled
-// (the zero-fill form reads no global bytes for them). `coord` is the identity tensor partitioned like
-// src, giving each 16-byte chunk's (row, column) inside the tile. ----
-template <class TiledCopy, class Src, class Dst, class Coord>
-__device__ __forceinline__ void copy_tile_async(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
-                                                Coord const& coord, int64_t rows_left, int cols) {
+// (the zero-size form of the instruction reads no global bytes for them). `coord` is the identity
+// tensor partitioned like src: each 16-byte chunk's (row, column) inside the tile. One predicated
+// instruction per chunk: cheaper than branching between a predicated and an unpredicated copy. ----
+template <class ZfillCopy, class Src, class Dst, class Coord>
+__device__ __forceinline__ void copy_tile_async(ZfillCopy const& zfill_copy, Src const& src, Dst& dst,
+                                                Coord const& coord, int rows_left, int cols) {
   using namespace cute;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
@@ -122,7 +123,7 @@ __device__ __forceinline__ void copy_tile_async(TiledCopy const& tiled_copy, Src
     CUTE_UNROLL
     for (int k = 0; k < size<2>(src); ++k) {
       const bool ok = row_ok && get<1>(coord(0, m, k)) < cols;
-      copy(tiled_copy.with(ok), src(_, m, k), dst(_, m, k));
+      copy(zfill_copy.with(ok), src(_, m, k), dst(_, m, k));
     }
   }
 }

@@ -222,12 +222,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     return n;
   };
 
-  copy_tile_async(gmem_copy, tQgQ, tQsQ, tQcQ, p.seqlen_q - m0, p.head_dim);
+  // Rows left from a tile's first row to the end of the sequence (int: sequence lengths are int).
+  auto load_k = [&](int n) {
+    copy_tile_async(gmem_copy, tKgK(_, _, _, n), tKsK, tKVcKV, p.seqlen_k - n * kBlockN, p.head_dim);
+  };
+  auto load_v = [&](int n) {
+    copy_tile_async(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, p.seqlen_k - n * kBlockN, p.head_dim_v);
+  };
+  copy_tile_async(gmem_copy, tQgQ, tQsQ, tQcQ, int(p.seqlen_q - m0), p.head_dim);
   int n_block = next_visible(n_block_max);
-  if (n_block >= n_block_min) {
-    copy_tile_async(gmem_copy, tKgK(_, _, _, n_block), tKsK, tKVcKV, p.seqlen_k - int64_t(n_block) * kBlockN,
-                    p.head_dim);
-  }
+  if (n_block >= n_block_min) load_k(n_block);
   cp_async_fence();
 
   clear(acc_o);
@@ -244,14 +248,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   const bool has_dropout = kGeneral && p.dropout_rate > 0.f;
   const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
 
+  // One K/V tile. kMask: evaluate the masks per element (tiles that straddle a boundary of some valid
+  // row's key range, and every tile of the general variant); instantiated twice so that the hot
+  // unmasked path carries none of that code.
   bool first = true;
-  while (n_block >= n_block_min) {
+  auto step = [&](auto mask_tag) {
+    constexpr bool kMask = decltype(mask_tag)::value;
     const int64_t n0 = int64_t(n_block) * kBlockN;
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();  // K tile landed; every warp is done reading V of the previous tile
-    copy_tile_async(gmem_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, p.seqlen_k - n0, p.head_dim_v);
+    load_v(n_block);
     cp_async_fence();
 
     gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k, smem_thr_copy_q,
@@ -260,22 +268,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     const int n_next = next_visible(n_block);
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
 
-    // Element masks only where the tile straddles a boundary of some valid row's key range.
-    const TileCoverage cover = coverage(n_block);
-    bool need_mask = n0 < last_row.begin || n0 + kBlockN > first_row.end;
-    if constexpr (kGeneral) need_mask = need_mask || p.attn_mask.data != nullptr || !cover.all;
-    if (need_mask) {
+    if constexpr (kMask) {
+      const TileCoverage cover = coverage(n_block);
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
         const KeyRange range = key_range(p, row, q_len, kv_len);
+        // Column bounds relative to this tile, clamped to [0, kBlockN], so the per-element test is 32-bit.
+        const int lo = int(range.begin - n0 < 0 ? 0 : (range.begin - n0 > kBlockN ? kBlockN : range.begin - n0));
+        const int hi = int(range.end - n0 < 0 ? 0 : (range.end - n0 > kBlockN ? kBlockN : range.end - n0));
         CUTE_UNROLL
         for (int ni = 0; ni < kCols; ++ni) {
-          const int64_t col = n0 + get<1>(tScS_rc(0, ni));
-          bool visible = col >= range.begin && col < range.end;
+          const int col = get<1>(tScS_rc(0, ni));
+          bool visible = col >= lo && col < hi;
           if constexpr (kGeneral) {
-            if (visible && p.attn_mask.data != nullptr) visible = mask_at(p.attn_mask, b, h, row, col);
-            if (visible && !cover.all) visible = mask_at(p.block_mask, b, h, row / p.block_q, col / p.block_k);
+            if (visible && p.attn_mask.data != nullptr) visible = mask_at(p.attn_mask, b, h, row, n0 + col);
+            if (visible && !cover.all) visible = mask_at(p.block_mask, b, h, row / p.block_q, (n0 + col) / p.block_k);
           }
           if (!visible) s(mi, ni) = -INFINITY;
         }
@@ -284,26 +292,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
 
     cp_async_wait<0>();
     __syncthreads();  // V tile landed; every warp is done reading this K tile
-    if (n_next >= n_block_min) {
-      copy_tile_async(gmem_copy, tKgK(_, _, _, n_next), tKsK, tKVcKV, p.seqlen_k - int64_t(n_next) * kBlockN,
-                      p.head_dim);
-    }
+    if (n_next >= n_block_min) load_k(n_next);
     cp_async_fence();
 
-    // Online softmax: new running max, rescale the running sum and output, exponentiate.
+    // Online softmax: new running max, rescale the running sum, exponentiate. The output accumulator
+    // is rescaled only when some row's max moved in this warp (after the first tiles it rarely does).
+    float correction[kRows];
+    bool rescale = false;
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       float mx = row_max[mi];
       CUTE_UNROLL
       for (int ni = 0; ni < kCols; ++ni) mx = fmaxf(mx, s(mi, ni));
       mx = quad_max(mx);
-      const float mx_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
-      if (!first) {
-        const float correction = fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
-        row_sum[mi] *= correction;
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) *= correction;
-      }
+      const float mx_scaled = (!kMask || mx != -INFINITY) ? mx * scale_log2 : 0.f;
+      correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+      rescale |= correction[mi] != 1.f;
+      row_sum[mi] *= correction[mi];
       row_max[mi] = mx;
       float sum = 0.f;
       CUTE_UNROLL
@@ -313,6 +318,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
         sum += e;
       }
       row_sum[mi] += sum;
+    }
+    if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) *= correction[mi];
+      }
     }
     first = false;
 
@@ -337,6 +349,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_copy_v);
 
     n_block = n_next;
+  };
+
+  if constexpr (kGeneral) {
+    while (n_block >= n_block_min) step(std::true_type{});
+  } else {
+    // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full.
+    const int hi_unmasked = int(first_row.end / kBlockN);
+    const int lo_unmasked = int((last_row.begin + kBlockN - 1) / kBlockN);
+    while (n_block >= n_block_min) {
+      if (n_block < hi_unmasked && n_block >= lo_unmasked) step(std::false_type{});
+      else step(std::true_type{});
+    }
   }
 
   // Epilogue: normalize, write lse, stage O through shared memory for 16-byte global stores.

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device round for the forward kernel: build (16 cores), test, benchmark, tile variants, profile.
+# Usage on the GPU machine: tests/cuda_harness/device_round.sh [steps...]
+#   steps: build test bigoffset bench tiles ncu sanitize torch   (default: all but torch)
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="${OUT:-/tmp/out}"
+bin="$root/build/cuda_harness_dev"
+steps="${*:-build test bigoffset bench tiles ncu sanitize}"
+for step in $steps; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    build) ARCHS="${ARCHS:-90a}" JOBS=16 "$root/tests/cuda_harness/build.sh" "$bin" > "$out/build.log" 2>&1 ||
+             { tail -30 "$out/build.log"; exit 1; }
+           grep -h "spill" "$out/build.log" | sed 's/.*function .\(_Z[^ ]*\)., \(.*\)/\2  \1/' | cut -c1-160 ;;
+    test) "$bin/fwd_harness" test > "$out/test.log" 2>&1; rc=$?; grep -E "FAIL|unsupported|passed" "$out/test.log" | tail -15
+          [ $rc = 0 ] || echo "TEST FAILURES" ;;
+    bigoffset) "$bin/fwd_harness" bigoffset ;;
+    bench) "$bin/fwd_harness" bench 64 128 256 > "$out/bench.log" 2>&1; cat "$out/bench.log" ;;
+    tiles) "$bin/fwd_harness" tiles 2>&1 | tee "$out/tiles.log" ;;
+    ncu) ncu --launch-skip 3 --launch-count 1 -k regex:flash_fwd --section SpeedOfLight --section Occupancy \
+           --section WarpStateStats --section SchedulerStats --section LaunchStats --section ComputeWorkloadAnalysis \
+           --section MemoryWorkloadAnalysis "$bin/fwd_harness" one 128 0 8192 > "$out/ncu.log" 2>&1
+         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|Shared Memory Configuration|Block Limit|Eligible Warps|Executed Ipc" "$out/ncu.log" | head -40 ;;
+    sanitize) compute-sanitizer --tool memcheck "$bin/fwd_harness" test quick > "$out/sanitize.log" 2>&1
+              tail -3 "$out/sanitize.log" ;;
+    torch) python3 "$root/tests/cuda_harness/torch_peer.py" 64 128 > "$out/torch.log" 2>&1; grep -c . "$out/torch.log" ;;
+  esac
+done
