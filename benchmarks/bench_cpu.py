@@ -7,8 +7,11 @@ next to TF's float32 matmul rate (2048^3) measured in the same run, TF standard 
 softmax, einsum) with and without XLA, and peak RSS. Plus the block-sparse density sweep at s=8192 and
 the dropout overhead (p=0.1 vs 0).
 
-Every configuration runs in its own subprocess, so that each peak RSS (getrusage ru_maxrss) belongs to
-that configuration alone and a configuration that runs out of memory does not end the run.
+Every configuration runs in its own subprocess, so that each peak RSS (VmHWM; getrusage's ru_maxrss
+where /proc is missing) belongs to that configuration alone and a configuration that runs out of memory
+does not end the run. With --torch-python, torch's CPU scaled_dot_product_attention (the CPU peer of
+benchmarks.md) runs in processes of that interpreter, e.g. a venv with
+`pip install /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl numpy`.
 
     python benchmarks/bench_cpu.py            # full run (~30-40 min on 2 cores), results/cpu_<date>.*
     python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k (~30 min more; shorten with
@@ -35,6 +38,15 @@ IMPLS = ["tf_flash", "tf_standard", "tf_standard_xla"]
 # ---------------------------------------------------------------------------------------------------------
 
 def _rss_mb():
+    """Peak RSS of this process. VmHWM is the high-water mark of this process's own address space; the
+    getrusage ru_maxrss fallback would also count the parent's RSS at spawn (Linux keeps it across exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except (OSError, ValueError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
@@ -98,10 +110,54 @@ def _worker_attention(task):
     return result
 
 
+def _worker_torch(task):
+    """torch's CPU scaled_dot_product_attention (its flash kernel), the CPU peer of benchmarks.md."""
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(os.cpu_count())
+    if task.get("kind") == "torch_matmul":
+        a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+        stats = common.time_calls(lambda: torch.mm(a, b), warmup=3, repeats=task.get("repeats", 20))
+        stats["gflops"] = 2.0 * 2048 ** 3 / stats["median_s"] / 1e9
+        stats["torch"] = torch.__version__
+        return stats
+    seqlen, causal = task["seqlen"], task["causal"]
+    gen = torch.Generator().manual_seed(0)
+    shape = (BATCH, HEADS, seqlen, DIM)  # SDPA layout [B, H, S, D]
+    q, k, v, dout = (torch.randn(shape, generator=gen) for _ in range(4))
+    result = {"rss_base_mb": _rss_mb(), "rss_base_current_mb": _current_rss_mb(), "torch": torch.__version__}
+    for x in (q, k, v):
+        x.requires_grad_(True)
+
+    def fwd():
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(dout)
+
+    for mode in task["modes"]:
+        fn = fwd if mode == "fwd" else fwd_bwd
+        first0 = time.perf_counter()
+        fn()
+        first = time.perf_counter() - first0
+        warmup = task.get("warmup", 2 if first < 2.0 else 1)
+        stats = common.time_calls(fn, warmup=max(0, warmup - 1), repeats=task.get("repeats", 20),
+                                  budget_s=task.get("budget_s", 30.0), min_repeats=task.get("min_repeats", 3))
+        stats["first_call_s"] = first
+        stats["gflops"] = common.attention_flops(BATCH, seqlen, HEADS, DIM, causal, mode) / stats["median_s"] / 1e9
+        stats["peak_rss_mb"] = _rss_mb()
+        result[mode] = stats
+    return result
+
+
 def worker_main(task_json):
     task = json.loads(task_json)
     try:
-        if task["kind"] == "matmul":
+        if task.get("impl") == "torch_sdpa" or task["kind"] == "torch_matmul":
+            result = _worker_torch(task)
+        elif task["kind"] == "matmul":
             result = _worker_matmul(task)
         else:
             result = _worker_attention(task)
@@ -119,7 +175,8 @@ def run_task(task, timeout_s, log):
     label = task["label"]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(task)],
+        python = task.get("python") or sys.executable
+        proc = subprocess.run([python, os.path.abspath(__file__), "--worker", json.dumps(task)],
                               capture_output=True, text=True, timeout=timeout_s)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         if lines:
@@ -148,6 +205,14 @@ def build_tasks(args):
                 tasks.append({"kind": "attention", "section": "main", "impl": impl, "seqlen": s, "causal": causal,
                               "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget,
                               "label": f"{impl} s={s} causal={causal}"})
+    if args.torch_python:
+        tasks.append({"kind": "torch_matmul", "label": "torch matmul 2048^3", "section": "torch_matmul",
+                      "python": args.torch_python, "repeats": 5 if args.quick else 20})
+        for causal in (False, True):
+            for s in seqlens:
+                tasks.append({"kind": "attention", "section": "main", "impl": "torch_sdpa", "seqlen": s,
+                              "causal": causal, "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget,
+                              "python": args.torch_python, "label": f"torch_sdpa s={s} causal={causal}"})
     if args.long and "tf_flash" in args.impls:
         for causal in (False, True):
             for s in args.long_seqlens:
@@ -205,9 +270,13 @@ def report(entries, info, args, stem):
     lines = [f"# tf_flash CPU benchmark{' (quick smoke run)' if args.quick else ''}", "", common.info_markdown(info),
              "", f"Config: float32, b={BATCH}, h={HEADS}, d={DIM}; times are medians over the timed calls "
              "(after warm-up, tracing excluded); GFLOP/s with fwd = 4 b s^2 h d (halved when causal), "
-             "fwd+bwd = 3.5 fwd. Peak RSS: ru_maxrss of a process that ran only that configuration "
-             "(fwd, then fwd+bwd); `base` is the RSS after importing TF and creating the inputs.", "",
+             "fwd+bwd = 3.5 fwd. Peak RSS: high-water mark (VmHWM) of a process that ran only that configuration "
+             "(fwd, then fwd+bwd); `base` is the peak after importing the framework and creating the inputs.", "",
              "TF float32 matmul 2048^3: " + ", ".join(f"{m:.1f}" for m in matmul) + " GFLOP/s (start, end)", ""]
+    torch_mm = [e["result"] for e in entries if e["section"] == "torch_matmul" and e["result"].get("ok")]
+    if torch_mm:
+        lines[-1:-1] = [f"torch {torch_mm[0].get('torch', '')} float32 matmul 2048^3: "
+                        f"{torch_mm[0]['gflops']:.1f} GFLOP/s ({os.cpu_count()} threads)"]
     main = [e for e in entries if e["section"] == "main"]
     rows = []
     for e in sorted(main, key=lambda e: (e["impl"], e["causal"], e["seqlen"])):
@@ -246,10 +315,20 @@ def report(entries, info, args, stem):
             common.fmt(div(flash and _get(flash, "fwd", "median_s"), flash_c and _get(flash_c, "fwd", "median_s")), 2),
             common.fmt(div(flash and _get(flash, "fwd_bwd", "median_s"),
                            flash_c and _get(flash_c, "fwd_bwd", "median_s")), 2)])
+        torch_e, torch_c = find("torch_sdpa", False, s), find("torch_sdpa", True, s)
+        if torch_e or torch_c:
+            ratio_rows[-1] += [common.fmt(div(torch_e and _get(torch_e, m, "median_s"),
+                                              flash and _get(flash, m, "median_s")), 2) for m in ("fwd", "fwd_bwd")]
+            ratio_rows[-1] += [common.fmt(div(torch_c and _get(torch_c, m, "median_s"),
+                                              flash_c and _get(flash_c, m, "median_s")), 2) for m in ("fwd", "fwd_bwd")]
+    ratio_headers = ["seqlen", "tf_flash fwd / matmul", "TF std fwd / matmul", "fwd+bwd speedup vs TF std",
+                     "same, causal", "causal speedup fwd", "causal speedup fwd+bwd"]
+    if any(len(r) > len(ratio_headers) for r in ratio_rows):
+        ratio_headers += ["vs torch fwd", "vs torch fwd+bwd", "vs torch causal fwd", "vs torch causal fwd+bwd"]
+        ratio_rows = [r + ["-"] * (len(ratio_headers) - len(r)) for r in ratio_rows]
     lines += ["## Ratios", "", "Targets (issue 2): fwd >= 0.70 of matmul; fwd+bwd >= 1.3x TF standard; causal "
-              "close to 2x faster.", "", common.markdown_table(
-                  ["seqlen", "tf_flash fwd / matmul", "TF std fwd / matmul", "fwd+bwd speedup vs TF std",
-                   "same, causal", "causal speedup fwd", "causal speedup fwd+bwd"], ratio_rows), ""]
+              "close to 2x faster. Speedups are time ratios (other / tf_flash; > 1 = tf_flash faster).", "",
+              common.markdown_table(ratio_headers, ratio_rows), ""]
 
     sparse = [e for e in entries if e["section"] == "sparse"]
     if sparse:
@@ -330,6 +409,9 @@ def main():
     parser.add_argument("--dropout-seqlens", type=int, nargs="+", default=None)
     parser.add_argument("--skip-sparse", action="store_true")
     parser.add_argument("--skip-dropout", action="store_true")
+    parser.add_argument("--torch-python", default=None,
+                        help="python of a venv with torch (CPU build): adds torch's scaled_dot_product_attention "
+                             "as the CPU peer, run in its own processes")
     parser.add_argument("--out-dir", default=common.RESULTS_DIR)
     parser.add_argument("--tag", default=None, help="file stem (default cpu_<date> or cpu_quick)")
     args = parser.parse_args()
