@@ -224,10 +224,12 @@ def build_configs(args):
             mem_dtype = args.dtypes[0]
             for seqlen in args.mem_seqlens:
                 configs.append({"kind": "memory", "impl": impl, "dtype": mem_dtype, "batch": 1, "seqlen": seqlen,
-                                "heads": 16, "dim": 128, "causal": False, "modes": ["fwd_bwd"], "mem_set": "b1 h16 d128"})
+                                "heads": 16, "dim": 128, "causal": False, "modes": ["fwd_bwd"],
+                                "mem_set": "b1 h16 d128"})
             for seqlen in args.fa1_seqlens:
                 configs.append({"kind": "memory", "impl": impl, "dtype": mem_dtype, "batch": 16, "seqlen": seqlen,
-                                "heads": 8, "dim": 64, "causal": False, "modes": ["fwd_bwd"], "mem_set": "FA1 b16 h8 d64"})
+                                "heads": 8, "dim": 64, "causal": False, "modes": ["fwd_bwd"],
+                                "mem_set": "FA1 b16 h8 d64"})
     for i, cfg in enumerate(configs):
         cfg["id"] = i
     return configs
@@ -311,7 +313,8 @@ def _describe(cfg, result):
     head = (f"{cfg['impl']:16s} {cfg['dtype']} b{cfg['batch']} s{cfg['seqlen']} h{cfg['heads']} d{cfg['dim']} "
             f"{'causal' if cfg['causal'] else 'full  '}")
     if cfg["kind"] == "memory":
-        return f"{head} memory: " + (f"peak {result['peak_mb']:.0f} MB" if "peak_mb" in result else result.get("error", "?"))
+        peak = f"peak {result['peak_mb']:.0f} MB" if "peak_mb" in result else result.get("error", "?")
+        return f"{head} memory: {peak}"
     parts = []
     for mode in cfg["modes"]:
         r = result.get(mode, result)
@@ -347,7 +350,8 @@ def report(configs, results, info, args, stem):
                          == (impl, dtype, dim, causal, seqlen, batch)]
                 row.append(_cell(results[match[0]["id"]], mode, "tflops") if match else "-")
             rows.append(row)
-        lines += [f"## {title} TFLOP/s", "", common.markdown_table(["dtype", "d", "causal", "b", "s"] + impls, rows), ""]
+        lines += [f"## {title} TFLOP/s", "",
+                  common.markdown_table(["dtype", "d", "causal", "b", "s"] + impls, rows), ""]
     # Long format with times and spread.
     rows = []
     for c in speed:
@@ -359,7 +363,8 @@ def report(configs, results, info, args, stem):
                          _cell(r, mode, "median_s", 1e3, 3), _cell(r, mode, "tflops"), common.fmt(spread, 1),
                          m.get("calls_per_sample", "")])
     lines += ["## All timings", "", common.markdown_table(
-        ["impl", "dtype", "d", "causal", "b", "s", "mode", "median ms", "TFLOP/s", "spread %", "calls/sample"], rows), ""]
+        ["impl", "dtype", "d", "causal", "b", "s", "mode", "median ms", "TFLOP/s", "spread %", "calls/sample"],
+        rows), ""]
     if memory:
         rows = []
         for mem_set in sorted({c["mem_set"] for c in memory}):

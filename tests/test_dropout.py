@@ -11,7 +11,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import philox_ref  # noqa: E402
-from reference import reference_attention, reference_attention_grad, standard_attention, to_numpy  # noqa: E402
+from reference import reference_attention, reference_attention_grad, standard_attention  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
