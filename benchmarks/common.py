@@ -217,6 +217,8 @@ def plot_vs_seqlen(path, series, ylabel, title):
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    if not any(p[1] is not None for points in series.values() for p in points):
+        return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, points in series.items():
         points = sorted(p for p in points if p[1] is not None)
