@@ -23,8 +23,8 @@ pytestmark = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not bui
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "saving_helper.py")
 
 
-def _helper(command, directory):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+def _helper(command, directory, **env_overrides):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env_overrides)
     proc = subprocess.run([sys.executable, HELPER, command, str(directory)], capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 0, f"{command} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -78,7 +78,7 @@ def test_loading_without_importing_tf_flash_names_it(saved):
 
 
 def test_mirrored_strategy_on_two_cpu_devices_matches_one_device():
-    result = _helper("distribute", "-")
+    result = _helper("distribute", "-", CUDA_VISIBLE_DEVICES="")  # the CPU devices only
     assert result["replicas"] == 2
     assert result["weights_moved"] > 1e-4
     assert result["max_weight_diff"] < 1e-5, result
