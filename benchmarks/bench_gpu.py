@@ -8,7 +8,8 @@ fwd+bwd = 3.5 fwd.
 
 Implementations, all in the same run: tf_flash; TF standard attention (einsum, softmax, einsum) with and
 without jit_compile=True; the attention of keras.layers.MultiHeadAttention (keras.ops.dot_product_attention);
-with --torch, torch SDPA with the flash and cuDNN backends in a separate process.
+with --torch, torch SDPA with the flash and cuDNN backends in a separate process. Also a tf_flash
+block-sparse density sweep and the dropout overhead at b2 s8192 h16 d128 (--skip-extras to leave out).
 
 Timing: per configuration, >= 3 warm-up calls after the first (tracing/compilation) call, then >= 20
 timed samples; a sample runs k back-to-back calls (k sized so a sample lasts >= ~25 ms, so Python
@@ -87,7 +88,14 @@ def _tf_run_config(cfg, args):
         import tf_flash
         if tf_flash.build_info().get("cuda") != "1":  # else TF would quietly run the CPU kernel
             raise RuntimeError(f"tf_flash was built without CUDA: {tf_flash.build_info()}")
-    fwd, fwd_bwd = common.make_fns(cfg["impl"], cfg["causal"])
+    extra = dict(cfg.get("extra") or {})
+    if "block_mask" in extra:
+        from tf_flash import sparsity
+        spec = extra.pop("block_mask")
+        extra["block_mask"], _ = getattr(sparsity, spec["builder"])(
+            cfg["seqlen"], cfg["seqlen"], spec["block_size"], **spec.get("kwargs", {}))
+        extra["block_size"] = spec["block_size"]
+    fwd, fwd_bwd = common.make_fns(cfg["impl"], cfg["causal"], extra)
     result = {}
     if cfg["kind"] == "memory":
         tf.config.experimental.reset_memory_stats(args.device)
@@ -230,6 +238,21 @@ def build_configs(args):
                 configs.append({"kind": "memory", "impl": impl, "dtype": mem_dtype, "batch": 16, "seqlen": seqlen,
                                 "heads": 8, "dim": 64, "causal": False, "modes": ["fwd_bwd"],
                                 "mem_set": "FA1 b16 h8 d64"})
+    if "tf_flash" in args.impls and not args.skip_extras:
+        # Block-sparse density sweep (paper Fig. 2 right) and dropout overhead, tf_flash only.
+        dtype0, (batch, seqlen) = args.dtypes[0], args.extras_shape
+        base = {"kind": "speed", "impl": "tf_flash", "dtype": dtype0, "batch": batch, "seqlen": seqlen,
+                "heads": args.hidden // 128, "dim": 128, "causal": False, "modes": ["fwd", "fwd_bwd"]}
+        patterns = [("none", None), ("dense mask", {"builder": "dense"})]
+        patterns += [(f"random 1/{n}", {"builder": "random_blocks", "kwargs": {"density": 1.0 / n, "seed": 0}})
+                     for n in (2, 4, 8, 16)]
+        patterns += [("butterfly", {"builder": "butterfly"})]
+        for name, spec in patterns:
+            extra = {} if spec is None else {"block_mask": dict(spec, block_size=args.block_size)}
+            configs.append(dict(base, extra=extra, extras="sparse", pattern=name))
+        for rate in (0.0, 0.1):
+            configs.append(dict(base, extra={"dropout_rate": rate, "seed": 1} if rate else {}, extras="dropout",
+                                pattern=f"dropout {rate}"))
     for i, cfg in enumerate(configs):
         cfg["id"] = i
     return configs
@@ -311,7 +334,7 @@ def _drain(res_path, seen, results, log, configs):
 
 def _describe(cfg, result):
     head = (f"{cfg['impl']:16s} {cfg['dtype']} b{cfg['batch']} s{cfg['seqlen']} h{cfg['heads']} d{cfg['dim']} "
-            f"{'causal' if cfg['causal'] else 'full  '}")
+            f"{'causal' if cfg['causal'] else 'full  '}") + (f" [{cfg['pattern']}]" if "pattern" in cfg else "")
     if cfg["kind"] == "memory":
         peak = f"peak {result['peak_mb']:.0f} MB" if "peak_mb" in result else result.get("error", "?")
         return f"{head} memory: {peak}"
@@ -333,7 +356,8 @@ def _cell(result, mode, key, scale=1.0, digits=1):
 
 
 def report(configs, results, info, args, stem):
-    speed = [c for c in configs if c["kind"] == "speed" and c["id"] in results]
+    speed = [c for c in configs if c["kind"] == "speed" and c["id"] in results and "extras" not in c]
+    extras = [c for c in configs if "extras" in c and c["id"] in results]
     memory = [c for c in configs if c["kind"] == "memory" and c["id"] in results]
     impls = [i for i in list(args.impls) + (TORCH_IMPLS if args.torch else [])]
     lines = [f"# tf_flash GPU benchmark{' (quick smoke run)' if args.quick else ''}", "", common.info_markdown(info),
@@ -365,6 +389,23 @@ def report(configs, results, info, args, stem):
     lines += ["## All timings", "", common.markdown_table(
         ["impl", "dtype", "d", "causal", "b", "s", "mode", "median ms", "TFLOP/s", "spread %", "calls/sample"],
         rows), ""]
+    if extras:
+        rows = []
+        for group in ("sparse", "dropout"):
+            members = [c for c in extras if c["extras"] == group]
+            base = members[0] if members else None
+            for c in members:
+                r, r0 = results[c["id"]], results[base["id"]]
+                row = [c["pattern"]]
+                for mode in ("fwd", "fwd_bwd"):
+                    t, t0 = r.get(mode, {}).get("median_s"), r0.get(mode, {}).get("median_s")
+                    row += [_cell(r, mode, "median_s", 1e3, 3), common.fmt(t0 / t if t and t0 else None, 2)]
+                rows.append(row)
+        c0 = extras[0]
+        lines += [f"## tf_flash block-sparse and dropout ({c0['dtype']} b{c0['batch']} s{c0['seqlen']} h{c0['heads']} "
+                  f"d{c0['dim']}, block {args.block_size}, non-causal; speedup vs the first row of its group)", "",
+                  common.markdown_table(["pattern", "fwd ms", "fwd speedup", "fwd+bwd ms", "fwd+bwd speedup"], rows),
+                  ""]
     if memory:
         rows = []
         for mem_set in sorted({c["mem_set"] for c in memory}):
@@ -445,6 +486,9 @@ def main():
     parser.add_argument("--mem-seqlens", type=int, nargs="+", default=None)
     parser.add_argument("--fa1-seqlens", type=int, nargs="+", default=None)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-extras", action="store_true", help="no block-sparse sweep / dropout overhead")
+    parser.add_argument("--extras-shape", default=None, help="batch:seqlen of the extras (default 2:8192)")
+    parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--group-timeout", type=float, default=3600, help="seconds per implementation worker")
     parser.add_argument("--out-dir", default=common.RESULTS_DIR)
     parser.add_argument("--tag", default=None)
@@ -457,6 +501,10 @@ def main():
         args.grid = [tuple(int(x) for x in item.split(":")) for item in args.grid.split(",")]
     else:
         args.grid = [(2, 512), (1, 2048)] if args.quick else FA2_GRID
+    if args.extras_shape:
+        args.extras_shape = tuple(int(x) for x in args.extras_shape.split(":"))
+    else:
+        args.extras_shape = (1, 2048) if args.quick else (2, 8192)
     if args.dtypes is None:
         args.dtypes = ["bf16"] if args.quick else ["bf16", "fp16"]
     if args.fp32 and "fp32" not in args.dtypes:
