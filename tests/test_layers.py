@@ -555,6 +555,14 @@ def test_compile_defaults_leave_xla_off_and_fit_runs():
     assert model.jit_compile is False
 
 
+def test_xla_compiled_call_gets_a_clear_error():
+    layer = FlashMultiHeadAttention(2, 4)
+    query = tf.constant(_rand(B, T, DIM))
+    layer(query, query)
+    with pytest.raises(ValueError, match="no XLA lowering"):
+        tf.function(lambda q: layer(q, q), jit_compile=True)(query)
+
+
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(policy):
     previous = keras.config.dtype_policy()
