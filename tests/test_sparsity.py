@@ -1,5 +1,6 @@
 """tf_flash.sparsity builders, and block-sparse flash_attention vs dense attention under the equivalent
 element mask (float64 NumPy reference in tests/reference.py)."""
+import contextlib
 import importlib.util
 import os
 import sys
@@ -231,9 +232,30 @@ def test_validation(call, match):
     assert "Received" in str(info.value)
 
 
+
 # ----------------------------------------------------------------------------------------------------------
 # Block-sparse flash_attention vs dense attention under the equivalent element mask
 # ----------------------------------------------------------------------------------------------------------
+
+DTYPES = pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["f32", "bf16"])
+# Max error normalized by max(1, max|reference|): output, lse (absolute), gradients.
+OUT_TOL = {tf.float32: 2e-5, tf.float16: 5e-3, tf.bfloat16: 4e-2}
+LSE_TOL = {tf.float32: 2e-5, tf.float16: 1e-3, tf.bfloat16: 1e-3}
+GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
+
+
+@contextlib.contextmanager
+def _on(device):
+    """tf.device(device); a configuration the CUDA build does not cover (dtype, head dim, block size)
+    skips the GPU variant instead of failing it."""
+    with tf.device(device):
+        try:
+            yield
+        except tf.errors.InvalidArgumentError as err:
+            if "GPU kernel" in str(err):
+                pytest.skip(f"not covered by the GPU kernels: {str(err).splitlines()[0][:200]}")
+            raise
+
 
 def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v=None, dtype=tf.float32):
     dim_v = dim_v or dim
@@ -255,7 +277,7 @@ def _run_flash(q, k, v, device, use_function, grads=False, dout=None, **kwargs):
             out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
             loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout) if grads else None
         return (out, lse) + (tuple(tape.gradient(loss, [q, k, v])) if grads else ())
-    with tf.device(device):
+    with _on(device):
         try:
             return [to_numpy(x) for x in _call(fn, use_function)]
         except (tf.errors.InvalidArgumentError, ValueError) as err:
@@ -264,50 +286,61 @@ def _run_flash(q, k, v, device, use_function, grads=False, dout=None, **kwargs):
             raise
 
 
-def _assert_close(actual, expected, atol, what):
+def _assert_close(actual, expected, tol, what, absolute=False):
+    """Same -inf/inf pattern, and max error <= tol * max(1, max|expected|) (absolute: <= tol)."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     finite = np.isfinite(expected)
     np.testing.assert_array_equal(np.isfinite(actual), finite, err_msg=f"{what}: inf pattern")
-    np.testing.assert_allclose(actual[finite], expected[finite], atol=atol, rtol=atol, err_msg=what)
+    if not finite.any():
+        return
+    err = np.abs(actual[finite] - expected[finite]).max()
+    bound = tol if absolute else tol * max(1.0, np.abs(expected[finite]).max())
+    assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
+
+
+def _check(out, lse, grads, q, k, v, dout, dtype, **ref_kw):
+    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
+    _assert_close(out, ref_out, OUT_TOL[dtype], "out")
+    _assert_close(lse, ref_lse, LSE_TOL[dtype], "lse", absolute=True)
+    if grads:
+        for name, got, want in zip(("dq", "dk", "dv"), grads, reference_attention_grad(q, k, v, dout, **ref_kw)):
+            _assert_close(got, want, GRAD_TOL[dtype], name)
 
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
+@DTYPES
 @pytest.mark.parametrize("name", sorted(BUILDERS))
-@pytest.mark.parametrize("sq,sk,bs", [(256, 256, 64), (193, 131, 32), (200, 300, (64, 32)), (77, 77, 128)])
-def test_builders_match_dense_with_element_mask(device, name, sq, sk, bs):
+@pytest.mark.parametrize("sq,sk,bs", [(256, 256, 64), (193, 131, 32), (200, 300, (64, 32)), (77, 77, 128),
+                                      (300, 260, 128)])
+def test_builders_match_dense_with_element_mask(device, dtype, name, sq, sk, bs):
     rng = np.random.default_rng(0)
-    q, k, v = _inputs(rng, 2, sq, sk, 2, 2, 32)
+    q, k, v = _inputs(rng, 2, sq, sk, 2, 2, 32, dtype=dtype)
     mask, _ = BUILDERS[name](sq, sk, bs)
     out, lse = _run_flash(q, k, v, device, False, block_mask=mask, block_size=bs)
     el = sparsity.to_element_mask(mask, sq, sk, bs)
-    ref_out, ref_lse = reference_attention(q, k, v, attention_mask=el)
-    _assert_close(out, ref_out, 2e-5, "out")
-    _assert_close(lse, ref_lse, 2e-5, "lse")
+    _check(out, lse, None, q, k, v, None, dtype, attention_mask=el)
     # And the op's own dense path under the element mask agrees.
-    dense_out, _ = _run_flash(q, k, v, device, False, attention_mask=el)
-    np.testing.assert_allclose(out, dense_out, atol=2e-5, rtol=2e-5)
+    dense_out, dense_lse = _run_flash(q, k, v, device, False, attention_mask=el)
+    _assert_close(out, dense_out, OUT_TOL[dtype], "out vs attention_mask path")
+    _assert_close(lse, dense_lse, LSE_TOL[dtype], "lse vs attention_mask path", absolute=True)
 
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
+@DTYPES
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
 @pytest.mark.parametrize("mask_rank", [2, 3, 4])
-def test_block_mask_ranks_and_gradients(device, use_function, mask_rank):
+def test_block_mask_ranks_and_gradients(device, dtype, use_function, mask_rank):
     rng = np.random.default_rng(1)
     batch, heads, sq, sk, bs = 2, 4, 160, 224, 32
-    q, k, v = _inputs(rng, batch, sq, sk, heads, 2, 16, 24)
+    q, k, v = _inputs(rng, batch, sq, sk, heads, 2, 32, 64, dtype=dtype)
     shape = {2: (), 3: (heads,), 4: (batch, heads)}[mask_rank] + sparsity.num_blocks(sq, sk, bs)
     mask = rng.random(shape) < 0.5
-    dout = rng.standard_normal((batch, sq, heads, 24)).astype(np.float32)
-    out, lse, dq, dk, dv = _run_flash(q, k, v, device, use_function, grads=True, dout=dout,
-                                      block_mask=mask, block_size=bs)
-    kw = dict(block_mask=mask, block_size=bs)
-    ref_out, ref_lse = reference_attention(q, k, v, **kw)
-    _assert_close(out, ref_out, 2e-5, "out")
-    _assert_close(lse, ref_lse, 2e-5, "lse")
-    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
-        _assert_close(got, want, 1e-4, name)
+    dout = rng.standard_normal((batch, sq, heads, 64)).astype(np.float32)
+    out, lse, *grads = _run_flash(q, k, v, device, use_function, grads=True, dout=dout,
+                                  block_mask=mask, block_size=bs)
+    _check(out, lse, grads, q, k, v, dout, dtype, block_mask=mask, block_size=bs)
 
 
 COMPOSE = {
@@ -322,117 +355,111 @@ COMPOSE = {
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
+@DTYPES
 @pytest.mark.parametrize("feature", sorted(COMPOSE))
 @pytest.mark.parametrize("pattern", ["local", "butterfly", "random"])
 @pytest.mark.parametrize("heads,heads_kv", [(4, 4), (4, 1)])
-def test_block_sparse_composes(device, feature, pattern, heads, heads_kv):
+def test_block_sparse_composes(device, dtype, feature, pattern, heads, heads_kv):
     rng = np.random.default_rng(2)
     batch, sq, sk, bs = 2, 150, 200, 32
-    q, k, v = _inputs(rng, batch, sq, sk, heads, heads_kv, 32)
+    q, k, v = _inputs(rng, batch, sq, sk, heads, heads_kv, 32, dtype=dtype)
     mask, _ = BUILDERS[pattern](sq, sk, bs)
     kw = dict(COMPOSE[feature])
     if kw.get("attention_mask") == "random":
         kw["attention_mask"] = rng.random((batch, 1, sq, sk)) < 0.7
     dout = rng.standard_normal((batch, sq, heads, 32)).astype(np.float32)
-    out, lse, dq, dk, dv = _run_flash(q, k, v, device, False, grads=True, dout=dout,
-                                      block_mask=mask, block_size=bs, **kw)
-    ref_kw = dict(kw, block_mask=mask, block_size=bs)
-    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
-    _assert_close(out, ref_out, 2e-5, "out")
-    _assert_close(lse, ref_lse, 2e-5, "lse")
-    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv),
-                               reference_attention_grad(q, k, v, dout, **ref_kw)):
-        _assert_close(got, want, 1e-4, name)
+    out, lse, *grads = _run_flash(q, k, v, device, False, grads=True, dout=dout,
+                                  block_mask=mask, block_size=bs, **kw)
+    _check(out, lse, grads, q, k, v, dout, dtype, block_mask=mask, block_size=bs, **kw)
 
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
-def test_empty_rows_give_zero(device):
+@DTYPES
+def test_empty_rows_give_zero(device, dtype):
     # Query blocks with no kept key block: out 0, lse -inf, no NaN, zero gradients.
     rng = np.random.default_rng(3)
-    sq, sk, bs = 128, 128, 32
-    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 16)
+    sq, sk, bs = 256, 256, 64
+    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 32, dtype=dtype)
     mask = np.zeros((4, 4), bool)
     mask[1, 2] = mask[3, 0] = True
-    dout = rng.standard_normal((1, sq, 2, 16)).astype(np.float32)
+    dout = rng.standard_normal((1, sq, 2, 32)).astype(np.float32)
     out, lse, dq, dk, dv = _run_flash(q, k, v, device, False, grads=True, dout=dout,
                                       block_mask=mask, block_size=bs)
     assert not np.isnan(out).any() and not np.isnan(dq).any()
-    np.testing.assert_array_equal(out[:, :32], 0)
-    np.testing.assert_array_equal(out[:, 64:96], 0)
-    assert np.isneginf(lse[:, :, :32]).all()
-    np.testing.assert_array_equal(dq[:, :32], 0)
-    np.testing.assert_array_equal(dk[:, 32:64], 0)  # key block 1 is never visible
-    np.testing.assert_array_equal(dv[:, 32:64], 0)
-    ref = reference_attention(q, k, v, block_mask=mask, block_size=bs)[0]
-    np.testing.assert_allclose(out, ref, atol=2e-5)
+    np.testing.assert_array_equal(out[:, :64], 0)
+    np.testing.assert_array_equal(out[:, 128:192], 0)
+    assert np.isneginf(lse[:, :, :64]).all()
+    np.testing.assert_array_equal(dq[:, :64], 0)
+    np.testing.assert_array_equal(dk[:, 64:128], 0)  # key block 1 is never visible
+    np.testing.assert_array_equal(dv[:, 64:128], 0)
+    _check(out, lse, (dq, dk, dv), q, k, v, dout, dtype, block_mask=mask, block_size=bs)
 
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
-def test_skipped_blocks_are_not_loaded(device):
+@DTYPES
+def test_skipped_blocks_are_not_loaded(device, dtype):
     # NaN in keys/values of key blocks that no query block keeps: if such a tile were loaded and
     # multiplied (even by a probability of 0) the NaN would reach the output or the gradients.
     rng = np.random.default_rng(4)
     sq = sk = 512
     bs = 128
-    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 32)
+    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 64, dtype=dtype)
     mask = np.ones((4, 4), bool)
     mask[:, 2] = False
     k_np, v_np = k.numpy(), v.numpy()
     k_np[:, 256:384] = np.nan
     v_np[:, 256:384] = np.nan
     k_nan, v_nan = tf.constant(k_np), tf.constant(v_np)
-    dout = rng.standard_normal((1, sq, 2, 32)).astype(np.float32)
+    dout = rng.standard_normal((1, sq, 2, 64)).astype(np.float32)
     out, lse, dq, dk, dv = _run_flash(q, k_nan, v_nan, device, False, grads=True, dout=dout,
                                       block_mask=mask, block_size=bs)
-    ref_out, _ = reference_attention(q, k, v, block_mask=mask, block_size=bs)
-    np.testing.assert_allclose(out, ref_out, atol=2e-5)
-    assert np.isfinite(lse).all() and np.isfinite(dq).all()
+    assert np.isfinite(out).all() and np.isfinite(lse).all() and np.isfinite(dq).all()
     keep = np.r_[0:256, 384:512]
     assert np.isfinite(dk[:, keep]).all() and np.isfinite(dv[:, keep]).all()
+    ref_out, _ = reference_attention(q, k, v, block_mask=mask, block_size=bs)
+    _assert_close(out, ref_out, OUT_TOL[dtype], "out")
 
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype,atol", [(tf.float16, 4e-3), (tf.bfloat16, 3e-2)])
-def test_block_sparse_low_precision(device, dtype, atol):
+def test_block_sparse_float16(device):
     rng = np.random.default_rng(5)
     sq, sk, bs = 256, 192, 64
-    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 64, dtype=dtype)
+    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 64, dtype=tf.float16)
     mask, _ = sparsity.butterfly(sq, sk, bs, num_global=1)
-    out, _ = _run_flash(q, k, v, device, False, block_mask=mask, block_size=bs)
-    ref_out, _ = reference_attention(q, k, v, block_mask=mask, block_size=bs)
-    np.testing.assert_allclose(out, ref_out, atol=atol, rtol=atol)
+    dout = rng.standard_normal((1, sq, 2, 64)).astype(np.float32)
+    out, lse, *grads = _run_flash(q, k, v, device, False, grads=True, dout=dout, block_mask=mask, block_size=bs)
+    _check(out, lse, grads, q, k, v, dout, tf.float16, block_mask=mask, block_size=bs)
 
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
-def test_block_sparse_with_dropout_matches_reference(device):
+@DTYPES
+def test_block_sparse_with_dropout_matches_reference(device, dtype):
     # Dropout composes with block sparsity: the keep mask is recomputed from the op's rng state.
     from philox_ref import keep_mask as philox_keep_mask
     rng = np.random.default_rng(6)
     batch, heads, sq, sk, bs, rate = 2, 2, 96, 160, 32, 0.25
-    q, k, v = _inputs(rng, batch, sq, sk, heads, 1, 16)
+    q, k, v = _inputs(rng, batch, sq, sk, heads, 1, 32, dtype=dtype)
     mask, _ = sparsity.local(sq, sk, bs, window=1)
-    dout = tf.constant(rng.standard_normal((batch, sq, heads, 16)).astype(np.float32))
+    dout = tf.constant(rng.standard_normal((batch, sq, heads, 32)).astype(np.float32))
 
     @tf.function
     def fn():
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             out = tf_flash.flash_attention(q, k, v, block_mask=mask, block_size=bs, dropout_rate=rate, seed=11)
-            loss = tf.reduce_sum(out * dout)
-        return (out, out.op.outputs[2]) + tuple(tape.gradient(loss, [q, k, v]))
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
+        return (out, out.op.outputs[1], out.op.outputs[2]) + tuple(tape.gradient(loss, [q, k, v]))
 
-    with tf.device(device):
-        out, rng_state, dq, dk, dv = fn()
+    with _on(device):
+        out, lse, rng_state, *grads = fn()
     seed, offset = (int(x) for x in rng_state.numpy())
     keep = philox_keep_mask(seed, offset, batch, heads, sq, sk, rate)
-    kw = dict(block_mask=mask, block_size=bs, keep_mask=keep, dropout_rate=rate)
-    np.testing.assert_allclose(out, reference_attention(q, k, v, **kw)[0], atol=2e-5, rtol=2e-5)
-    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=name)
+    _check(out, lse, grads, q, k, v, dout, dtype, block_mask=mask, block_size=bs, keep_mask=keep,
+           dropout_rate=rate)
 
 
 @needs_op
