@@ -230,7 +230,7 @@ def build_classifier(vocab_size, num_classes, context, embed_dim=64, num_heads=2
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_ln")(x)
     x = keras.layers.GlobalAveragePooling1D(name="masked_mean")(x)
     x = keras.layers.Dropout(dropout)(x)
-    probs = keras.layers.Dense(num_classes, activation="softmax", name="classifier")(x)
+    probs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="classifier")(x)
     return keras.Model(tokens, probs, name=f"long_doc_{attention}_{context}")
 
 

@@ -17,8 +17,9 @@ affordable. This script
 
 Configurations (``--preset``):
 
-* ``cpu`` (default): finishes in minutes on 2 CPU cores. 2 blocks, width 64, 2 heads of 32,
-  contexts 512 and 2048, 3 epochs, batch 16.
+* ``cpu`` (default): finishes in minutes on 2 CPU cores. 1 block, width 64, 2 heads of 32,
+  contexts 512 and 2048, 3 epochs, batch 16; the Keras baseline at 2048 trains 1 epoch (for its
+  time per epoch and memory; ``--keras-epochs 3`` for an equal comparison).
 * ``full``: the real experiment, for a GPU: 4 blocks, width 256, 4 heads of 64, contexts 512 to
   16384, 10 epochs; the Keras baseline at every context, to show where it runs out of memory.
 * ``tiny``: a few documents per class and a toy model (the end-to-end test).
@@ -41,15 +42,19 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 PRESETS = {
-    "cpu": dict(contexts="512,2048", keras_contexts="long", epochs=3, batch_size=16, embed_dim=64,
-                num_heads=2, ff_dim=128, num_layers=2, vocab_size=20000, learning_rate=2e-3,
-                max_docs_per_class=0),
+    "cpu": dict(contexts="512,2048", keras_contexts="long", epochs=3, keras_epochs=1,
+                batch_size=16, embed_dim=64,
+                num_heads=2, ff_dim=128, num_layers=1, vocab_size=20000, learning_rate=2e-3,
+                max_docs_per_class=0, mixed_precision="none"),
     "full": dict(contexts="512,1024,2048,4096,8192,16384", keras_contexts="all", epochs=10,
+                 keras_epochs=10,
                  batch_size=16, embed_dim=256, num_heads=4, ff_dim=512, num_layers=4,
-                 vocab_size=30000, learning_rate=1e-3, max_docs_per_class=0),
-    "tiny": dict(contexts="64,256", keras_contexts="long", epochs=1, batch_size=8, embed_dim=16,
+                 vocab_size=30000, learning_rate=1e-3, max_docs_per_class=0,
+                 mixed_precision="mixed_bfloat16"),
+    "tiny": dict(contexts="64,256", keras_contexts="long", epochs=1, keras_epochs=1,
+                 batch_size=8, embed_dim=16,
                  num_heads=2, ff_dim=32, num_layers=1, vocab_size=2000, learning_rate=3e-3,
-                 max_docs_per_class=12),
+                 max_docs_per_class=12, mixed_precision="none"),
 }
 
 
@@ -67,6 +72,9 @@ def parse_args(argv):
     p.add_argument("--keras-contexts",
                    help="contexts for the keras.layers.MultiHeadAttention baseline: a list, "
                         "'long' (the longest of --contexts), 'all', or 'none'")
+    p.add_argument("--keras-epochs", type=int, default=None,
+                   help="epochs of the keras-attention baseline runs (cpu preset: 1, enough for "
+                        "its time and memory; its accuracy is then that of 1 epoch)")
     for name, typ in [("epochs", int), ("batch_size", int), ("embed_dim", int), ("num_heads", int),
                       ("ff_dim", int), ("num_layers", int), ("vocab_size", int),
                       ("learning_rate", float), ("max_docs_per_class", int)]:
@@ -77,7 +85,7 @@ def parse_args(argv):
                    help="Keras jit_compile for every run (false: the same for both attention "
                         "layers; XLA recompiles for every padded length)")
     p.add_argument("--mixed-precision", choices=["none", "mixed_float16", "mixed_bfloat16"],
-                   default="none")
+                   default=None, help="Keras dtype policy (full preset: mixed_bfloat16)")
     p.add_argument("--cpu-memory-limit-gb", type=float, default=12.0,
                    help="on CPU, skip a keras-attention run whose score tensors alone would need "
                         "more than this (the machine may be shared); GPUs report a real OOM")
@@ -184,7 +192,8 @@ def launch(args, attention, context, save):
             print(f"[{name}] reusing {result_path}")
             return result
     spec = {k: v for k, v in vars(args).items() if k != "worker"}
-    spec.update(attention=attention, context=context, save=save, result_path=result_path)
+    spec.update(attention=attention, context=context, save=save, result_path=result_path,
+                baseline=attention != args.attention)
     spec_path = os.path.join(args.out, "runs", name + ".spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -205,19 +214,29 @@ def launch(args, attention, context, save):
     return result
 
 
+def load_note(results):
+    loads = [r["load_avg"] for r in results if r.get("load_avg") is not None]
+    if not loads:
+        return ""
+    return (f" (1-minute load average {min(loads):.1f}-{max(loads):.1f} during the runs, "
+            f"{os.cpu_count()} cores: other processes shared the machine)" if max(loads) > 1.5 *
+            os.cpu_count() else f" (load average {max(loads):.1f}, {os.cpu_count()} cores)")
+
+
 def fmt(v, spec):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
 def write_results(args, info, results, device):
     rows = []
-    header = ("| attention | context | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
+    header = ("| attention | context | epochs | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
               "s/epoch | peak mem GiB | status |")
     rows.append(header)
-    rows.append("|" + "---|" * 9)
+    rows.append("|" + "---|" * 10)
     for r in results:
-        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["attention"], r["context"], fmt(r.get("accuracy"), ".3f"), fmt(r.get("macro_f1"), ".3f"),
+        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["attention"], r["context"], r.get("epochs", "-"), fmt(r.get("accuracy"), ".3f"),
+            fmt(r.get("macro_f1"), ".3f"),
             fmt(r.get("long_accuracy"), ".3f"), fmt(r.get("long_macro_f1"), ".3f"),
             fmt(r.get("epoch_s"), ".1f"), fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
     table = "\n".join(rows)
@@ -229,12 +248,13 @@ def write_results(args, info, results, device):
             f"p90 {info['tokens']['p90']}, max {info['tokens']['max']}.\n"
             f"Model: {args.num_layers} blocks, width {args.embed_dim}, {args.num_heads} heads, "
             f"ff {args.ff_dim}, vocabulary {args.vocab_size}, {ok.get('params', '?')} parameters; "
-            f"{args.epochs} epochs, batch {args.batch_size}, AdamW lr {args.learning_rate}, "
+            f"batch {args.batch_size}, AdamW lr {args.learning_rate}, "
             f"jit_compile={args.jit_compile}, precision {args.mixed_precision}.\n"
             f"Test accuracy / macro-F1 on all test documents and on those longer than 512 tokens "
-            f"({ok.get('long_docs', '?')} of {ok.get('test_docs', '?')}); s/epoch: mean over epochs "
-            f"after the first (which includes tracing); peak memory: {mem_kind}.\n"
-            f"Device: {device}; TensorFlow {ok.get('tf_version', '?')}, Keras "
+            f"({ok.get('long_docs', '?')} of {ok.get('test_docs', '?')}); s/epoch: training + validation, "
+            f"mean over the epochs after the first (one epoch: without its first step, which "
+            f"traces the graph); peak memory: {mem_kind}.\n"
+            f"Device: {device}{load_note(results)}; TensorFlow {ok.get('tf_version', '?')}, Keras "
             f"{ok.get('keras_version', '?')}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
     md = f"# Long-document classification: context length ({args.preset} preset)\n\n{table}\n\n{meta}\n"
     with open(os.path.join(args.out, "results.md"), "w") as f:
@@ -275,12 +295,15 @@ def plot(args, results):
                 ax.annotate(r["status"].split(":")[0], (r["context"], 0.05), color=color, rotation=90,
                             fontsize=8, ha="right")
     ax.set_xscale("log", base=2)
+    ticks = sorted({r["context"] for r in results})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.set_title(f"Long-document classification ({args.preset} preset)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path = os.path.join(args.out, "accuracy_vs_context.png")
     fig.savefig(path, dpi=120)
@@ -391,19 +414,29 @@ def worker(spec_path):
                   jit_compile=False if spec["jit_compile"] == "false" else "auto")
     result["params"] = int(model.count_params())
 
+    epochs = spec["keras_epochs"] if spec.get("baseline") else spec["epochs"]
+
     class EpochTimer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            self.t = time.perf_counter()
+            self.t, self.first_step = time.perf_counter(), None
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.first_step is None:
+                self.first_step = time.perf_counter()
+            loads.append(os.getloadavg()[0])
 
         def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.t)
+            now = time.perf_counter()
+            times.append(now - self.t)
+            n = train_b.num_batches
+            after_first.append((now - self.first_step) * n / max(1, n - 1))
 
-    times = []
+    times, after_first, loads = [], [], []
     if gpus:
         tf.config.experimental.reset_memory_stats("GPU:0")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     try:
-        history = model.fit(train_b.dataset(), validation_data=val_b.dataset(), epochs=spec["epochs"],
+        history = model.fit(train_b.dataset(), validation_data=val_b.dataset(), epochs=epochs,
                             callbacks=[EpochTimer()], verbose=spec["verbose"])
         probs = model.predict(test_b.dataset(), verbose=0)
     except tf.errors.ResourceExhaustedError as e:
@@ -415,8 +448,10 @@ def worker(spec_path):
     long = np.array([len(tokens[i]) for i in test])[order] > common.SHORT_CONTEXT
     n = len(class_names)
     result.update(
-        status="ok", epochs=spec["epochs"], epoch_times_s=times,
-        epoch_s=float(np.mean(times[1:] if len(times) > 1 else times)),
+        status="ok", epochs=epochs, epoch_times_s=times,
+        epoch_s=float(np.mean(times[1:]) if len(times) > 1 else after_first[0]),
+        load_avg=float(np.mean(loads)) if loads else None,
+        cpu_s=float(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])),
         train_s=float(sum(times)), rss_before_fit_gib=rss0,
         accuracy=common.accuracy(y_true, y_pred), macro_f1=common.macro_f1(y_true, y_pred, n),
         long_accuracy=common.accuracy(y_true[long], y_pred[long]),
