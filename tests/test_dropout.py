@@ -1,5 +1,6 @@
 """Dropout in tf_flash.flash_attention: determinism, statistics, and exactness of output and gradient for
 the mask the forward used (rebuilt by tests/philox_ref.py, the NumPy twin of cc/kernels/flash/philox.h)."""
+import contextlib
 import os
 import shutil
 import subprocess
@@ -30,6 +31,24 @@ DTYPES = pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16],
 # Normalized max error allowed vs the float64 reference (error / max(1, max|ref|)).
 TOL = {tf.float32: 2e-5, tf.float16: 5e-3, tf.bfloat16: 4e-2}
 GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
+
+
+
+@contextlib.contextmanager
+def _on(device):
+    """tf.device(device); a configuration the CUDA build does not cover (e.g. float32) skips the GPU variant."""
+    with tf.device(device):
+        try:
+            yield
+        except tf.errors.InvalidArgumentError as err:
+            if "GPU kernel" in str(err):
+                pytest.skip(f"not covered by the GPU kernels: {str(err).splitlines()[0][:200]}")
+            raise
+
+
+def _dtype_for(device):
+    """float32 on the CPU; float16 on the GPU (the CUDA kernels are fp16/bf16)."""
+    return tf.float16 if "GPU" in device else tf.float32
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -115,7 +134,7 @@ def _flash(q, k, v, device, use_function, dout=None, **kwargs):
         grads = tape.gradient(loss, [q, k, v]) if dout is not None else [None] * 3
         return out, lse, rng_state, *grads
 
-    with tf.device(device):
+    with _on(device):
         result = tf.function(fn)() if use_function else fn()
     return [None if x is None else x.numpy() for x in result]
 
@@ -153,8 +172,8 @@ def test_same_seed_bit_identical(device, dtype, use_function):
 
 def _one_hot_case(batch, heads, n, dtype):
     """q = k = 0 (uniform probabilities 1/n) and value = identity: out[b, i, h, j] = keep[b, h, i, j] / ((1-p) n)."""
-    q = tf.zeros([batch, n, heads, 16], dtype)
-    k = tf.zeros([batch, n, heads, 16], dtype)
+    q = tf.zeros([batch, n, heads, n], dtype)
+    k = tf.zeros([batch, n, heads, n], dtype)
     v = tf.constant(np.broadcast_to(np.eye(n, dtype=np.float32)[None, :, None, :], (batch, n, heads, n)), dtype)
     return q, k, v
 
@@ -169,7 +188,7 @@ def _recover_keep(out, n, rate):
 @DTYPES
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.8])
 def test_kept_fraction_and_mask_recovered_through_output(device, dtype, rate):
-    batch, heads, n = 2, 3, 256
+    batch, heads, n = 4, 4, 128
     q, k, v = _one_hot_case(batch, heads, n, dtype)
     out, _, rng_state, *_ = _flash(q, k, v, device, True, dropout_rate=rate, seed=99)
     keep = _recover_keep(out, n, rate)
@@ -190,19 +209,18 @@ def test_gradient_uses_forward_mask_recovered_through_output(device):
     # The mask recovered through the output (value = identity) alone, with no knowledge of the RNG,
     # must give the reference gradient of the op's backward pass.
     batch, heads, n, rate = 1, 2, 64, 0.4
+    dtype = _dtype_for(device)
     rng = np.random.default_rng(1)
-    _, _, eye = _one_hot_case(batch, heads, n, tf.float32)
-    out_mask = _flash(tf.zeros([batch, n, heads, 16]), tf.zeros([batch, n, heads, 16]), eye, device, False,
-                      dropout_rate=rate, seed=5)[0]
+    zeros, _, eye = _one_hot_case(batch, heads, n, dtype)
+    out_mask = _flash(zeros, zeros, eye, device, False, dropout_rate=rate, seed=5)[0]
     keep = _recover_keep(out_mask, n, rate)
-    q, k, _ = _inputs(rng, batch, n, n, heads, heads, 16)
-    v = tf.constant(rng.standard_normal((batch, n, heads, n)).astype(np.float32))
+    q, k, v = _inputs(rng, batch, n, n, heads, heads, n, dtype=dtype)
     dout = tf.constant(rng.standard_normal((batch, n, heads, n)).astype(np.float32))
     out, _, _, dq, dk, dv = _flash(q, k, v, device, False, dout=dout, dropout_rate=rate, seed=5)
     kw = dict(keep_mask=keep, dropout_rate=rate)
-    assert _norm_err(out, reference_attention(q, k, v, **kw)[0]) < TOL[tf.float32]
+    assert _norm_err(out, reference_attention(q, k, v, **kw)[0]) < TOL[dtype]
     for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
-        assert _norm_err(got, want) < GRAD_TOL[tf.float32], f"d{name}"
+        assert _norm_err(got, want) < GRAD_TOL[dtype], f"d{name}"
 
 
 FEATURES = {
@@ -259,7 +277,7 @@ def test_compute_gradient_fixed_seed(device):
     def fn(q, k, v):
         return tf_flash.flash_attention(q, k, v, causal=True, dropout_rate=0.3, seed=42)
 
-    with tf.device(device):
+    with _on(device):
         theoretical, numerical = tf.test.compute_gradient(fn, [q, k, v], delta=1e-2)
     for t, n in zip(theoretical, numerical):
         np.testing.assert_allclose(t, n, atol=5e-3, rtol=5e-3)
@@ -270,13 +288,13 @@ def test_compute_gradient_fixed_seed(device):
 @MODES
 def test_seed_none(device, use_function):
     rng = np.random.default_rng(4)
-    q, k, v = _inputs(rng, 1, 40, 40, 2, 2, 16)
+    q, k, v = _inputs(rng, 1, 40, 40, 2, 2, 32, dtype=_dtype_for(device))
 
     def fn():
         return tf_flash.flash_attention(q, k, v, dropout_rate=0.5)
 
     run = tf.function(fn) if use_function else fn
-    with tf.device(device):
+    with _on(device):
         a, b = run().numpy(), run().numpy()
         assert (a != b).any(), "two calls without a seed must draw different masks"
         tf.random.set_seed(17)
@@ -290,8 +308,9 @@ def test_seed_none(device, use_function):
 @pytest.mark.parametrize("device", DEVICES)
 def test_seed_int_and_tensor(device):
     rng = np.random.default_rng(5)
-    q, k, v = _inputs(rng, 1, 40, 48, 2, 2, 16)
-    with tf.device(device):
+    dtype = _dtype_for(device)
+    q, k, v = _inputs(rng, 1, 40, 48, 2, 2, 32, dtype=dtype)
+    with _on(device):
         by_int = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
         by_int_again = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
         by_tensor = tf_flash.flash_attention(q, k, v, dropout_rate=0.3,
@@ -311,7 +330,7 @@ def test_seed_int_and_tensor(device):
         out = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=seed)
         return out, out.op.outputs[2]
 
-    with tf.device(device):
+    with _on(device):
         out1, state1 = traced(tf.constant([8, 1], tf.int64))
         out2, state2 = traced(tf.constant([-5, 2**40], tf.int64))
     assert (out1.numpy() != out2.numpy()).any()
@@ -319,15 +338,15 @@ def test_seed_int_and_tensor(device):
     for out, state in ((out1, state1), (out2, state2)):
         keep = philox_ref.keep_mask(int(state[0]), int(state[1]), 1, 2, 40, 48, 0.3)
         ref = reference_attention(q, k, v, keep_mask=keep, dropout_rate=0.3)[0]
-        assert _norm_err(out, ref) < TOL[tf.float32]
+        assert _norm_err(out, ref) < TOL[dtype]
 
 
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
 def test_rate_zero_is_no_dropout(device):
     rng = np.random.default_rng(6)
-    q, k, v = _inputs(rng, 1, 33, 47, 2, 1, 16)
-    with tf.device(device):
+    q, k, v = _inputs(rng, 1, 33, 47, 2, 1, 32, dtype=_dtype_for(device))
+    with _on(device):
         plain = tf_flash.flash_attention(q, k, v).numpy()
         zero = tf_flash.flash_attention(q, k, v, dropout_rate=0.0, seed=3).numpy()
     np.testing.assert_array_equal(plain, zero)
