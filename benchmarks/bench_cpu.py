@@ -412,9 +412,11 @@ def main():
     parser.add_argument("--torch-python", default=None,
                         help="python of a venv with torch (CPU build): adds torch's scaled_dot_product_attention "
                              "as the CPU peer, run in its own processes")
-    parser.add_argument("--out-dir", default=common.RESULTS_DIR)
+    parser.add_argument("--out-dir", default=None, help="default results/ (results/quick/ with --quick, git-ignored)")
     parser.add_argument("--tag", default=None, help="file stem (default cpu_<date> or cpu_quick)")
     args = parser.parse_args()
+    if args.out_dir is None:
+        args.out_dir = os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR
     if args.worker:
         worker_main(args.worker)
         return

@@ -490,10 +490,12 @@ def main():
     parser.add_argument("--extras-shape", default=None, help="batch:seqlen of the extras (default 2:8192)")
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--group-timeout", type=float, default=3600, help="seconds per implementation worker")
-    parser.add_argument("--out-dir", default=common.RESULTS_DIR)
+    parser.add_argument("--out-dir", default=None, help="default results/ (results/quick/ with --quick, git-ignored)")
     parser.add_argument("--tag", default=None)
     parser.add_argument("--device", default="GPU:0", help="TF device (CPU:0 only to smoke-test this script)")
     args = parser.parse_args()
+    if args.out_dir is None:
+        args.out_dir = os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR
     if args.worker:
         worker_main(args)
         return

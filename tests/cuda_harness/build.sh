@@ -15,8 +15,19 @@ for a in $archs; do gencode+=" -gencode=arch=compute_${a},code=sm_${a}"; done
 flags="-std=c++17 --expt-relaxed-constexpr -O3 -lineinfo $gencode -I$root -I$cutlass"
 [ "${REDUCED:-0}" = 1 ] && flags+=" -DTF_FLASH_CUDA_REDUCED"
 srcs=("$root"/cc/kernels/cuda/flash_fwd_*.cu "$root/cc/kernels/cuda/cuda_entry.cu" "$root/tests/cuda_harness/fwd_harness.cu")
-[ "${VARIANTS:-1}" = 1 ] && srcs+=("$root/tests/cuda_harness/fwd_variants.cu")
-printf '%s\n' "${srcs[@]}" | xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
-  'nvcc '"$flags"' -Xptxas -warn-spills -c "$1" -o "'"$out"'/$(basename "$1" .cu).o"' _ {}
+[ "${PTXAS_VERBOSE:-0}" = 1 ] && flags+=" -Xptxas -v"
+jobs=()
+for src in "${srcs[@]}"; do jobs+=("$src|"); done
+if [ "${VARIANTS:-1}" = 1 ]; then  # one object per tile variant, plus the name table
+  n=$(grep -c '^  X(' "$root/tests/cuda_harness/fwd_variants.cu")
+  for ((i = 0; i < n; ++i)); do jobs+=("$root/tests/cuda_harness/fwd_variants.cu|$i"); done
+  jobs+=("$root/tests/cuda_harness/fwd_variants.cu|registry")
+fi
+rm -f "$out"/*.o
+printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-$(nproc)}" -I{} sh -c '
+  src="${1%|*}"; v="${1#*|}"; name=$(basename "$src" .cu); extra=""
+  if [ "$v" = registry ]; then extra="-DTF_FLASH_VARIANT_REGISTRY"; name="${name}_registry"
+  elif [ -n "$v" ]; then extra="-DTF_FLASH_VARIANT=$v"; name="${name}_$v"; fi
+  nvcc '"$flags"' $extra -Xptxas -warn-spills -c "$src" -o "'"$out"'/$name.o"' _ {}
 nvcc $gencode "$out"/*.o -o "$out/fwd_harness"
 echo "built $out/fwd_harness"

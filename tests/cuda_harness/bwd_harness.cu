@@ -39,6 +39,7 @@ struct Case {
   std::string name;
   DType dtype = DType::kBFloat16;
   int b = 1, sq = 128, sk = 128, h = 2, hkv = 2, d = 64;
+  int dv = 0;  // 0: same as d
   bool causal = false;
   int wl = -1, wr = -1;
   bool q_lengths = false, kv_lengths = false;
@@ -90,6 +91,7 @@ struct Rel {
 
 static int run_case(const Case& c, uint64_t seed, bool verbose) {
   const int B = c.b, Sq = c.sq, Sk = c.sk, H = c.h, Hkv = c.hkv, D = c.d, G = H / Hkv;
+  const int Dv = c.dv > 0 ? c.dv : c.d;
   const float scale = c.scale > 0 ? c.scale : 1.f / std::sqrt(float(D));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -99,7 +101,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
     return v;
   };
   std::vector<float> q = randn(size_t(B) * Sq * H * D), k = randn(size_t(B) * Sk * Hkv * D),
-                     v = randn(size_t(B) * Sk * Hkv * D), dout = randn(size_t(B) * Sq * H * D);
+                     v = randn(size_t(B) * Sk * Hkv * Dv), dout = randn(size_t(B) * Sq * H * Dv);
   std::vector<float> dlse;
   if (c.d_lse) {
     dlse.resize(size_t(B) * H * Sq);
@@ -133,12 +135,13 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   p.seqlen_k = Sk;
   p.num_heads = H;
   p.num_heads_kv = Hkv;
-  p.head_dim = p.head_dim_v = D;
+  p.head_dim = D;
+  p.head_dim_v = Dv;
   p.scale = scale;
   p.q_row_stride = int64_t(H) * D, p.q_head_stride = D, p.q_batch_stride = int64_t(Sq) * H * D;
   p.k_row_stride = int64_t(Hkv) * D, p.k_head_stride = D, p.k_batch_stride = int64_t(Sk) * Hkv * D;
-  p.v_row_stride = p.k_row_stride, p.v_head_stride = D, p.v_batch_stride = p.k_batch_stride;
-  p.o_row_stride = p.q_row_stride, p.o_head_stride = D, p.o_batch_stride = p.q_batch_stride;
+  p.v_row_stride = int64_t(Hkv) * Dv, p.v_head_stride = Dv, p.v_batch_stride = int64_t(Sk) * Hkv * Dv;
+  p.o_row_stride = int64_t(H) * Dv, p.o_head_stride = Dv, p.o_batch_stride = int64_t(Sq) * H * Dv;
   p.causal = c.causal;
   p.window_left = c.wl;
   p.window_right = c.wr;
@@ -165,7 +168,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   const double keep_scale = c.dropout > 0 ? 1.0 / (1.0 - c.dropout) : 1.0;
 
   // ---- float64 reference: forward (O, lse) then backward ----
-  std::vector<double> O(size_t(B) * Sq * H * D, 0.0), LSE(size_t(B) * H * Sq, -INFINITY);
+  std::vector<double> O(size_t(B) * Sq * H * Dv, 0.0), LSE(size_t(B) * H * Sq, -INFINITY);
   std::vector<double> dQ(q.size(), 0.0), dK(k.size(), 0.0), dV(v.size(), 0.0);
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int b = 0; b < B; ++b)
@@ -197,28 +200,28 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
             if (vis[j]) sum += std::exp(s[j] - mx);
           const double lse = mx + std::log(sum);
           LSE[(int64_t(b) * H + h) * Sq + i] = lse;
-          double* oi = &O[((int64_t(b) * Sq + i) * H + h) * D];
+          double* oi = &O[((int64_t(b) * Sq + i) * H + h) * Dv];
           for (int j = 0; j < Sk; ++j) {
             pr[j] = vis[j] ? std::exp(s[j] - lse) : 0.0;
             if (!vis[j]) continue;
             double pd = pr[j];
             if (c.dropout > 0)
               pd = dropout_keep(p.seed, p.seed_offset, uint64_t(b) * H + h, i, j, thr) ? pd * keep_scale : 0.0;
-            const float* vj = &v[((int64_t(b) * Sk + j) * Hkv + hk) * D];
-            for (int e = 0; e < D; ++e) oi[e] += pd * vj[e];
+            const float* vj = &v[((int64_t(b) * Sk + j) * Hkv + hk) * Dv];
+            for (int e = 0; e < Dv; ++e) oi[e] += pd * vj[e];
           }
           // backward of this row
-          const float* doi = &dout[((int64_t(b) * Sq + i) * H + h) * D];
+          const float* doi = &dout[((int64_t(b) * Sq + i) * H + h) * Dv];
           double Di = 0;
-          for (int e = 0; e < D; ++e) Di += double(doi[e]) * oi[e];
+          for (int e = 0; e < Dv; ++e) Di += double(doi[e]) * oi[e];
           if (c.d_lse) Di -= dlse[(int64_t(b) * H + h) * Sq + i];
           double* dqi = &dQ[((int64_t(b) * Sq + i) * H + h) * D];
           for (int j = 0; j < Sk; ++j) {
             if (!vis[j]) continue;
-            const float* vj = &v[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            const float* vj = &v[((int64_t(b) * Sk + j) * Hkv + hk) * Dv];
             const float* kj = &k[((int64_t(b) * Sk + j) * Hkv + hk) * D];
             double dpd = 0;
-            for (int e = 0; e < D; ++e) dpd += double(doi[e]) * vj[e];
+            for (int e = 0; e < Dv; ++e) dpd += double(doi[e]) * vj[e];
             double pd = pr[j], dpv = dpd;
             if (c.dropout > 0) {
               const bool keep = dropout_keep(p.seed, p.seed_offset, uint64_t(b) * H + h, i, j, thr);
@@ -226,10 +229,10 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
               dpv = keep ? dpd * keep_scale : 0.0;
             }
             const double ds = pr[j] * (dpv - Di);
-            double* dvj = &dV[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            double* dvj = &dV[((int64_t(b) * Sk + j) * Hkv + hk) * Dv];
             double* dkj = &dK[((int64_t(b) * Sk + j) * Hkv + hk) * D];
+            for (int e = 0; e < Dv; ++e) dvj[e] += pd * doi[e];
             for (int e = 0; e < D; ++e) {
-              dvj[e] += pd * doi[e];
               dkj[e] += scale * ds * qi[e];
               dqi[e] += scale * ds * kj[e];
             }
@@ -314,8 +317,8 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   const double tol = c.dtype == DType::kFloat16 ? 4e-3 : 2e-2;
   const bool ok = eq.nan == 0 && ek.nan == 0 && ev.nan == 0 && eq.value() < tol && ek.value() < tol &&
                   ev.value() < tol;
-  std::printf("%s %-44s %s d=%3d b=%d sq=%4d sk=%4d h=%d/%d  rel dq %.2e dk %.2e dv %.2e  nan %ld/%ld/%ld\n",
-              ok ? "ok  " : "FAIL", c.name.c_str(), c.dtype == DType::kFloat16 ? "fp16" : "bf16", D, B, Sq, Sk, H,
+  std::printf("%s %-44s %s d=%3d/%3d b=%d sq=%4d sk=%4d h=%d/%d  rel dq %.2e dk %.2e dv %.2e  nan %ld/%ld/%ld\n",
+              ok ? "ok  " : "FAIL", c.name.c_str(), c.dtype == DType::kFloat16 ? "fp16" : "bf16", D, Dv, B, Sq, Sk, H,
               Hkv, eq.value(), ek.value(), ev.value(), eq.nan, ek.nan, ev.nan);
   (void)verbose;
   cudaFree(const_cast<void*>(p.q));
@@ -428,15 +431,34 @@ static int run_tests() {
   }
   {
     Case c;
+    c.sq = 300, c.sk = 257, c.d = 80;
+    add(c, "head dim 80 (padded to 96)");
+    c.d = 40, c.causal = true;
+    add(c, "head dim 40 causal (padded to 64)");
+    c.d = 64, c.dv = 128, c.causal = false;
+    add(c, "head dims 64/128 (d != dv)");
+    c.d = 128, c.dv = 32, c.h = 4, c.hkv = 2;
+    add(c, "head dims 128/32 GQA");
+    c.d = 8, c.dv = 16, c.h = 2, c.hkv = 2;
+    add(c, "head dims 8/16");
+  }
+  {
+    Case c;
     c.b = 1, c.h = 1, c.hkv = 1, c.sq = 0, c.sk = 100;
     add(c, "seqlen_q 0");
     c.sq = 100, c.sk = 0;
     add(c, "seqlen_k 0");
   }
-  int fails = 0;
+  int fails = 0, run = 0;
   uint64_t seed = 1;
-  for (const Case& c : cases) fails += run_case(c, seed++, false);
-  std::printf("%d of %zu cases failed\n", fails, cases.size());
+  const char* filter = std::getenv("BWD_TEST_FILTER");  // substring of the case names to run
+  for (const Case& c : cases) {
+    ++seed;
+    if (filter && c.name.find(filter) == std::string::npos) continue;
+    fails += run_case(c, seed, false);
+    ++run;
+  }
+  std::printf("%d of %d cases failed\n", fails, run);
   return fails ? 1 : 0;
 }
 
@@ -450,12 +472,15 @@ __global__ void fill_normal(E* x, size_t n, uint32_t seed) {
   }
 }
 
-static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int warmup, int iters) {
+static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int warmup, int iters,
+                          float dropout = 0.f) {
   FlashBwdParams p;
   p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H;
   p.head_dim = p.head_dim_v = d;
   p.scale = 1.f / std::sqrt(float(d));
   p.causal = causal;
+  p.dropout_rate = dropout;
+  p.seed = 42;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * d;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * H * d;
@@ -532,10 +557,11 @@ static int run_bench(const std::vector<int>& dims) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "test";
   if (mode == "test") return run_tests();
-  if (mode == "bench1" && argc >= 8) {  // bench1 bf16|fp16 d batch seqlen heads causal: one config, 1+3 calls
+  if (mode == "bench1" && argc >= 8) {  // bench1 bf16|fp16 d batch seqlen heads causal [dropout [iters]]
     const DType t = std::string(argv[2]) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
     run_bench_one(t, std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
-                  std::atoi(argv[7]) != 0, 1, 3);
+                  std::atoi(argv[7]) != 0, argc > 9 ? 3 : 1, argc > 9 ? std::atoi(argv[9]) : 3,
+                  argc > 8 ? float(std::atof(argv[8])) : 0.f);
     return 0;
   }
   if (mode == "bench") {
@@ -544,6 +570,7 @@ int main(int argc, char** argv) {
     if (dims.empty()) dims = {64, 128};
     return run_bench(dims);
   }
-  std::fprintf(stderr, "usage: %s test | bench [head_dim ...]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s test | bench [head_dim ...] | bench1 dtype d b s h causal [dropout [iters]]\n",
+               argv[0]);
   return 2;
 }

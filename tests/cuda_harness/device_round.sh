@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device round for the forward kernel: build (16 cores), test, benchmark, tile variants, profile.
 # Usage on the GPU machine: tests/cuda_harness/device_round.sh [steps...]
-#   steps: build test bigoffset bench tiles ncu sanitize torch   (default: all but torch)
+#   steps: build test bigoffset bench tiles feat regs ncu sanitize torch   (default: all but torch)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/out}"
@@ -16,8 +16,10 @@ for step in $steps; do
     test) "$bin/fwd_harness" test > "$out/test.log" 2>&1; rc=$?; grep -E "FAIL|unsupported|passed" "$out/test.log" | tail -15
           [ $rc = 0 ] || echo "TEST FAILURES" ;;
     bigoffset) "$bin/fwd_harness" bigoffset ;;
-    bench) "$bin/fwd_harness" bench 64 128 256 > "$out/bench.log" 2>&1; cat "$out/bench.log" ;;
+    bench) "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench.log" 2>&1; cat "$out/bench.log" ;;
     tiles) "$bin/fwd_harness" tiles 2>&1 | tee "$out/tiles.log" ;;
+    feat) "$bin/fwd_harness" feat 2>&1 | tee "$out/feat.log" ;;
+    regs) grep -A1 "Compiling entry function" "$out/build.log" | grep -o "_ZN8tf_flash[^']*\|Used [0-9]* registers" | paste - - | sed 's/_ZN8tf_flash4cuda16flash_fwd_kernelINS0_9FwdTraitsI//' | cut -c1-120 | sort -u ;;
     ncu) ncu --launch-skip 3 --launch-count 1 -k regex:flash_fwd --section SpeedOfLight --section Occupancy \
            --section WarpStateStats --section SchedulerStats --section LaunchStats --section ComputeWorkloadAnalysis \
            --section MemoryWorkloadAnalysis "$bin/fwd_harness" one 128 0 8192 > "$out/ncu.log" 2>&1

@@ -7,6 +7,8 @@
 //   fwd_harness bigoffset      batch stride > 2^31 elements (64-bit offsets)
 //   fwd_harness bench [d...]   benchmarks.md grid, CUDA-event timing, median of 30 calls
 //   fwd_harness tiles          tile-shape variants of fwd_variants.cu (bf16, 2k and 8k)
+//   fwd_harness feat           dropout / masks / block-sparse / window cost (bf16, d128)
+//   fwd_harness one d c s      five calls of one shape, for a profiler
 //
 // Pass criterion (style.md): max |kernel - ref| <= 2 * max |std - ref| + 1e-3, where std is standard
 // attention computed in the input dtype (scores and probabilities rounded to it, fp32 accumulation);
@@ -523,6 +525,84 @@ int run_one(int d, bool causal, int s) {
   return 0;
 }
 
+// `feat`: cost of the general-variant features (bf16, d128, h16): dropout, element mask, block-sparse
+// density scaling, sliding window; each next to the plain kernel on the same shape.
+int run_feat() {
+  const int d = 128, h = 16, hidden = h * d;
+  const int smax = 16384;
+  const size_t n = size_t(smax) * hidden;
+  uint16_t *q, *k, *v, *o;
+  float* lse;
+  CHECK_CUDA(cudaMalloc(&q, n * 2));
+  CHECK_CUDA(cudaMalloc(&k, n * 2));
+  CHECK_CUDA(cudaMalloc(&v, n * 2));
+  CHECK_CUDA(cudaMalloc(&o, n * 2));
+  CHECK_CUDA(cudaMalloc(&lse, size_t(smax) * h * 4));
+  fill_normalish<<<1024, 256>>>(q, n, 1, false);
+  fill_normalish<<<1024, 256>>>(k, n, 2, false);
+  fill_normalish<<<1024, 256>>>(v, n, 3, false);
+  uint8_t* mask;  // element mask [S, S] for s = 8k, broadcast over batch and heads: all true
+  const int sm = 8192;
+  CHECK_CUDA(cudaMalloc(&mask, size_t(sm) * sm));
+  CHECK_CUDA(cudaMemset(mask, 1, size_t(sm) * sm));
+  std::mt19937 rng(3);
+  auto base = [&](int b, int s) {
+    FlashFwdParams p;
+    p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+    p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
+    p.head_dim = p.head_dim_v = d;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+    p.scale = 1.f / std::sqrt(float(d));
+    return p;
+  };
+  std::printf("%-34s %5s %6s %9s %8s\n", "feature (bf16 d128 h16)", "batch", "seqlen", "med_ms", "TFLOP/s*");
+  auto report = [&](const char* name, const FlashFwdParams& p, double density) {
+    const std::vector<float> ms = time_calls([&] { return tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr); });
+    const double med = ms[ms.size() / 2];
+    const double flops = 4.0 * p.batch * double(p.seqlen_q) * p.seqlen_k * h * d * density;
+    std::printf("%-34s %5d %6d %9.4f %8.1f\n", name, p.batch, p.seqlen_q, med, flops / (med * 1e-3) / 1e12);
+  };
+  for (int causal = 0; causal < 2; ++causal) {
+    FlashFwdParams p = base(2, sm);
+    p.causal = causal;
+    const double dens = causal ? 0.5 : 1.0;
+    report(causal ? "causal plain" : "plain", p, dens);
+    p.dropout_rate = 0.1f;
+    report(causal ? "causal dropout 0.1" : "dropout 0.1", p, dens);
+    p.dropout_rate = 0.f;
+    p.attn_mask.data = reinterpret_cast<const bool*>(mask);
+    p.attn_mask.row_stride = sm, p.attn_mask.col_stride = 1;
+    report(causal ? "causal attn_mask (all true)" : "attn_mask (all true)", p, dens);
+  }
+  // Block-sparse at 16k: random 128x128 blocks at density 1/1 .. 1/16 (FLOPs counted on visible blocks).
+  const int s = smax, nb = s / 128;
+  uint8_t* bm;
+  CHECK_CUDA(cudaMalloc(&bm, size_t(h) * nb * nb));
+  for (int inv : {1, 2, 4, 8, 16}) {
+    std::vector<uint8_t> hb(size_t(h) * nb * nb);
+    size_t vis = 0;
+    for (auto& x : hb) vis += (x = (rng() % inv) == 0);
+    CHECK_CUDA(cudaMemcpy(bm, hb.data(), hb.size(), cudaMemcpyHostToDevice));
+    FlashFwdParams p = base(1, s);
+    p.block_mask.data = reinterpret_cast<const bool*>(bm);
+    p.block_q = p.block_k = 128, p.num_q_blocks = p.num_k_blocks = nb;
+    p.block_mask.head_stride = int64_t(nb) * nb, p.block_mask.row_stride = nb, p.block_mask.col_stride = 1;
+    char name[64];
+    std::snprintf(name, sizeof name, "block-sparse density 1/%d", inv);
+    report(name, p, double(vis) / hb.size());
+  }
+  {
+    FlashFwdParams p = base(1, s);
+    report("plain", p, 1.0);
+    p.window_left = p.window_right = 512;
+    report("window (512, 512)", p, 1025.0 / s);
+  }
+  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(mask), cudaFree(bm);
+  return 0;
+}
+
 int run_bench(const std::vector<int>& dims) {
   const int tokens = 16384, hidden = 2048;
   const size_t n = size_t(tokens) * hidden;
@@ -599,6 +679,7 @@ int main(int argc, char** argv) {
   if (mode == "test") return run_tests(argc > 2 && std::string(argv[2]) == "quick");
   if (mode == "bigoffset") return run_bigoffset();
   if (mode == "tiles") return run_tiles();
+  if (mode == "feat") return run_feat();
   if (mode == "one" && argc == 5) return run_one(std::atoi(argv[2]), std::atoi(argv[3]) != 0, std::atoi(argv[4]));
   if (mode == "bench") {
     std::vector<int> dims;

@@ -23,9 +23,10 @@
 namespace tf_flash {
 namespace cuda {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, int kMinBlocks_ = 1>
 struct FwdTraits {
   using Element = Element_;
+  static constexpr int kMinBlocksPerSM = kMinBlocks_;  // __launch_bounds__: caps registers at 64K / (threads * this)
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -105,10 +106,11 @@ __device__ __forceinline__ TileCoverage block_mask_coverage(const FlashFwdParams
   return c;
 }
 
-// kGeneral adds the element masks (attn_mask, block_mask) and dropout; the plain variant handles
-// causal, window, lengths, GQA and any sequence lengths.
+// The plain variant handles causal, window, lengths, GQA and any sequence lengths. kGeneral adds
+// block_mask (tiles whose blocks are all False are skipped, tiles entirely True run unmasked, mixed
+// tiles are masked per element), attn_mask (read per element) and dropout.
 template <class Traits, bool kGeneral>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const FlashFwdParams p) {
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) flash_fwd_kernel(const FlashFwdParams p) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -202,23 +204,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   constexpr int kCols = decltype(size<1>(tScS_rc))::value;
 
-  // Block-mask state of the tiles (general variant only).
-  auto coverage = [&](int n_block) -> TileCoverage {
-    if constexpr (kGeneral) {
-      if (p.block_mask.data != nullptr) {
-        const int64_t n0 = int64_t(n_block) * kBlockN;
-        const int64_t n_end = n0 + kBlockN < kv_len ? n0 + kBlockN : kv_len;
-        return block_mask_coverage(p, b, h, m0, m_valid_end, n0, n_end);
-      }
+  // Block-mask state of the key tiles: computed once per CTA, in parallel, into a shared table of
+  // flags (bit 0: some block visible, bit 1: all visible), so that skipping runs of hidden tiles costs
+  // no global reads; tiles past the table's end are looked up directly.
+  constexpr int kTileTable = kGeneral ? 1024 : 1;
+  __shared__ uint8_t tile_flags[kTileTable];
+  auto coverage_global = [&](int n_block) -> TileCoverage {
+    const int64_t n0 = int64_t(n_block) * kBlockN;
+    const int64_t n_end = n0 + kBlockN < kv_len ? n0 + kBlockN : kv_len;
+    return block_mask_coverage(p, b, h, m0, m_valid_end, n0, n_end);
+  };
+  const bool has_block_mask = kGeneral && p.block_mask.data != nullptr;  // the plain variant gets none
+  if (has_block_mask) {
+    for (int n = n_block_min + tidx; n < n_block_max && n < kTileTable; n += Traits::kNThreads) {
+      const TileCoverage c = coverage_global(n);
+      tile_flags[n] = uint8_t((c.any ? 1 : 0) | (c.all ? 2 : 0));
     }
-    return TileCoverage{true, true};
+    __syncthreads();
+  }
+  auto coverage = [&](int n_block) -> TileCoverage {
+    if (!has_block_mask) return TileCoverage{true, true};
+    if (n_block < kTileTable) {
+      const int f = tile_flags[n_block];
+      return TileCoverage{(f & 1) != 0, (f & 2) != 0};
+    }
+    return coverage_global(n_block);
   };
   auto next_visible = [&](int n_block) -> int {  // the next tile to process below n_block
     int n = n_block - 1;
-    if constexpr (kGeneral) {
-      if (p.block_mask.data != nullptr)
-        while (n >= n_block_min && !coverage(n).any) --n;
-    }
+    if (has_block_mask)
+      while (n >= n_block_min && !coverage(n).any) --n;
     return n;
   };
 
@@ -252,7 +267,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   // row's key range, and every tile of the general variant); instantiated twice so that the hot
   // unmasked path carries none of that code.
   bool first = true;
-  auto step = [&](auto mask_tag) {
+  auto step = [&](auto mask_tag, const TileCoverage cover) __attribute__((always_inline)) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const int64_t n0 = int64_t(n_block) * kBlockN;
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -269,7 +284,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
 
     if constexpr (kMask) {
-      const TileCoverage cover = coverage(n_block);
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
@@ -282,8 +296,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
           const int col = get<1>(tScS_rc(0, ni));
           bool visible = col >= lo && col < hi;
           if constexpr (kGeneral) {
-            if (visible && p.attn_mask.data != nullptr) visible = mask_at(p.attn_mask, b, h, row, n0 + col);
             if (visible && !cover.all) visible = mask_at(p.block_mask, b, h, row / p.block_q, (n0 + col) / p.block_k);
+            if (visible && p.attn_mask.data != nullptr) visible = mask_at(p.attn_mask, b, h, row, n0 + col);
           }
           if (!visible) s(mi, ni) = -INFINITY;
         }
@@ -328,38 +342,55 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     }
     first = false;
 
+    Tensor rP = convert_fragment<Element>(acc_s);
     if constexpr (kGeneral) {
       if (has_dropout) {  // dropped after the normalizer is taken, as in dropout(softmax(s)) @ v
+        // Applied to the 16-bit probabilities (half the registers of the fp32 scores). Rows
+        // mi = half + 2 * m (half: the +8 row of the m16 atom); lanes l and l^1 hold the same 4-column
+        // group of both halves, so each computes one half's Philox draw and they swap results.
+        Tensor p_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
+        const int lane_half = threadIdx.x & 1;
         CUTE_UNROLL
-        for (int mi = 0; mi < kRows; ++mi) {
-          const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
+        for (int m = 0; m < kRows / 2; ++m) {
+          const int64_t my_row = m0 + get<0>(tScS_rc(2 * m + lane_half, 0));
           CUTE_UNROLL
           for (int ni = 0; ni < kCols; ni += 2) {  // a thread's column pairs never straddle a group of 4
             const int64_t col = n0 + get<1>(tScS_rc(0, ni));
-            const uint32_t bits = dropout_keep_bits4(p.seed, p.seed_offset, batch_head, row, col, drop_threshold);
-            if (!((bits >> (col & 3)) & 1u)) s(mi, ni) = 0.f;
-            if (!((bits >> ((col + 1) & 3)) & 1u)) s(mi, ni + 1) = 0.f;
+            const uint32_t mine = dropout_keep_bits4(p.seed, p.seed_offset, batch_head, my_row, col, drop_threshold);
+            const uint32_t theirs = __shfl_xor_sync(0xffffffffu, mine, 1);
+            const uint32_t bits0 = lane_half ? theirs : mine, bits1 = lane_half ? mine : theirs;
+            const int c = int(col & 3);
+            if (!((bits0 >> c) & 1u)) p_rc(2 * m, ni) = Element(0.f);
+            if (!((bits0 >> (c + 1)) & 1u)) p_rc(2 * m, ni + 1) = Element(0.f);
+            if (!((bits1 >> c) & 1u)) p_rc(2 * m + 1, ni) = Element(0.f);
+            if (!((bits1 >> (c + 1)) & 1u)) p_rc(2 * m + 1, ni + 1) = Element(0.f);
           }
         }
       }
     }
-
-    Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
     gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_copy_v);
 
     n_block = n_next;
   };
 
-  if constexpr (kGeneral) {
-    while (n_block >= n_block_min) step(std::true_type{});
-  } else {
-    // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full.
+  {
+    // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full, unless a
+    // block_mask or attn_mask hides some of their entries.
     const int hi_unmasked = int(first_row.end / kBlockN);
     const int lo_unmasked = int((last_row.begin + kBlockN - 1) / kBlockN);
-    while (n_block >= n_block_min) {
-      if (n_block < hi_unmasked && n_block >= lo_unmasked) step(std::false_type{});
-      else step(std::true_type{});
+    if constexpr (kGeneral) {
+      const bool elem_masks = p.attn_mask.data != nullptr;
+      while (n_block >= n_block_min) {
+        const TileCoverage cover = coverage(n_block);
+        if (n_block < hi_unmasked && n_block >= lo_unmasked && cover.all && !elem_masks) step(std::false_type{}, cover);
+        else step(std::true_type{}, cover);
+      }
+    } else {
+      while (n_block >= n_block_min) {
+        if (n_block < hi_unmasked && n_block >= lo_unmasked) step(std::false_type{}, TileCoverage{true, true});
+        else step(std::true_type{}, TileCoverage{true, true});
+      }
     }
   }
 

@@ -20,10 +20,9 @@ cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
   constexpr int smem = Traits::kSmemBytes;
   return BOOL_SWITCH(general, kGeneral, [&] {
     auto kernel = &flash_fwd_kernel<Traits, kGeneral>;
-    if (smem > 48 * 1024) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (err != cudaSuccess) return err;
-    }
+    // Always raised: static shared memory (the block-mask tile table) counts against the default 48 KB.
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
     kernel<<<grid, Traits::kNThreads, smem, stream>>>(params);
     return cudaGetLastError();
   });
