@@ -16,7 +16,7 @@ benchmarks.md) runs in processes of that interpreter, e.g. a venv with
     python benchmarks/bench_cpu.py            # full run (~30-40 min on 2 cores), results/cpu_<date>.*
     python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k (~30 min more; shorten with
                                               #   --long-seqlens 16384 32768 or --long-modes fwd)
-    python benchmarks/bench_cpu.py --quick    # smoke run (a few minutes), results/cpu_quick.*
+    python benchmarks/bench_cpu.py --quick    # smoke run (a few minutes), results/quick/ (git-ignored)
 """
 import argparse
 import json
