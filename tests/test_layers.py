@@ -450,6 +450,15 @@ def test_flash_attention_layer_gets_keras_masks_in_a_model():
 
 # ---------------------------------------------------------------- configs and argument checks
 
+def test_signatures_extend_keras_mha():
+    import inspect
+    for method in ("__init__", "call"):
+        ours = list(inspect.signature(getattr(FlashMultiHeadAttention, method)).parameters)
+        theirs = list(inspect.signature(getattr(keras.layers.MultiHeadAttention, method)).parameters)
+        theirs = [name for name in theirs if name != "kwargs"]
+        assert ours[:len(theirs)] == theirs, method
+
+
 def test_config_round_trip():
     layer = FlashMultiHeadAttention(
         3, 4, value_dim=5, dropout=0.1, use_bias=False, output_shape=(2, 3), sliding_window=4,
