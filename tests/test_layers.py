@@ -22,6 +22,10 @@ MODES = pytest.mark.parametrize("mode", ["eager", "function"])
 B, T, S, DIM = 2, 5, 7, 6
 
 
+# On GPUs Keras' float32 einsums (and possibly the kernel's matmuls) may run in TF32.
+GPU_TOL = {"gpu": {"atol": 5e-3, "rtol": 5e-3}}
+
+
 def _rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
@@ -126,7 +130,7 @@ def test_parity_with_keras_mha(case, mode, device):
     key = _rand(B, seq_k, 5, seed=3) if keras_key else value
     expected = _forward_backward(mha, query, value, key, call_kwargs, mode, query_mask)
     actual = _forward_backward(flash, query, value, key, call_kwargs, mode, query_mask)
-    _assert_close(actual, expected)
+    _assert_close(actual, expected, **GPU_TOL.get(device, {}))
 
 
 @MODES
@@ -409,7 +413,7 @@ def test_flash_attention_layer_matches_reference(case, mode, device):
     if query_rows is not None:
         expected = np.where(query_rows[:, :, None, None], expected, 0.0)
     assert out.shape == (B, seq_q, heads, 3)
-    _assert_close(out, expected, atol=1e-5)
+    _assert_close(out, expected, **GPU_TOL.get(device, {"atol": 1e-5}))
 
 
 class _SplitHeads(keras.layers.Layer):
