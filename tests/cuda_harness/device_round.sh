@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device round for the forward kernel: build (16 cores), test, benchmark, tile variants, profile.
 # Usage on the GPU machine: tests/cuda_harness/device_round.sh [steps...]
-#   steps: build test bigoffset bench tiles feat regs ncu sanitize torch   (default: all but torch)
+#   steps: build test bigoffset fp32 bench tiles feat regs ncu sanitize torch   (default: all but torch)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/out}"
@@ -16,6 +16,7 @@ for step in $steps; do
     test) "$bin/fwd_harness" test > "$out/test.log" 2>&1; rc=$?; grep -E "FAIL|unsupported|passed" "$out/test.log" | tail -15
           [ $rc = 0 ] || echo "TEST FAILURES" ;;
     bigoffset) "$bin/fwd_harness" bigoffset ;;
+    fp32) "$bin/fwd_harness" fp32 ;;
     bench) "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench.log" 2>&1; cat "$out/bench.log" ;;
     tiles) "$bin/fwd_harness" tiles 2>&1 | tee "$out/tiles.log" ;;
     feat) "$bin/fwd_harness" feat 2>&1 | tee "$out/feat.log" ;;

@@ -5,6 +5,7 @@
 //
 //   fwd_harness test [quick]   correctness cases (exit status 1 on any failure)
 //   fwd_harness bigoffset      batch stride > 2^31 elements (64-bit offsets)
+//   fwd_harness fp32           float32 path: flash_cuda_convert to bf16, kernel, convert back
 //   fwd_harness bench [d...]   benchmarks.md grid, CUDA-event timing, median of 30 calls
 //   fwd_harness tiles          tile-shape variants of fwd_variants.cu (bf16, 2k and 8k)
 //   fwd_harness feat           dropout / masks / block-sparse / window cost (bf16, d128)
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/kernels/cuda/convert.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
@@ -403,6 +405,95 @@ int run_bigoffset() {
   return ok ? 0 : 1;
 }
 
+// float32 path of the ops: float32 q/k/v -> bfloat16 (flash_cuda_convert), bfloat16 kernel, output back
+// to float32; compared with float64 attention of the float32 inputs. Tolerance: relative L2 error
+// <= 2e-2 and max error <= 2 * (bf16 standard attention's max error) + 1e-3.
+int run_fp32_path() {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  int fails = 0;
+  for (int causal = 0; causal < 2; ++causal) {
+    const int B = 2, S = 177, H = 2, D = 64;
+    const size_t n = size_t(B) * S * H * D;
+    std::vector<float> q(n), k(n), v(n);
+    for (auto* t : {&q, &k, &v})
+      for (auto& x : *t) x = normal(rng);
+    float *dq, *dk, *dv, *dout32;
+    uint16_t *bq, *bk, *bv, *bout;
+    for (float** ptr : {&dq, &dk, &dv, &dout32}) CHECK_CUDA(cudaMalloc(ptr, n * 4));
+    for (uint16_t** ptr : {&bq, &bk, &bv, &bout}) CHECK_CUDA(cudaMalloc(ptr, n * 2));
+    CHECK_CUDA(cudaMemcpy(dq, q.data(), n * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dk, k.data(), n * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(dv, v.data(), n * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(dout32, 0xFF, n * 4));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(dq, DType::kFloat32, bq, DType::kBFloat16, n, nullptr)));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(dk, DType::kFloat32, bk, DType::kBFloat16, n, nullptr)));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(dv, DType::kFloat32, bv, DType::kBFloat16, n, nullptr)));
+    FlashFwdParams p;
+    p.q = bq, p.k = bk, p.v = bv, p.out = bout;
+    p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H, p.head_dim = p.head_dim_v = D;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * H * D;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = H * D;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = D;
+    p.scale = 0.125f;
+    p.causal = causal;
+    CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr)));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(bout, DType::kBFloat16, dout32, DType::kFloat32, n, nullptr)));
+    std::vector<float> out(n);
+    CHECK_CUDA(cudaMemcpy(out.data(), dout32, n * 4, cudaMemcpyDeviceToHost));
+    // float64 reference from the float32 inputs, and bf16 standard attention for the error budget.
+    double num = 0, den = 0, emax = 0, estd = 0;
+    long nans = 0;
+    std::vector<double> sc(S);
+    std::vector<float> s32(S);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < S; ++i) {
+          const int end = causal ? i + 1 : S;
+          double mx = -INFINITY;
+          float mx32 = -INFINITY;
+          for (int j = 0; j < end; ++j) {
+            double a = 0;
+            float a32 = 0;
+            for (int d = 0; d < D; ++d) {
+              const size_t qi = ((size_t(b) * S + i) * H + h) * D + d, ki = ((size_t(b) * S + j) * H + h) * D + d;
+              a += double(q[qi]) * k[ki];
+              a32 += round_dt(q[qi], DType::kBFloat16) * round_dt(k[ki], DType::kBFloat16);
+            }
+            sc[j] = a * p.scale;
+            s32[j] = round_dt(round_dt(a32, DType::kBFloat16) * p.scale, DType::kBFloat16);
+            mx = std::max(mx, sc[j]);
+            mx32 = std::max(mx32, s32[j]);
+          }
+          double sum = 0;
+          float sum32 = 0;
+          for (int j = 0; j < end; ++j) sum += (sc[j] = std::exp(sc[j] - mx)), sum32 += (s32[j] = std::exp(s32[j] - mx32));
+          for (int d = 0; d < D; ++d) {
+            double o = 0;
+            float o32 = 0;
+            for (int j = 0; j < end; ++j) {
+              const float vv = v[((size_t(b) * S + j) * H + h) * D + d];
+              o += sc[j] / sum * vv;
+              o32 += round_dt(s32[j] / sum32, DType::kBFloat16) * round_dt(vv, DType::kBFloat16);
+            }
+            const float got = out[((size_t(b) * S + i) * H + h) * D + d];
+            if (std::isnan(got)) ++nans;
+            num += (got - o) * (got - o), den += o * o;
+            emax = std::max(emax, std::fabs(got - o));
+            estd = std::max(estd, std::fabs(double(round_dt(o32, DType::kBFloat16)) - o));
+          }
+        }
+    const double rel = std::sqrt(num / den);
+    const bool ok = nans == 0 && rel <= 2e-2 && emax <= 2 * estd + 1e-3;
+    std::printf("fp32 path (bf16 kernel) causal=%d: rel_l2 %.3g max_err %.3g bf16_std_max_err %.3g %s\n", causal, rel,
+                emax, estd, ok ? "ok" : "FAIL");
+    fails += !ok;
+    for (void* ptr : {(void*)dq, (void*)dk, (void*)dv, (void*)dout32, (void*)bq, (void*)bk, (void*)bv, (void*)bout})
+      cudaFree(ptr);
+  }
+  return fails ? 1 : 0;
+}
+
 __global__ void fill_normalish(uint16_t* x, size_t n, uint32_t seed, bool fp16) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     // Sum of 4 uniforms (Irwin-Hall), centered and scaled to unit variance: close enough to N(0,1).
@@ -678,6 +769,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
   if (mode == "test") return run_tests(argc > 2 && std::string(argv[2]) == "quick");
   if (mode == "bigoffset") return run_bigoffset();
+  if (mode == "fp32") return run_fp32_path();
   if (mode == "tiles") return run_tiles();
   if (mode == "feat") return run_feat();
   if (mode == "one" && argc == 5) return run_one(std::atoi(argv[2]), std::atoi(argv[3]) != 0, std::atoi(argv[4]));

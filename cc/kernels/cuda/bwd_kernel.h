@@ -36,12 +36,6 @@ namespace bwd {
 using namespace cute;
 
 constexpr float kLog2e = 1.4426950408889634f;
-// Rows of the lse/D/dQ-accumulator scratch are padded to a multiple of this (>= every kBlockM).
-constexpr int kScratchRowPad = 128;
-
-inline int64_t padded_rows(int64_t seqlen_q) {
-  return (seqlen_q + kScratchRowPad - 1) / kScratchRowPad * kScratchRowPad;
-}
 
 // Tile shapes and layouts of the dK/dV kernel, derived from (head dim, tiles, warps, dtype).
 //   kAtomMSdP: warps along M for S = Q K^T and dP = dO V^T ([kBlockM, kBlockN]).
@@ -166,44 +160,47 @@ CUTE_DEVICE void gemm_ss(TiledMma& mma, Acc& acc, RA& rA, RB& rB, SA const& sA, 
   }
 }
 
-// Rows [0, valid_rows) of a [ROWS, COLS] global tile into shared memory with cp.async; the other rows are
-// zero-filled (garbage there would turn 0 * x into NaN in dK = dS^T Q or dQ = dS K).
+// Rows [0, valid_rows) x columns [0, valid_cols) of a [ROWS, COLS] global tile into shared memory with
+// cp.async (16-byte vectors; valid_cols is a multiple of 8); the rest is zero-filled (garbage there would
+// turn 0 * x into NaN in dK = dS^T Q or dQ = dS K, and padded head-dim columns must not contribute).
 template <class TiledCopy, class ThrCopy, class G, class S>
-CUTE_DEVICE void load_rows(TiledCopy const& tiled_copy, ThrCopy const& thr, G const& g, S& s, int valid_rows) {
+CUTE_DEVICE void load_rows(TiledCopy const& tiled_copy, ThrCopy const& thr, G const& g, S& s, int valid_rows,
+                           int valid_cols) {
   Tensor tg = thr.partition_S(g);
   Tensor ts = thr.partition_D(s);
   Tensor tc = thr.partition_S(make_identity_tensor(shape(g)));
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tg); ++m) {
-    if (get<0>(tc(0, m, 0)) < valid_rows) {
-      copy(tiled_copy, tg(_, m, _), ts(_, m, _));
-    } else {
-      clear(ts(_, m, _));
+    const bool row_ok = get<0>(tc(0, m, 0)) < valid_rows;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tg); ++k) {
+      if (row_ok && get<1>(tc(0, m, k)) < valid_cols) {
+        copy(tiled_copy, tg(_, m, k), ts(_, m, k));
+      } else {
+        clear(ts(_, m, k));
+      }
     }
   }
 }
 
 struct BwdScratch {
-  float* dq_accum;  // [B, H, Sq_pad, D]
+  float* dq_accum;  // [B, H, Sq_pad, dq_cols]
   float* lse2;      // [B, H, Sq_pad]  lse * log2(e); +inf where P must be 0
   float* dvec;      // [B, H, Sq_pad]  rowsum(dO * O) - d_lse
   int64_t sq_pad;
+  int dq_cols;      // the kernel's head dim: max(head_dim, head_dim_v) rounded up to a compiled one
 };
 
 inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
   const int64_t sq_pad = padded_rows(p.seqlen_q);
   const int64_t rows = int64_t(p.batch) * p.num_heads * sq_pad;
   BwdScratch s;
+  s.dq_cols = bwd_headdim(p);
   s.dq_accum = p.scratch;
-  s.lse2 = p.scratch + rows * p.head_dim;
+  s.lse2 = p.scratch + rows * s.dq_cols;
   s.dvec = s.lse2 + rows;
   s.sq_pad = sq_pad;
   return s;
-}
-
-inline int64_t bwd_scratch_bytes(const FlashBwdParams& p) {
-  const int64_t rows = int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q);
-  return rows * (p.head_dim + 2) * int64_t(sizeof(float));
 }
 
 CUTE_HOST_DEVICE int64_t clamp_len(int64_t len, int64_t max_len) { return len < 0 ? 0 : (len > max_len ? max_len : len); }
@@ -246,8 +243,8 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const FlashBwdParam
     s.lse2[r] = lse2;
     s.dvec[r] = dval;
   }
-  float4* dq = reinterpret_cast<float4*>(s.dq_accum + r * p.head_dim);
-  for (int c = lane8; c < p.head_dim / 4; c += 8) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4* dq = reinterpret_cast<float4*>(s.dq_accum + r * s.dq_cols);
+  for (int c = lane8; c < s.dq_cols / 4; c += 8) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // ---- Kernel 3: dQ = scale * accumulator, in the output dtype. 8 elements per thread. ----
@@ -258,7 +255,7 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
   const int c = (threadIdx.x % kThreadsPerRow) * 8;
   const int h = blockIdx.y, b = blockIdx.z;
-  if (row >= p.seqlen_q) return;
+  if (row >= p.seqlen_q || c >= p.head_dim) return;
   const float* src = s.dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + row) * kHeadDim + c;
   const float4 a = reinterpret_cast<const float4*>(src)[0];
   const float4 z = reinterpret_cast<const float4*>(src)[1];
@@ -378,8 +375,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     Tensor gdO = make_tensor(make_gmem_ptr(do_ptr), TileQ{}, make_stride(p.o_row_stride, _1{}));
     Tensor sQ = sQ_at(st);
     Tensor sdO = sdO_at(st);
-    load_rows(gmem_load, gmem_thr, gQ, sQ, q_len - m0);
-    load_rows(gmem_load, gmem_thr, gdO, sdO, q_len - m0);
+    load_rows(gmem_load, gmem_thr, gQ, sQ, q_len - m0, p.head_dim);
+    load_rows(gmem_load, gmem_thr, gdO, sdO, q_len - m0, p.head_dim_v);
     const int64_t r = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
     if (tid < kBlockM) {
       SM80_CP_ASYNC_CACHEALWAYS<float>::copy(s.lse2[r + tid], smem_lse[st * kBlockM + tid]);
@@ -455,8 +452,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   // ---- prologue ----
   int it = next_visible(0);
   if (it < n_iter) {
-    load_rows(gmem_load, gmem_thr, gK, sK, kv_len - n0);
-    load_rows(gmem_load, gmem_thr, gV, sV, kv_len - n0);
+    load_rows(gmem_load, gmem_thr, gK, sK, kv_len - n0, p.head_dim);
+    load_rows(gmem_load, gmem_thr, gV, sV, kv_len - n0, p.head_dim_v);
     load_q_do(it, 0);
   }
   cp_async_fence();
@@ -478,24 +475,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     const float* lse2 = smem_lse + stage * kBlockM;
     const float* dvec = smem_d + stage * kBlockM;
 
-    // S = Q K^T, dP = dO V^T
+    // S = Q K^T; P = exp(scale S - lse) (0 where masked) goes to shared memory before dP = dO V^T is
+    // computed, so the stores overlap that GEMM. With dropout dV uses P Z / (1 - p), and dP is masked and
+    // scaled the same way (the keep bits are kept in registers between the two loops).
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    clear(acc_dp);
     gemm_ss(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
             thr_b_sdp);
-    gemm_ss(mma_sdp, acc_dp, tdPrdO, tdPrV, thr_a_sdp.partition_S(sdO), tdPsV, copy_a_sdp, copy_b_sdp, thr_a_sdp,
-            thr_b_sdp);
-
-    // P = exp(scale S - lse) (0 where masked), dS = P (dP - D); with dropout dV uses P Z / (1 - p) and
-    // dP is masked and scaled the same way.
     Tensor S = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-    Tensor dP = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
     const bool need_mask = has_attn_mask || (has_block_mask && !(tile_in_one_kblock &&
                                                                  m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
                            n0 + kBlockN > kv_len || (right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + right) ||
                            (left >= 0 && int64_t(n0) < int64_t(m0) + kBlockM - 1 - left);
+    constexpr int kFrag = decltype(size(acc_s))::value;
+    uint32_t keep_mask[(kFrag + 31) / 32];
+    CUTE_UNROLL
+    for (int i = 0; i < (kFrag + 31) / 32; ++i) keep_mask[i] = 0;
     Tensor acc_pd = make_tensor_like(acc_s);  // P Z / (1 - p) for dV (dropout only)
     Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
     CUTE_UNROLL
@@ -503,7 +498,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
       const int r = get<0>(tScS_rc(mi, 0));
       const int row = m0 + r;
       const float l2 = lse2[r];
-      const float dv = dvec[r];
       uint32_t keep_bits = 0;
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(S); ++ni) {
@@ -518,26 +512,45 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
           }
           if (!vis) pv = 0.f;
         }
-        float dpv = dP(mi, ni);
+        S(mi, ni) = pv;
         if constexpr (kDropout) {
           // The accumulator's columns come in even/odd pairs of one group of four: one Philox call a pair.
           if (ni % 2 == 0)
             keep_bits = dropout_keep_bits4(p.seed, p.seed_offset, uint64_t(b) * p.num_heads + h, row, col,
                                            drop_threshold);
           const bool keep = (keep_bits >> (col & 3)) & 1u;
+          const int idx = mi * size<1>(S) + ni;
+          if (keep) keep_mask[idx / 32] |= 1u << (idx % 32);
           Pd(mi, ni) = keep ? pv * keep_scale : 0.f;
-          dpv = keep ? dpv * keep_scale : 0.f;
         }
-        S(mi, ni) = pv;
-        dP(mi, ni) = pv * (dpv - dv);
       }
     }
     Tensor rP = [&] {
       if constexpr (kDropout) return to_element<Element>(acc_pd);
       else return to_element<Element>(acc_s);
     }();
-    Tensor rdS = to_element<Element>(acc_dp);
     copy(copy_pds, thr_pds.retile_S(rP), tPsP);
+
+    // dP = dO V^T, dS = P (dP - D)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_dp);
+    gemm_ss(mma_sdp, acc_dp, tdPrdO, tdPrV, thr_a_sdp.partition_S(sdO), tdPsV, copy_a_sdp, copy_b_sdp, thr_a_sdp,
+            thr_b_sdp);
+    Tensor dP = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+    CUTE_UNROLL
+    for (int mi = 0; mi < size<0>(dP); ++mi) {
+      const float dv = dvec[get<0>(tScS_rc(mi, 0))];
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(dP); ++ni) {
+        float dpv = dP(mi, ni);
+        if constexpr (kDropout) {
+          const int idx = mi * size<1>(S) + ni;
+          dpv = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? dpv * keep_scale : 0.f;
+        }
+        dP(mi, ni) = S(mi, ni) * (dpv - dv);
+      }
+    }
+    Tensor rdS = to_element<Element>(acc_dp);
     copy(copy_pds, thr_pds.retile_S(rdS), tPsdS);
     __syncthreads();
 
@@ -604,8 +617,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tgK); ++m) {
     if (get<0>(tc(0, m, 0)) < rows) {
-      copy(gmem_store, tsK(_, m, _), tgK(_, m, _));
-      copy(gmem_store, tsV(_, m, _), tgV(_, m, _));
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tgK); ++k) {
+        const int col = get<1>(tc(0, m, k));
+        if (col < p.head_dim) copy(gmem_store, tsK(_, m, k), tgK(_, m, k));
+        if (col < p.head_dim_v) copy(gmem_store, tsV(_, m, k), tgV(_, m, k));
+      }
     }
   }
 }
@@ -615,15 +632,11 @@ template <typename Element, int kHeadDim>
 struct BwdConfig;
 template <typename Element>
 struct BwdConfig<Element, 32> {
-  using Traits = BwdTraits<32, 64, 128, 8, 2, 4, 4, Element>;
+  using Traits = BwdTraits<32, 128, 128, 8, 4, 4, 4, Element>;
 };
 template <typename Element>
-struct BwdConfig<Element, 64> {
-#ifdef TF_FLASH_BWD_D64_M128
+struct BwdConfig<Element, 64> {  // 128 x 128 tiles: 201 vs 176 TFLOP/s for 64 x 128 (H100, bf16, b4 s4k)
   using Traits = BwdTraits<64, 128, 128, 8, 4, 4, 4, Element>;
-#else
-  using Traits = BwdTraits<64, 64, 128, 8, 2, 4, 4, Element>;
-#endif
 };
 template <typename Element>
 struct BwdConfig<Element, 96> {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
 
@@ -17,6 +18,31 @@ namespace bwd {
 // Element is cutlass::half_t or cutlass::bfloat16_t.
 template <typename Element, int kHeadDim>
 cudaError_t run_flash_bwd(const FlashBwdParams& params, cudaStream_t stream);
+
+// Rows of the lse/D/dQ-accumulator scratch are padded to a multiple of this (>= every kBlockM).
+constexpr int kScratchRowPad = 128;
+
+inline int64_t padded_rows(int64_t seqlen_q) {
+  return (seqlen_q + kScratchRowPad - 1) / kScratchRowPad * kScratchRowPad;
+}
+
+// Compiled backward head dims: max(head_dim, head_dim_v) rounds up to one of these (0: none fits).
+inline int bwd_round_headdim(int d) {
+  return d <= 32 && TF_FLASH_HEADDIM_COMPILED(32)     ? 32
+         : d <= 64 && TF_FLASH_HEADDIM_COMPILED(64)   ? 64
+         : d <= 96 && TF_FLASH_HEADDIM_COMPILED(96)   ? 96
+         : d <= 128 && TF_FLASH_HEADDIM_COMPILED(128) ? 128
+                                                      : 0;
+}
+inline int bwd_headdim(const FlashFwdParams& p) {
+  return bwd_round_headdim(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v);
+}
+
+// Scratch: dQ accumulator [B, H, Sq_pad, headdim] then lse2 and D, [B, H, Sq_pad] each, all float32.
+inline int64_t bwd_scratch_bytes(const FlashBwdParams& p) {
+  const int64_t rows = int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q);
+  return rows * (bwd_headdim(p) + 2) * int64_t(sizeof(float));
+}
 
 }  // namespace bwd
 

@@ -5,9 +5,7 @@
 
 #include <cutlass/numeric_types.h>
 
-#include "cc/kernels/cuda/bwd_kernel.h"
 #include "cc/kernels/cuda/bwd_launch.h"
-#include "cc/kernels/cuda/static_switch.h"
 
 namespace tf_flash {
 namespace {
@@ -19,13 +17,13 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15)
 std::string flash_bwd_cuda_unsupported(const FlashFwdParams& p, DType dtype) {
   if (dtype != DType::kFloat16 && dtype != DType::kBFloat16)
     return "the CUDA backward supports float16 and bfloat16 inputs only (received float32)";
-  if (p.head_dim != p.head_dim_v)
-    return "the CUDA backward needs head_dim == head_dim_v (received " + std::to_string(p.head_dim) + " and " +
-           std::to_string(p.head_dim_v) + ")";
-  const int d = p.head_dim;
-  if (!((d == 32 || d == 64 || d == 96 || d == 128) && TF_FLASH_HEADDIM_COMPILED(d)))
-    return "the CUDA backward has no kernel for head_dim=" + std::to_string(d) +
-           " (compiled: 32, 64, 96, 128 minus any left out of this build)";
+  if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim_v <= 0 || p.head_dim_v % 8 != 0)
+    return "the CUDA backward needs head dims that are positive multiples of 8 (received head_dim=" +
+           std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) + ")";
+  if (bwd::bwd_headdim(p) == 0)
+    return "the CUDA backward has no kernel for head_dim=" + std::to_string(p.head_dim) +
+           ", head_dim_v=" + std::to_string(p.head_dim_v) +
+           " (max of the two must round up to a compiled head dim of 32, 64, 96 or 128)";
   if (p.num_heads_kv <= 0 || p.num_heads % p.num_heads_kv != 0)
     return "num_heads must be a multiple of num_heads_kv (received " + std::to_string(p.num_heads) + " and " +
            std::to_string(p.num_heads_kv) + ")";
@@ -50,7 +48,7 @@ int flash_bwd_cuda(const FlashBwdParams& p, DType dtype, void* stream_ptr) {
     return int(cudaErrorMisalignedAddress);
   if (p.batch == 0 || p.num_heads == 0) return int(cudaSuccess);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int d = p.head_dim;
+  const int d = bwd::bwd_headdim(p);
   cudaError_t err = cudaErrorInvalidValue;
   auto run = [&](auto element_tag) {
     using E = decltype(element_tag);
