@@ -118,29 +118,40 @@ def collect_linux_doc(doc_root):
 
 
 def collect_licensedcode():
-    """License texts from the pip package licensedcode-data, labelled by license category."""
-    try:
-        import licensedcode_data  # noqa: F401 (only to locate the files)
-    except ImportError as e:
-        raise RuntimeError("--source licensedcode needs `pip install licensedcode-data`") from e
-    root = os.path.dirname(licensedcode_data.__file__)
+    """License texts of the pip package licensedcode-data, labelled by license category.
+
+    Each ``licensedcode/data/licenses/<key>.LICENSE`` holds a YAML header (``category: Permissive``,
+    ...) between ``---`` lines and then the license text; the header is dropped (it names the class).
+    Returns {class: [(doc_name, text)]}.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("licensedcode")
+    if spec is None:
+        raise RuntimeError("--source licensedcode needs `pip install licensedcode-data`")
+    roots = list(spec.submodule_search_locations or [])
+    files = sorted(f for r in roots for f in glob.glob(os.path.join(r, "data", "licenses", "*.LICENSE")))
     by_class = collections.defaultdict(list)
-    for yml in sorted(glob.glob(os.path.join(root, "**", "licenses", "*.yml"), recursive=True)):
-        category = None
-        with open(yml, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("category:"):
-                    category = line.split(":", 1)[1].strip().strip("'\"").lower().replace(" ", "-")
-                    break
-        text_path = yml[:-4] + ".LICENSE"
-        if category and os.path.exists(text_path):
-            by_class[category].append((os.path.basename(yml)[:-4], text_path))
+    for path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            raw = f.read()
+        parts = raw.split("---\n", 2)
+        if len(parts) < 3:
+            continue
+        header, text = parts[1], parts[2]
+        fields = dict(line.split(":", 1) for line in header.splitlines() if ":" in line)
+        if fields.get("is_deprecated", "").strip() in ("yes", "true"):
+            continue
+        category = fields.get("category", "").strip().strip("'\"").lower().replace(" ", "-")
+        if category and text.strip():
+            by_class[category].append((os.path.basename(path)[:-len(".LICENSE")], text))
     if not by_class:
-        raise RuntimeError(f"no license .yml/.LICENSE pairs found under {root}")
+        raise RuntimeError(f"no license files found under {roots}")
     return by_class
 
 
-def write_tree(by_class, out, min_docs):
+def write_tree(by_class, out, min_docs, read=read_text):
+    """Writes OUT/<class>/<doc>.txt for the classes with >= min_docs documents (OUT is replaced)."""
     if os.path.isdir(out):
         shutil.rmtree(out)
     kept = {c: docs for c, docs in sorted(by_class.items()) if len(docs) >= min_docs}
@@ -149,8 +160,8 @@ def write_tree(by_class, out, min_docs):
     for label, docs in kept.items():
         os.makedirs(os.path.join(out, label))
         n = 0
-        for doc_name, path in docs:
-            text = read_text(path)
+        for doc_name, source in docs:
+            text = read(source)
             if not text.strip():
                 continue
             with open(os.path.join(out, label, doc_name + ".txt"), "w", encoding="utf-8") as f:
@@ -163,12 +174,14 @@ def write_tree(by_class, out, min_docs):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", choices=["linux-doc", "licensedcode"], default="linux-doc")
-    p.add_argument("--out", default=os.path.join(REPO_ROOT, "data", "linux-doc"),
-                   help="output folder-per-class tree (replaced if it exists)")
+    p.add_argument("--out", default=None, help="output folder-per-class tree, replaced if it "
+                   "exists (default data/linux-doc or data/licensedcode)")
     p.add_argument("--package", default=DEFAULT_PACKAGE, help="Debian package with Documentation/")
     p.add_argument("--doc-root", default=None, help="a Documentation/ directory to read instead")
     p.add_argument("--min-docs", type=int, default=20, help="drop classes with fewer documents")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = os.path.join(REPO_ROOT, "data", args.source)
     if args.min_docs < 1:
         p.error(f"--min-docs must be >= 1. Received: min_docs={args.min_docs}")
 
@@ -179,7 +192,8 @@ def main(argv=None):
         print(f"merged into class 'arch': {' '.join(merged)}")
     else:
         by_class = collect_licensedcode()
-    counts, dropped = write_tree(by_class, args.out, args.min_docs)
+    counts, dropped = write_tree(by_class, args.out, args.min_docs,
+                                 read=read_text if args.source == "linux-doc" else str)
     total = sum(counts.values())
     print(f"wrote {total} documents in {len(counts)} classes to {args.out}")
     print(f"dropped classes with < {args.min_docs} documents: "
