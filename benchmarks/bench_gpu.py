@@ -197,6 +197,10 @@ def worker_main(args):
     run = _torch_run_config if is_torch else _tf_run_config
     with open(args.results, "a") as out:
         for cfg in configs:
+            if args.deadline and time.time() > args.deadline:
+                out.write(json.dumps({"id": cfg["id"], "result": {"error": "skipped: --time-limit"}}) + "\n")
+                out.flush()
+                continue
             out.write(json.dumps({"start": cfg["id"]}) + "\n")
             out.flush()
             try:
@@ -258,17 +262,24 @@ def build_configs(args):
     return configs
 
 
-def run_group(configs, args, log):
-    """Runs configs (one implementation) in worker processes, restarting after a crash. Returns {id: result}."""
+def run_group(configs, args, log, on_progress=None):
+    """Runs configs (one implementation) in worker processes, restarting after a crash. Returns {id: result}.
+    on_progress(results) is called now and then while results come in (to keep the result files current)."""
     results, remaining = {}, list(configs)
+    last_progress = time.perf_counter()
     while remaining:
+        if args.deadline and time.time() > args.deadline:
+            for c in remaining:
+                results[c["id"]] = {"error": "skipped: --time-limit"}
+            break
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(remaining, f)
             cfg_path = f.name
         res_path = cfg_path + ".results"
         open(res_path, "w").close()
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", cfg_path, "--results", res_path,
-               "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--device", args.device]
+               "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--device", args.device,
+               "--deadline", str(args.deadline or 0)]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seen, started, last_line = 0, None, ""
@@ -284,6 +295,9 @@ def run_group(configs, args, log):
             except subprocess.TimeoutExpired:
                 pass
             seen = _drain(res_path, seen, results, log, configs)
+            if on_progress and time.perf_counter() - last_progress > 30:
+                on_progress(results)
+                last_progress = time.perf_counter()
             if time.perf_counter() > deadline:
                 proc.kill()
                 proc.communicate()
@@ -469,6 +483,37 @@ def report(configs, results, info, args, stem):
             common.markdown_table(["config"] + impls, short))
 
 
+def merge_main(args):
+    """One report from several result files (e.g. runs split by --impls to fit the lent machine's limits)."""
+    import types
+    configs, results, impls, infos = [], {}, [], []
+    first = None
+    for path in args.merge:
+        with open(path) as f:
+            payload = json.load(f)
+        first = first or payload
+        infos.append(payload["info"])
+        for entry in payload["entries"]:
+            cfg = {k: v for k, v in entry.items() if k != "result"}
+            cfg["id"] = len(configs)
+            configs.append(cfg)
+            results[cfg["id"]] = entry["result"]
+            if cfg["impl"] not in impls:
+                impls.append(cfg["impl"])
+    merged = types.SimpleNamespace(**first["args"])
+    merged.impls = [i for i in impls if not i.startswith("torch")]
+    merged.torch = any(i.startswith("torch") for i in impls)
+    merged.grid = [tuple(g) for g in merged.grid]
+    merged.out_dir = args.out_dir
+    merged.dtypes = sorted({c["dtype"] for c in configs}, key=["bf16", "fp16", "fp32"].index)
+    merged.dims = sorted({c["dim"] for c in configs if "extras" not in c and c["kind"] == "speed"}) or merged.dims
+    info = dict(infos[0], merged_from=[os.path.basename(p) for p in args.merge],
+                dates=sorted({i.get("date_utc") for i in infos}))
+    stem = args.tag or "gpu_merged"
+    os.makedirs(args.out_dir, exist_ok=True)
+    print(report(configs, results, info, merged, stem))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -486,6 +531,12 @@ def main():
     parser.add_argument("--mem-seqlens", type=int, nargs="+", default=None)
     parser.add_argument("--fa1-seqlens", type=int, nargs="+", default=None)
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--torch-only", action="store_true", help="only the torch SDPA peer (implies --torch)")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds: start no configuration after this (the lent machine allows 10 min a command)")
+    parser.add_argument("--deadline", type=float, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--merge", nargs="+", default=None,
+                        help="result .json files of earlier runs (e.g. one per --impls subset): one combined report")
     parser.add_argument("--skip-extras", action="store_true", help="no block-sparse sweep / dropout overhead")
     parser.add_argument("--extras-shape", default=None, help="batch:seqlen of the extras (default 2:8192)")
     parser.add_argument("--block-size", type=int, default=128)
@@ -499,6 +550,13 @@ def main():
     if args.worker:
         worker_main(args)
         return
+    if args.merge:
+        merge_main(args)
+        return
+    if args.torch_only:
+        args.torch, args.impls = True, []
+    if args.time_limit:
+        args.deadline = time.time() + args.time_limit
     if args.grid:
         args.grid = [tuple(int(x) for x in item.split(":")) for item in args.grid.split(",")]
     else:
@@ -519,6 +577,11 @@ def main():
         args.mem_seqlens = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
     if args.fa1_seqlens is None:
         args.fa1_seqlens = [] if args.quick else [512, 1024, 2048, 4096, 8192]
+    try:  # the parent only coordinates: keep its TensorFlow off the GPU, the workers need all of it
+        import tensorflow as tf
+        tf.config.set_visible_devices([], "GPU")
+    except (ImportError, RuntimeError):
+        pass
     info = common.machine_info(gpu=True)
     if args.torch:
         try:
@@ -545,7 +608,11 @@ def main():
     for impl in list(args.impls) + (TORCH_IMPLS if args.torch else []):
         group = [c for c in configs if c["impl"] == impl]
         log(f"== {impl}: {len(group)} configurations")
-        results.update(run_group(group, args, log))
+
+        def progress(partial):
+            report(configs, {**results, **partial}, info, args, stem)
+
+        results.update(run_group(group, args, log, progress))
         short = report(configs, results, info, args, stem)
     log("")
     log(short)

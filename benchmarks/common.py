@@ -205,7 +205,7 @@ def fmt(value, digits=1):
 
 def info_markdown(info):
     keys = ["date_utc", "host", "cpu", "cpu_count", "mem_total_gib", "gpus", "platform", "python", "tensorflow",
-            "keras", "numpy", "tf_flash", "tf_flash_build", "torch", "git_commit"]
+            "keras", "numpy", "tf_flash", "tf_flash_build", "torch", "git_commit", "merged_from", "dates"]
     return "\n".join(f"- {k}: {info[k]}" for k in keys if k in info)
 
 
