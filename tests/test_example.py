@@ -52,6 +52,19 @@ def test_prepare_data_layout(tmp_path):
     assert (out / "arch" / "x86__boot.txt").read_text() == "x86 boot"
 
 
+def test_prepare_data_licensedcode(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("licensedcode") is None:
+        pytest.skip("pip package licensedcode-data is not installed")
+    out = tmp_path / "licenses"
+    assert prepare_data.main(["--source", "licensedcode", "--out", str(out)]) == 0
+    classes = sorted(os.listdir(out))
+    assert "permissive" in classes and "copyleft" in classes
+    text = (out / "permissive" / os.listdir(out / "permissive")[0]).read_text()
+    assert "category:" not in text  # the YAML header (which names the class) is dropped
+
+
 @pytest.mark.parametrize("bad", [["--min-docs", "0"], ["--doc-root", "/nonexistent/Documentation"]])
 def test_prepare_data_bad_arguments(tmp_path, bad):
     with pytest.raises((SystemExit, FileNotFoundError), match="min_docs|doc_root|2"):
