@@ -36,6 +36,13 @@ def _run(fn, mode):
     return tf.function(fn)() if mode == "graph" else fn()
 
 
+def _device_dtype(device):
+    """float32 where the device has float32 kernels, else float16."""
+    if "GPU" in device and tf_flash.build_info().get("cuda_float32", "0") != "1":
+        return tf.float16
+    return tf.float32
+
+
 def _gpu_skip_unsupported(device, dtype):
     if "GPU" in device and dtype == tf.float32 and tf_flash.build_info().get("cuda_float32", "0") != "1":
         pytest.skip("float32 is not compiled for the GPU")
@@ -79,34 +86,47 @@ def _features(rng, name, batch, seqlen_q, seqlen_k, heads):
     return kwargs
 
 
+# Relative error bounds vs float64 per input dtype: float32 accumulates like the reference; in half
+# precision the inputs themselves are rounded, so the bound scales with the dtype's epsilon.
+TOLERANCE = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2), "bfloat16": (3e-2, 8e-2)}
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_forward_and_gradients_float32(device, shape, feature):
+def test_forward_and_gradients(device, dtype, shape, feature):
+    if dtype != "float32" and "GPU" not in device and feature not in ("plain", "all"):
+        pytest.skip("the CPU half-precision paths share the float32 code after conversion: two features suffice")
+    _gpu_skip_unsupported(device, DTYPES[dtype])
     rng = np.random.default_rng(abs(hash((shape, feature))) % 2**32)
     batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v = shape
-    q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v)
+    tf_dtype = DTYPES[dtype]
+    q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v, dtype=tf_dtype)
     kwargs = _features(rng, feature, batch, seqlen_q, seqlen_k, heads)
-    d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v))
+    d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
     d_lse = _random(rng, (batch, heads, seqlen_q))
-    _gpu_skip_unsupported(device, tf.float32)
     with tf.device(device):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
             # d_lse flows too: lse is differentiable (its gradient is P).
-            loss = tf.reduce_sum(out * d_out) + tf.reduce_sum(tf.where(tf.math.is_inf(lse), 0.0, lse) * d_lse)
+            loss = (tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(d_out, tf.float32))
+                    + tf.reduce_sum(tf.where(tf.math.is_inf(lse), 0.0, lse) * d_lse))
         grads = tape.gradient(loss, [q, k, v])
     ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
     finite = np.isfinite(ref_lse)
     d_lse_ref = np.where(finite, to_numpy(d_lse), 0.0)
     ref_grads = reference_attention_grad(q, k, v, d_out, d_lse=d_lse_ref, **kwargs)
-    assert _rel_err(out, ref_out) < 1e-5
+    out_tol, grad_tol = TOLERANCE[dtype]
+    assert out.dtype == tf_dtype and lse.dtype == tf.float32
+    assert _rel_err(out, ref_out) < out_tol
     np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
     assert lse.numpy()[~finite].max(initial=-np.inf) == -np.inf
-    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], rtol=out_tol, atol=out_tol)
     for name, grad, ref in zip("qkv", grads, ref_grads):
-        assert _rel_err(grad, ref) < 1e-4, name
+        assert grad.dtype == tf_dtype
+        assert _rel_err(grad, ref) < grad_tol, name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -141,12 +161,12 @@ def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, h
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_dim", [8, 24, 40, 96, 160, 256])
 def test_head_dims(device, head_dim):
-    _gpu_skip_unsupported(device, tf.float32)
+    dtype = _device_dtype(device)
     rng = np.random.default_rng(head_dim)
-    q, k, v = _qkv(rng, 1, 70, 90, 2, 1, head_dim)
+    q, k, v = _qkv(rng, 1, 70, 90, 2, 1, head_dim, dtype=dtype)
     with tf.device(device):
         out = tf_flash.flash_attention(q, k, v, causal=True)
-    assert _rel_err(out, reference_attention(q, k, v, causal=True)[0]) < 1e-5
+    assert _rel_err(out, reference_attention(q, k, v, causal=True)[0]) < TOLERANCE[dtype.name][0]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -174,8 +194,9 @@ def test_rows_with_nothing_visible_give_zero_and_minus_inf(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_sequences(device):
-    q = tf.random.normal([2, 5, 2, 16])
-    k = tf.random.normal([2, 0, 2, 16])
+    dtype = _device_dtype(device)
+    q = tf.random.normal([2, 5, 2, 16], dtype=dtype)
+    k = tf.random.normal([2, 0, 2, 16], dtype=dtype)
     with tf.device(device):
         with tf.GradientTape() as tape:
             tape.watch([q, k])
@@ -184,7 +205,7 @@ def test_empty_sequences(device):
     assert out.shape == (2, 5, 2, 16) and (out.numpy() == 0).all() and (lse.numpy() == -np.inf).all()
     assert (d_q.numpy() == 0).all()
     with tf.device(device):
-        out = tf_flash.flash_attention(tf.zeros([2, 0, 2, 16]), q, q)
+        out = tf_flash.flash_attention(tf.zeros([2, 0, 2, 16], dtype), q, q)
     assert out.shape == (2, 0, 2, 16)
 
 
@@ -193,17 +214,18 @@ def test_outputs_fully_written(device):
     """Every element is written: the outputs of a poisoned allocator would show up as NaN or garbage.
     Run twice on one device after a NaN-producing op so recycled buffers hold NaNs."""
     rng = np.random.default_rng(5)
-    q, k, v = _qkv(rng, 2, 131, 97, 3, 3, 48)
+    dtype = _device_dtype(device)
+    q, k, v = _qkv(rng, 2, 131, 97, 3, 3, 48, dtype=dtype)
     with tf.device(device):
         for _ in range(2):
-            poison = tf.fill([2 * 131 * 3 * 48 * 4], np.nan)  # noqa: F841 (fills the pool with NaNs)
+            poison = tf.fill([2 * 131 * 3 * 48 * 4], tf.constant(np.nan, dtype))  # fills the pool with NaNs
             del poison
             with tf.GradientTape() as tape:
                 tape.watch([q, k, v])
                 out = tf_flash.flash_attention(q, k, v, q_lengths=[100, 131], kv_lengths=[97, 50], causal=True)
             grads = tape.gradient(out, [q, k, v])
             for t in [out, *grads]:
-                assert np.isfinite(t.numpy()).all()
+                assert np.isfinite(to_numpy(t)).all()
 
 
 def test_compute_gradient_float32():

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The TensorFlow GPU test-and-benchmark round on the lent GPU machine, which has nvcc and 16 cores but
+# no Bazel, no TF headers and no network (TensorFlow itself arrives through ../shared/gpu/).
+#
+#   bash scripts/gpu_round.sh host            here: host objects of the op library compiled with the
+#                                             GPU kernels registered, plus CUTLASS headers, in .gpu_build/
+#   bash scripts/gpu_round.sh device [steps]  there: nvcc the .cu files (same flags as cc/BUILD, sm_90a),
+#                                             link the library, then run steps: test, layers, bench
+#
+# The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
+# the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:?host or device}"; shift || true
+build=.gpu_build
+
+if [[ $mode == host ]]; then
+  grep -qx '/.gpu_build/' .git/info/exclude || echo '/.gpu_build/' >> .git/info/exclude
+  rm -rf "$build" && mkdir -p "$build/obj"
+  python3 - > "$build/flags" <<'PY'
+import tensorflow as tf
+print(" ".join(tf.sysconfig.get_compile_flags()))
+PY
+  tf_include=$(python3 -c "import tensorflow as tf; print(tf.sysconfig.get_include())" 2>/dev/null)
+  cutlass=$(python3 -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
+  info="cuda=1;cuda_archs=90a;tf=$(python3 -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)"
+  for src in cc/ops/flash_attention_ops.cc cc/kernels/flash_attention_kernels.cc cc/kernels/cpu/*.cc; do
+    g++ -c -fPIC -O3 -mavx2 -mfma -mf16c -Wno-deprecated-declarations $(cat "$build/flags") -I. \
+      -I"$tf_include/third_party/gpus/cuda/include" -DTF_FLASH_WITH_CUDA=1 -DGOOGLE_CUDA=1 \
+      "-DTF_FLASH_BUILD_INFO=\"$info\"" "$src" -o "$build/obj/$(basename "$src" .cc).o" &
+  done
+  wait
+  tar -czf "$build/cutlass_include.tgz" -C "$cutlass/.." include
+  du -sh "$build"
+  exit 0
+fi
+
+# ---- device ----
+out="${OUT:-/tmp/out}"; mkdir -p "$out"
+source .gpu/env/env.sh
+site=$(python3 -c "import tensorflow as tf, os; print(os.path.dirname(tf.__file__))")
+mkdir -p /tmp/cutlass build/gpu/cuda_obj && tar -xzf "$build/cutlass_include.tgz" -C /tmp/cutlass
+defines=$(tr ' ' '\n' < "$build/flags" | grep '^-D' | tr '\n' ' ')
+start=$(date +%s)
+# Rebuild only when the sources or host objects changed (build/ survives between calls on one machine).
+stamp=$(cat cc/kernels/cuda/* cc/kernels/flash/* "$build"/obj/*.o | sha256sum | cut -c1-16)
+if [[ "$(cat build/gpu/stamp 2>/dev/null)" != "$stamp" ]]; then
+ls cc/kernels/cuda/*.cu | xargs -P 16 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr --expt-extended-lambda \
+  -lineinfo -Xcompiler=-fPIC -gencode=arch=compute_90a,code=sm_90a '"$defines"' -DNDEBUG -I. -I/tmp/cutlass/include \
+  -c {} -o build/gpu/cuda_obj/$(basename {} .cu).o' > "$out/nvcc.log" 2>&1 || { tail -40 "$out/nvcc.log"; exit 1; }
+g++ -shared -o build/gpu/_flash_attention_ops.so "$build"/obj/*.o build/gpu/cuda_obj/*.o \
+  -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2
+echo "$stamp" > build/gpu/stamp
+echo "gpu_round: library built in $(( $(date +%s) - start ))s"
+fi
+export TF_FLASH_LIBRARY=$PWD/build/gpu/_flash_attention_ops.so PYTHONUNBUFFERED=1
+python3 -c "import tf_flash, tensorflow as tf; print(tf_flash.build_info(), tf.config.list_physical_devices('GPU'))"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+set +e  # every step runs; each leaves its log under $OUT
+for step in "${@:-test}"; do
+  case $step in
+    test) timeout 420 python3 -m pytest -q tests/test_flash_attention.py tests/test_dropout.py tests/test_sparsity.py \
+            -m gpu -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu_ops.log" | tail -25 ;;
+    layers) timeout 300 python3 -m pytest -q tests/test_layers.py tests/test_saving.py -p no:cacheprovider 2>&1 \
+            | tee "$out/pytest_gpu_layers.log" | tail -15 ;;
+    sanitize) timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_flash_attention.py -m gpu \
+            -k "outputs_fully_written or empty or nothing_visible" -p no:cacheprovider 2>&1 \
+            | tee "$out/sanitize.log" | tail -8 ;;
+    bench) timeout 400 python3 benchmarks/bench_gpu.py ${BENCH_ARGS:-} 2>&1 | tee "$out/bench_gpu.log" | tail -40 ;;
+  esac
+done
