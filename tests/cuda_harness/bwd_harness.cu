@@ -502,6 +502,22 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
   CHECK_CUDA(cudaMalloc(&p.d_k, n * 2));
   CHECK_CUDA(cudaMalloc(&p.d_v, n * 2));
   CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p)));
+  // BWD_BENCH_BLOCK_DENSITY=x: random 128x128 block mask keeping a fraction x of the blocks (block-sparse).
+  const char* density_env = std::getenv("BWD_BENCH_BLOCK_DENSITY");
+  void* bmask_dev = nullptr;
+  if (density_env) {
+    const int nb = (S + 127) / 128;
+    std::vector<uint8_t> bm(size_t(B) * H * nb * nb);
+    std::mt19937 rng(7);
+    std::bernoulli_distribution keep(std::atof(density_env));
+    for (auto& x : bm) x = keep(rng);
+    CHECK_CUDA(cudaMalloc(&bmask_dev, bm.size()));
+    CHECK_CUDA(cudaMemcpy(bmask_dev, bm.data(), bm.size(), cudaMemcpyHostToDevice));
+    p.block_mask.data = static_cast<const bool*>(bmask_dev);
+    p.block_mask.batch_stride = int64_t(H) * nb * nb, p.block_mask.head_stride = int64_t(nb) * nb;
+    p.block_mask.row_stride = nb, p.block_mask.col_stride = 1;
+    p.block_q = p.block_k = 128, p.num_q_blocks = p.num_k_blocks = nb;
+  }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
@@ -531,6 +547,7 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
   cudaFree(p.d_k);
   cudaFree(p.d_v);
   cudaFree(p.scratch);
+  cudaFree(bmask_dev);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(stream);

@@ -270,8 +270,9 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
 }
 
 // ---- Kernel 2: dK, dV of one key tile; dQ by atomics. ----
-// kGeneral: attn_mask / block_mask / dropout code compiled in (the plain variant has none of it).
-template <typename Traits, bool kGeneral, bool kDropout>
+// kMasks: attn_mask / block_mask code compiled in; kDropout: Philox dropout. The plain variant has neither
+// (the mask code alone costs the d128 kernel ~1 KB of register spills).
+template <typename Traits, bool kMasks, bool kDropout>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const FlashBwdParams p, BwdScratch s) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
 
   // Block-sparse: a tile is visited when any block it overlaps is True; a tile overlapping several blocks
   // also gets the element-wise block check.
-  const bool has_block_mask = kGeneral && p.block_mask.data != nullptr;
+  const bool has_block_mask = kMasks && p.block_mask.data != nullptr;
   const bool tile_in_one_kblock = !has_block_mask || (n0 / p.block_k == (n0 + kBlockN - 1) / p.block_k);
   auto tile_visible = [&](int it) -> bool {
     if (!has_block_mask) return true;
@@ -445,7 +446,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
 
   const float scale_log2 = p.scale * kLog2e;
-  const bool has_attn_mask = kGeneral && p.attn_mask.data != nullptr;
+  const bool has_attn_mask = kMasks && p.attn_mask.data != nullptr;
   const uint32_t drop_threshold = kDropout ? dropout_threshold(p.dropout_rate) : 0u;
   const float keep_scale = kDropout ? 1.f / (1.f - p.dropout_rate) : 1.f;
 
@@ -488,9 +489,37 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
                            n0 + kBlockN > kv_len || (right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + right) ||
                            (left >= 0 && int64_t(n0) < int64_t(m0) + kBlockM - 1 - left);
     constexpr int kFrag = decltype(size(acc_s))::value;
-    uint32_t keep_mask[(kFrag + 31) / 32];
-    CUTE_UNROLL
-    for (int i = 0; i < (kFrag + 31) / 32; ++i) keep_mask[i] = 0;
+    uint32_t keep_mask[(kFrag + 31) / 32];  // bit mi * cols + ni: entry kept by dropout
+    if constexpr (kDropout) {
+      // One Philox call gives the keep bits of 4 adjacent columns of one row. The two lanes of an even/odd
+      // pair hold the two column pairs of the same group of 4 on the same two rows (g, g + 8): each lane
+      // draws one of the rows and they swap the bits, so each call serves 4 entries, none wasted.
+      CUTE_UNROLL
+      for (int i = 0; i < (kFrag + 31) / 32; ++i) keep_mask[i] = 0;
+      const bool odd_lane = threadIdx.x & 1;
+      const uint64_t bh = uint64_t(b) * p.num_heads + h;
+      CUTE_UNROLL
+      for (int mm = 0; mm < size<0>(S) / 2; ++mm) {
+        const int row0 = m0 + get<0>(tScS_rc(2 * mm, 0));
+        const int row1 = m0 + get<0>(tScS_rc(2 * mm + 1, 0));
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(S); ni += 2) {
+          const int col = n0 + get<1>(tScS_rc(0, ni));
+          const uint32_t mine =
+              dropout_keep_bits4(p.seed, p.seed_offset, bh, odd_lane ? row1 : row0, col, drop_threshold);
+          const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 1);
+          const uint32_t bits[2] = {odd_lane ? other : mine, odd_lane ? mine : other};
+          CUTE_UNROLL
+          for (int rh = 0; rh < 2; ++rh) {
+            CUTE_UNROLL
+            for (int j = 0; j < 2; ++j) {
+              const int idx = (2 * mm + rh) * size<1>(S) + ni + j;
+              keep_mask[idx / 32] |= ((bits[rh] >> ((col + j) & 3)) & 1u) << (idx % 32);
+            }
+          }
+        }
+      }
+    }
     Tensor acc_pd = make_tensor_like(acc_s);  // P Z / (1 - p) for dV (dropout only)
     Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
     CUTE_UNROLL
@@ -498,7 +527,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
       const int r = get<0>(tScS_rc(mi, 0));
       const int row = m0 + r;
       const float l2 = lse2[r];
-      uint32_t keep_bits = 0;
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(S); ++ni) {
         const int col = n0 + get<1>(tScS_rc(0, ni));
@@ -506,7 +534,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
         if (need_mask) {
           bool vis = col < kv_len && row < q_len && (right < 0 || col <= row + right) &&
                      (left < 0 || col >= row - left);
-          if constexpr (kGeneral) {
+          if constexpr (kMasks) {
             if (vis && has_attn_mask) vis = mask_at(p.attn_mask, b, h, row, col);
             if (vis && has_block_mask) vis = block_visible(p, b, h, row / p.block_q, col / p.block_k);
           }
@@ -514,14 +542,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
         }
         S(mi, ni) = pv;
         if constexpr (kDropout) {
-          // The accumulator's columns come in even/odd pairs of one group of four: one Philox call a pair.
-          if (ni % 2 == 0)
-            keep_bits = dropout_keep_bits4(p.seed, p.seed_offset, uint64_t(b) * p.num_heads + h, row, col,
-                                           drop_threshold);
-          const bool keep = (keep_bits >> (col & 3)) & 1u;
           const int idx = mi * size<1>(S) + ni;
-          if (keep) keep_mask[idx / 32] |= 1u << (idx % 32);
-          Pd(mi, ni) = keep ? pv * keep_scale : 0.f;
+          Pd(mi, ni) = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? pv * keep_scale : 0.f;
         }
       }
     }
@@ -667,10 +689,12 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       kernel<<<grid, Traits::kNThreads, smem, stream>>>(p, s);
       return cudaGetLastError();
     };
-    const bool general = p.attn_mask.data != nullptr || p.block_mask.data != nullptr || p.dropout_rate > 0.f;
-    cudaError_t e = p.dropout_rate > 0.f ? launch(bwd_dkdv_kernel<Traits, true, true>)
-                    : general            ? launch(bwd_dkdv_kernel<Traits, true, false>)
-                                         : launch(bwd_dkdv_kernel<Traits, false, false>);
+    const bool masks = p.attn_mask.data != nullptr || p.block_mask.data != nullptr;
+    const bool dropout = p.dropout_rate > 0.f;
+    cudaError_t e = masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
+                                     : launch(bwd_dkdv_kernel<Traits, true, false>))
+                          : (dropout ? launch(bwd_dkdv_kernel<Traits, false, true>)
+                                     : launch(bwd_dkdv_kernel<Traits, false, false>));
     if (e != cudaSuccess) return e;
   }
   if (p.seqlen_q > 0) {
