@@ -37,7 +37,9 @@ fi
 
 # ---- device ----
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
-source .gpu/env/env.sh
+set +eo pipefail  # env.sh is written for interactive shells
+source .gpu/env/env.sh || { echo "gpu_round: TensorFlow is not stashed on this machine (../shared/gpu/README.md)" >&2; exit 1; }
+set -eo pipefail
 site=$(python3 -c "import tensorflow as tf, os; print(os.path.dirname(tf.__file__))")
 mkdir -p /tmp/cutlass build/gpu/cuda_obj && tar -xzf "$build/cutlass_include.tgz" -C /tmp/cutlass
 defines=$(tr ' ' '\n' < "$build/flags" | grep '^-D' | tr '\n' ' ')
