@@ -421,6 +421,8 @@ static int run_tests() {
     add(c, "block_mask 32 (element-wise)");
     c.block_mask = 64, c.causal = true;
     add(c, "block_mask 64 causal");
+    c.sq = 700, c.sk = 650, c.d = 128, c.block_mask = 128, c.causal = false, c.dropout = 0.1f;
+    add(c, "block_mask 128 + dropout d128");
   }
   {
     Case c;

@@ -270,8 +270,9 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
 }
 
 // ---- Kernel 2: dK, dV of one key tile; dQ by atomics. ----
-// kMasks: attn_mask / block_mask code compiled in; kDropout: Philox dropout. The plain variant has neither
-// (the mask code alone costs the d128 kernel ~1 KB of register spills).
+// kMasks: element-wise attn_mask / block_mask code compiled in; kDropout: Philox dropout. The plain variant
+// has neither (that code alone costs the d128 kernel ~1 KB of register spills) but still skips the tiles of
+// a block_mask whose blocks are multiples of the tiles (each tile then lies in one block).
 template <typename Traits, bool kMasks, bool kDropout>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const FlashBwdParams p, BwdScratch s) {
   using Element = typename Traits::Element;
@@ -314,7 +315,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
 
   // Block-sparse: a tile is visited when any block it overlaps is True; a tile overlapping several blocks
   // also gets the element-wise block check.
-  const bool has_block_mask = kMasks && p.block_mask.data != nullptr;
+  const bool has_block_mask = p.block_mask.data != nullptr;
   const bool tile_in_one_kblock = !has_block_mask || (n0 / p.block_k == (n0 + kBlockN - 1) / p.block_k);
   auto tile_visible = [&](int it) -> bool {
     if (!has_block_mask) return true;
@@ -484,7 +485,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     gemm_ss(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
             thr_b_sdp);
     Tensor S = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-    const bool need_mask = has_attn_mask || (has_block_mask && !(tile_in_one_kblock &&
+    const bool need_mask = has_attn_mask || (kMasks && has_block_mask && !(tile_in_one_kblock &&
                                                                  m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
                            n0 + kBlockN > kv_len || (right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + right) ||
                            (left >= 0 && int64_t(n0) < int64_t(m0) + kBlockM - 1 - left);
@@ -689,7 +690,9 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       kernel<<<grid, Traits::kNThreads, smem, stream>>>(p, s);
       return cudaGetLastError();
     };
-    const bool masks = p.attn_mask.data != nullptr || p.block_mask.data != nullptr;
+    const bool masks = p.attn_mask.data != nullptr ||
+                       (p.block_mask.data != nullptr &&
+                        (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
     cudaError_t e = masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
                                      : launch(bwd_dkdv_kernel<Traits, true, false>))
