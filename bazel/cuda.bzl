@@ -113,5 +113,6 @@ def cuda_static_library(name, srcs, hdrs = [], deps = [], copts = [], defines = 
         srcs = [":" + name + "_nvcc"],
         deps = [runtime] if runtime else [],
         alwayslink = 1,
+        linkstatic = 1,
         **kwargs
     )

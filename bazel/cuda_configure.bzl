@@ -11,7 +11,10 @@ Environment (also settable as `bazel build --repo_env=NAME=VALUE`):
                        cc/kernels/cuda/static_switch.h): a quicker compile check for CI.
   CUDA_HOME, CUDA_PATH toolkit roots searched first (bin/nvcc).
 nvcc is looked for in: $CUDA_HOME, $CUDA_PATH, PATH, /usr/local/cuda, then the pip package
-nvidia-cuda-nvcc-cu12 (the one `tensorflow[and-cuda]` installs) of the build's Python.
+nvidia-cuda-nvcc-cu12 (the one `tensorflow[and-cuda]` installs) of the build's Python, where that
+wheel ships bin/nvcc (12.5 ships only ptxas). With the pip toolkit, headers come from the runtime and
+cccl wheels and the runtime is linked shared (libcudart.so.12, which TensorFlow loads first): those
+wheels have no libcudart_static.a.
 
 Generated: //:defs.bzl (CUDA_ENABLED, NVCC, CUDA_ARCHS, CUDA_VERSION, CUDA_REASON, NVCC_EXTRA_FLAGS, CUDA_REDUCED),
 //:cudart (the CUDA runtime, static when libcudart_static.a exists) and //:cuda_headers (the toolkit's
@@ -24,7 +27,7 @@ _DEFAULT_ARCHS = "80;90a"
 
 _PIP_QUERY = """
 import os
-for mod in ["nvidia.cuda_nvcc", "nvidia.cuda_runtime"]:
+for mod in ["nvidia.cuda_nvcc", "nvidia.cuda_runtime", "nvidia.cuda_cccl"]:
     try:
         m = __import__(mod, fromlist=["x"])
         paths = list(getattr(m, "__path__", [])) or [os.path.dirname(m.__file__)]
@@ -200,13 +203,17 @@ def _cuda_configure_impl(repository_ctx):
     lib_dirs = _flag_paths(dry.get("LIBRARIES", ""), ["-L"])
     if top:
         lib_dirs += [top + "/lib64", top + "/lib"]
-    runtime_dir = pip.get("TF_FLASH_CUDA_RUNTIME", [""])[-1]
     nvcc_includes = []
-    if runtime_dir and nvcc.startswith(pip_nvcc_dir or "//"):
-        # pip's nvcc ships without cuda_runtime.h; the runtime wheel has it.
-        include_dirs.append(runtime_dir + "/include")
-        nvcc_includes.append(runtime_dir + "/include")
-        lib_dirs.append(runtime_dir + "/lib")
+    if pip_nvcc_dir and nvcc.startswith(_realpath(repository_ctx, pip_nvcc_dir)):
+        # The pip toolkit is split in wheels: cuda_runtime.h and the runtime libraries are in
+        # nvidia-cuda-runtime-cu12, libcu++/CUB/Thrust (which CUTLASS includes) in nvidia-cuda-cccl-cu12.
+        for key in ["TF_FLASH_CUDA_RUNTIME", "TF_FLASH_CUDA_CCCL"]:
+            d = pip.get(key, [""])[-1]
+            if d and repository_ctx.path(d + "/include").exists:
+                include_dirs.append(d + "/include")
+                nvcc_includes.append(d + "/include")
+            if d and repository_ctx.path(d + "/lib").exists:
+                lib_dirs.append(d + "/lib")
 
     cudart_static = None
     cudart_shared = None
