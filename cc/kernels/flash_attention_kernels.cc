@@ -212,6 +212,12 @@ tf::Status FillParams(const FlashAttrs& attrs, const tf::Tensor& q, const tf::Te
   return tf::Status();
 }
 
+tf::Status AllocateScratch(tf::OpKernelContext* ctx, int64_t bytes, tf::Tensor* scratch, FlashBwdParams* p) {
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(tf::DT_FLOAT, {(bytes + 3) / 4}, scratch));
+  p->scratch = scratch->flat<float>().data();
+  return tf::Status();
+}
+
 // ---- Device launchers: the only device-specific code of the OpKernels ----
 template <typename Device> struct Launcher;
 
@@ -231,16 +237,50 @@ template <> struct Launcher<CPUDevice> {
     flash_fwd_cpu(p, dtype, MakeParallelFor(ctx));
     return tf::Status();
   }
-  static int64_t BackwardScratchBytes(tf::OpKernelContext* ctx, const FlashBwdParams& p, DType) {
-    return flash_bwd_cpu_scratch_bytes(p, NumThreads(ctx));
-  }
-  static tf::Status Backward(tf::OpKernelContext* ctx, const FlashBwdParams& p, DType dtype) {
+  static tf::Status Backward(tf::OpKernelContext* ctx, const FlashBwdParams& params, DType dtype) {
+    FlashBwdParams p = params;
+    tf::Tensor scratch;
+    TF_RETURN_IF_ERROR(AllocateScratch(ctx, flash_bwd_cpu_scratch_bytes(p, NumThreads(ctx)), &scratch, &p));
     flash_bwd_cpu(p, dtype, NumThreads(ctx), MakeParallelFor(ctx));
     return tf::Status();
   }
 };
 
 #if TF_FLASH_WITH_CUDA
+// The CUDA kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are staged:
+// float32 is computed on float16 tensor-core operands with float32 accumulation (the 10-bit mantissa of
+// the TF32 that TF itself uses for float32 matmuls on Ampere and later; values must fit float16's range),
+// and head dims are zero-padded to a multiple of 8 (padding changes no score and is cropped away).
+struct Staging {
+  bool needed;
+  DType compute;
+  int head_dim, head_dim_v;
+};
+
+int RoundUp8(int x) { return (x + 7) / 8 * 8; }
+
+Staging PlanStaging(const FlashFwdParams& p, DType dtype) {
+  const DType compute = dtype == DType::kFloat32 ? DType::kFloat16 : dtype;
+  const int d = RoundUp8(p.head_dim), dv = RoundUp8(p.head_dim_v);
+  return {compute != dtype || d != p.head_dim || dv != p.head_dim_v, compute, d, dv};
+}
+
+// Strides of contiguous [B, S, H, D] staged copies.
+void SetContiguousStrides(FlashFwdParams* p) {
+  p->q_head_stride = p->head_dim;
+  p->q_row_stride = int64_t{p->num_heads} * p->head_dim;
+  p->q_batch_stride = p->seqlen_q * p->q_row_stride;
+  p->k_head_stride = p->head_dim;
+  p->k_row_stride = int64_t{p->num_heads_kv} * p->head_dim;
+  p->k_batch_stride = p->seqlen_k * p->k_row_stride;
+  p->v_head_stride = p->head_dim_v;
+  p->v_row_stride = int64_t{p->num_heads_kv} * p->head_dim_v;
+  p->v_batch_stride = p->seqlen_k * p->v_row_stride;
+  p->o_head_stride = p->head_dim_v;
+  p->o_row_stride = int64_t{p->num_heads} * p->head_dim_v;
+  p->o_batch_stride = p->seqlen_q * p->o_row_stride;
+}
+
 template <> struct Launcher<GPUDevice> {
   static constexpr bool kLengthsOnHost = false;
 
@@ -253,16 +293,85 @@ template <> struct Launcher<GPUDevice> {
     if (error == 0) return tf::Status();
     return tf::errors::Internal("tf_flash CUDA kernel failed: ", flash_cuda_error_string(error));
   }
-  static tf::Status Forward(tf::OpKernelContext* ctx, const FlashFwdParams& p, DType dtype) {
-    TF_RETURN_IF_ERROR(Check(p, dtype, /*backward=*/false));
-    return Status(flash_fwd_cuda(p, dtype, ctx->eigen_gpu_device().stream()));
+  static void* Stream(tf::OpKernelContext* ctx) { return ctx->eigen_gpu_device().stream(); }
+
+  // A staged copy of `rows` rows: allocated from TF, filled from `src` when given.
+  static tf::Status Stage(tf::OpKernelContext* ctx, const void* src, DType src_type, int src_dim, int64_t rows,
+                          DType dst_type, int dst_dim, tf::Tensor* staged, void** dst) {
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(dst_type == DType::kFloat16 ? tf::DT_HALF : tf::DT_BFLOAT16,
+                                          {rows * dst_dim}, staged));
+    *dst = staged->data();
+    if (src == nullptr) return tf::Status();
+    return Status(flash_cuda_stage_rows(src, src_type, src_dim, *dst, dst_type, dst_dim, rows, Stream(ctx)));
   }
-  static int64_t BackwardScratchBytes(tf::OpKernelContext*, const FlashBwdParams& p, DType) {
-    return flash_bwd_cuda_scratch_bytes(p);
+  static tf::Status Unstage(tf::OpKernelContext* ctx, const void* src, DType src_type, int src_dim, int64_t rows,
+                            void* dst, DType dst_type, int dst_dim) {
+    return Status(flash_cuda_stage_rows(src, src_type, src_dim, dst, dst_type, dst_dim, rows, Stream(ctx)));
   }
-  static tf::Status Backward(tf::OpKernelContext* ctx, const FlashBwdParams& p, DType dtype) {
-    TF_RETURN_IF_ERROR(Check(p, dtype, /*backward=*/true));
-    return Status(flash_bwd_cuda(p, dtype, ctx->eigen_gpu_device().stream()));
+
+  static tf::Status Forward(tf::OpKernelContext* ctx, const FlashFwdParams& in, DType dtype) {
+    const Staging st = PlanStaging(in, dtype);
+    if (!st.needed) {
+      TF_RETURN_IF_ERROR(Check(in, dtype, /*backward=*/false));
+      return Status(flash_fwd_cuda(in, dtype, Stream(ctx)));
+    }
+    FlashFwdParams p = in;
+    p.head_dim = st.head_dim;
+    p.head_dim_v = st.head_dim_v;
+    SetContiguousStrides(&p);
+    TF_RETURN_IF_ERROR(Check(p, st.compute, /*backward=*/false));
+    const int64_t q_rows = int64_t{p.batch} * p.seqlen_q * p.num_heads;
+    const int64_t kv_rows = int64_t{p.batch} * p.seqlen_k * p.num_heads_kv;
+    tf::Tensor q, k, v, out;
+    void *q_ptr, *k_ptr, *v_ptr;
+    TF_RETURN_IF_ERROR(Stage(ctx, in.q, dtype, in.head_dim, q_rows, st.compute, p.head_dim, &q, &q_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, in.k, dtype, in.head_dim, kv_rows, st.compute, p.head_dim, &k, &k_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, in.v, dtype, in.head_dim_v, kv_rows, st.compute, p.head_dim_v, &v, &v_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, nullptr, dtype, 0, q_rows, st.compute, p.head_dim_v, &out, &p.out));
+    p.q = q_ptr;
+    p.k = k_ptr;
+    p.v = v_ptr;
+    TF_RETURN_IF_ERROR(Status(flash_fwd_cuda(p, st.compute, Stream(ctx))));
+    return Unstage(ctx, p.out, st.compute, p.head_dim_v, q_rows, in.out, dtype, in.head_dim_v);
+  }
+
+  static tf::Status Backward(tf::OpKernelContext* ctx, const FlashBwdParams& in, DType dtype) {
+    const Staging st = PlanStaging(in, dtype);
+    tf::Tensor scratch;
+    if (!st.needed) {
+      TF_RETURN_IF_ERROR(Check(in, dtype, /*backward=*/true));
+      FlashBwdParams p = in;
+      TF_RETURN_IF_ERROR(AllocateScratch(ctx, flash_bwd_cuda_scratch_bytes(p), &scratch, &p));
+      return Status(flash_bwd_cuda(p, dtype, Stream(ctx)));
+    }
+    FlashBwdParams p = in;
+    p.head_dim = st.head_dim;
+    p.head_dim_v = st.head_dim_v;
+    SetContiguousStrides(&p);
+    TF_RETURN_IF_ERROR(Check(p, st.compute, /*backward=*/true));
+    const int64_t q_rows = int64_t{p.batch} * p.seqlen_q * p.num_heads;
+    const int64_t kv_rows = int64_t{p.batch} * p.seqlen_k * p.num_heads_kv;
+    const DType c = st.compute;
+    tf::Tensor q, k, v, out, d_out, d_q, d_k, d_v;
+    void *q_ptr, *k_ptr, *v_ptr, *out_ptr, *d_out_ptr;
+    TF_RETURN_IF_ERROR(Stage(ctx, in.q, dtype, in.head_dim, q_rows, c, p.head_dim, &q, &q_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, in.k, dtype, in.head_dim, kv_rows, c, p.head_dim, &k, &k_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, in.v, dtype, in.head_dim_v, kv_rows, c, p.head_dim_v, &v, &v_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, in.out, dtype, in.head_dim_v, q_rows, c, p.head_dim_v, &out, &out_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, in.d_out, dtype, in.head_dim_v, q_rows, c, p.head_dim_v, &d_out, &d_out_ptr));
+    TF_RETURN_IF_ERROR(Stage(ctx, nullptr, dtype, 0, q_rows, c, p.head_dim, &d_q, &p.d_q));
+    TF_RETURN_IF_ERROR(Stage(ctx, nullptr, dtype, 0, kv_rows, c, p.head_dim, &d_k, &p.d_k));
+    TF_RETURN_IF_ERROR(Stage(ctx, nullptr, dtype, 0, kv_rows, c, p.head_dim_v, &d_v, &p.d_v));
+    p.q = q_ptr;
+    p.k = k_ptr;
+    p.v = v_ptr;
+    p.out = out_ptr;
+    p.d_out = d_out_ptr;
+    TF_RETURN_IF_ERROR(AllocateScratch(ctx, flash_bwd_cuda_scratch_bytes(p), &scratch, &p));
+    TF_RETURN_IF_ERROR(Status(flash_bwd_cuda(p, c, Stream(ctx))));
+    TF_RETURN_IF_ERROR(Unstage(ctx, p.d_q, c, p.head_dim, q_rows, in.d_q, dtype, in.head_dim));
+    TF_RETURN_IF_ERROR(Unstage(ctx, p.d_k, c, p.head_dim, kv_rows, in.d_k, dtype, in.head_dim));
+    return Unstage(ctx, p.d_v, c, p.head_dim_v, kv_rows, in.d_v, dtype, in.head_dim_v);
   }
 };
 #endif
@@ -333,10 +442,6 @@ class FlashAttentionGradOp : public tf::OpKernel {
     p.d_q = d_q->data();
     p.d_k = d_k->data();
     p.d_v = d_v->data();
-    const int64_t scratch_bytes = Launcher<Device>::BackwardScratchBytes(ctx, p, DTypeOf<T>::value);
-    tf::Tensor scratch;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tf::DT_FLOAT, {(scratch_bytes + 3) / 4}, &scratch));
-    p.scratch = scratch.flat<float>().data();
     OP_REQUIRES_OK(ctx, Launcher<Device>::Backward(ctx, p, DTypeOf<T>::value));
   }
 
@@ -350,7 +455,11 @@ class BuildInfoOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     tf::Tensor* info = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {}, &info));
+#if TF_FLASH_WITH_CUDA
+    info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO ";gpu_float32_compute=float16";
+#else
     info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO;
+#endif
   }
 };
 

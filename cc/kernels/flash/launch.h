@@ -31,5 +31,10 @@ int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params);
 int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream);
 int flash_bwd_cuda(const FlashBwdParams& params, DType dtype, void* stream);
 const char* flash_cuda_error_string(int error);
+// Copies `rows` contiguous rows of src_dim elements into rows of dst_dim elements (cropping, or padding
+// with zeros), converting the element type: how float32 and head dims that are not multiples of 8 reach
+// the float16/bfloat16 kernels.
+int flash_cuda_stage_rows(const void* src, DType src_type, int src_dim, void* dst, DType dst_type, int dst_dim,
+                          int64_t rows, void* stream);
 
 }  // namespace tf_flash
