@@ -684,6 +684,21 @@ int run_feat() {
     std::snprintf(name, sizeof name, "block-sparse density 1/%d", inv);
     report(name, p, double(vis) / hb.size());
   }
+  {  // blocks of 64 x 64: tiles of 128 x 64 are covered in part and masked per element
+    const int nb64 = s / 64;
+    uint8_t* bm64;
+    CHECK_CUDA(cudaMalloc(&bm64, size_t(h) * nb64 * nb64));
+    std::vector<uint8_t> hb(size_t(h) * nb64 * nb64);
+    size_t vis = 0;
+    for (auto& x : hb) vis += (x = (rng() % 4) == 0);
+    CHECK_CUDA(cudaMemcpy(bm64, hb.data(), hb.size(), cudaMemcpyHostToDevice));
+    FlashFwdParams p = base(1, s);
+    p.block_mask.data = reinterpret_cast<const bool*>(bm64);
+    p.block_q = p.block_k = 64, p.num_q_blocks = p.num_k_blocks = nb64;
+    p.block_mask.head_stride = int64_t(nb64) * nb64, p.block_mask.row_stride = nb64, p.block_mask.col_stride = 1;
+    report("block-sparse 64x64 density 1/4", p, double(vis) / hb.size());
+    cudaFree(bm64);
+  }
   {
     FlashFwdParams p = base(1, s);
     report("plain", p, 1.0);

@@ -8,32 +8,27 @@
 
 #include "cc/kernels/flash/params.h"
 
-// name, head dim, block M, block N, warps, min blocks per SM
-#define TF_FLASH_FWD_VARIANTS(X)       \
-  X(0, "d128_128x64x4", 128, 128, 64, 4, 1)   \
-  X(1, "d128_128x128x8", 128, 128, 128, 8, 1) \
-  X(2, "d128_128x128x8_mb2", 128, 128, 128, 8, 2) \
-  X(3, "d128_64x64x4", 128, 64, 64, 4, 1)     \
-  X(4, "d128_128x64x8", 128, 128, 64, 8, 1)   \
-  X(5, "d128_64x128x4", 128, 64, 128, 4, 1)   \
-  X(6, "d64_128x128x4", 64, 128, 128, 4, 1)   \
-  X(7, "d64_64x128x4", 64, 64, 128, 4, 1)     \
-  X(8, "d64_128x128x8", 64, 128, 128, 8, 2)   \
-  X(9, "d256_128x64x8", 256, 128, 64, 8, 1)   \
-  X(10, "d256_64x64x4", 256, 64, 64, 4, 1)    \
-  X(11, "d256_128x32x8", 256, 128, 32, 8, 1)
+// name, head dim, block M, block N, warps, min blocks per SM, interleaved softmax reductions
+#define TF_FLASH_FWD_VARIANTS(X)                  \
+  X(0, "d128_128x64x4", 128, 128, 64, 4, 1, true)      \
+  X(1, "d128_128x64x4_serial", 128, 128, 64, 4, 1, false) \
+  X(2, "d128_128x128x8", 128, 128, 128, 8, 1, true)    \
+  X(3, "d64_128x128x4", 64, 128, 128, 4, 1, true)      \
+  X(4, "d64_128x128x4_serial", 64, 128, 128, 4, 1, false) \
+  X(5, "d256_128x64x8", 256, 128, 64, 8, 1, true)      \
+  X(6, "d256_128x64x8_serial", 256, 128, 64, 8, 1, false)
 
-#define TF_FLASH_DECLARE(i, name, d, m, n, w, mb) int fwd_variant_##i(const tf_flash::FlashFwdParams& p);
+#define TF_FLASH_DECLARE(i, name, d, m, n, w, mb, ilp) int fwd_variant_##i(const tf_flash::FlashFwdParams& p);
 TF_FLASH_FWD_VARIANTS(TF_FLASH_DECLARE)
 
 #if defined(TF_FLASH_VARIANT_REGISTRY)
 const char* const* fwd_variant_names() {
-#define TF_FLASH_NAME(i, name, d, m, n, w, mb) name,
+#define TF_FLASH_NAME(i, name, d, m, n, w, mb, ilp) name,
   static const char* const names[] = {TF_FLASH_FWD_VARIANTS(TF_FLASH_NAME) nullptr};
   return names;
 }
 int run_fwd_variant(const char* name, const tf_flash::FlashFwdParams& p) {
-#define TF_FLASH_CALL(i, vname, d, m, n, w, mb) \
+#define TF_FLASH_CALL(i, vname, d, m, n, w, mb, ilp) \
   if (!std::strcmp(name, vname)) return fwd_variant_##i(p);
   TF_FLASH_FWD_VARIANTS(TF_FLASH_CALL)
   return -1;
@@ -55,10 +50,10 @@ int launch(const tf_flash::FlashFwdParams& p) {
 
 template <int I>
 struct VariantTraits;
-#define TF_FLASH_TRAITS(i, name, d, m, n, w, mb) \
-  template <>                                     \
-  struct VariantTraits<i> {                       \
-    using type = tf_flash::cuda::FwdTraits<d, m, n, w, cutlass::bfloat16_t, mb>; \
+#define TF_FLASH_TRAITS(i, name, d, m, n, w, mb, ilp) \
+  template <>                                          \
+  struct VariantTraits<i> {                            \
+    using type = tf_flash::cuda::FwdTraits<d, m, n, w, cutlass::bfloat16_t, mb, ilp>; \
   };
 TF_FLASH_FWD_VARIANTS(TF_FLASH_TRAITS)
 

@@ -23,9 +23,13 @@
 namespace tf_flash {
 namespace cuda {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, int kMinBlocks_ = 1>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, int kMinBlocks_ = 1,
+          bool kSoftmaxIlp_ = true>
 struct FwdTraits {
   using Element = Element_;
+  // Softmax reductions as two interleaved partial chains per row, all rows' max first (more
+  // independent instructions for a latency-bound kernel) instead of one serial chain per row.
+  static constexpr bool kSoftmaxIlp = kSoftmaxIlp_;
   static constexpr int kMinBlocksPerSM = kMinBlocks_;  // __launch_bounds__: caps registers at 64K / (threads * this)
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -77,6 +81,8 @@ struct FwdTraits {
   static_assert(kBlockM % (kNThreads / kThreadsPerRow) == 0 && kBlockN % (kNThreads / kThreadsPerRow) == 0, "");
 
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
+  // The general variant stages each tile's attn_mask (one byte per entry) after Q, K and V.
+  static constexpr int kMaskSmemBytes = kBlockM * kBlockN;
 };
 
 // Tile choices per head dim (H100/A100: 4 warps keep ~230 registers/thread for 2 CTAs per SM; head dim
@@ -283,10 +289,67 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     const int n_next = next_visible(n_block);
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
 
+    // Element masks (attn_mask, and block_mask on tiles it covers only in part) are evaluated once per
+    // tile entry, cooperatively (coalesced loads, 4 bytes at a time where the layout allows; block
+    // indices divided once per 4 columns), into a byte tile in shared memory that the barrier below
+    // publishes to every warp.
+    uint8_t* const mask_tile = reinterpret_cast<uint8_t*>(smem) + Traits::kSmemBytes;
+    bool staged = false;
+    if constexpr (kGeneral && kMask) {
+      const bool has_attn = p.attn_mask.data != nullptr;
+      const bool partial_blocks = !cover.all;
+      staged = has_attn || partial_blocks;
+      if (staged) {
+        const BroadcastBoolMask& am = p.attn_mask;
+        const bool* mask_bh = has_attn ? am.data + b * am.batch_stride + h * am.head_stride : nullptr;
+        constexpr int kWordsPerRow = kBlockN / 4;
+        for (int idx = tidx; idx < kBlockM * kWordsPerRow; idx += Traits::kNThreads) {
+          const int r = idx / kWordsPerRow, c = (idx % kWordsPerRow) * 4;
+          const int64_t row = m0 + r, col = n0 + c;
+          uint32_t word = 0;
+          if (row < q_len) {
+            if (has_attn) {
+              const bool* src = mask_bh + row * am.row_stride + col * am.col_stride;
+              if (am.col_stride == 1 && col + 4 <= kv_len && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
+                word = *reinterpret_cast<const uint32_t*>(src) & 0x01010101u;
+              } else {
+                for (int t = 0; t < 4; ++t)
+                  if (col + t < kv_len && src[t * am.col_stride]) word |= 1u << (8 * t);
+              }
+            } else {
+              for (int t = 0; t < 4; ++t)
+                if (col + t < kv_len) word |= 1u << (8 * t);
+            }
+            if (partial_blocks && word != 0) {
+              const int64_t qb = row / p.block_q;
+              int64_t kb = col / p.block_k;
+              int64_t kb_end = (kb + 1) * p.block_k;  // first column of the next block
+              bool vis = mask_at(p.block_mask, b, h, qb, kb);
+              for (int t = 0; t < 4 && col + t < kv_len; ++t) {  // bytes past kv_len are 0 already
+                if (col + t >= kb_end) {
+                  kb = (col + t) / p.block_k;
+                  kb_end = (kb + 1) * p.block_k;
+                  vis = mask_at(p.block_mask, b, h, qb, kb);
+                }
+                if (!vis) word &= ~(0xFFu << (8 * t));
+              }
+            }
+          }
+          *reinterpret_cast<uint32_t*>(mask_tile + r * kBlockN + c) = word;
+        }
+      }
+    }
+
+    cp_async_wait<0>();
+    __syncthreads();  // V tile landed; every warp is done reading this K tile; the mask tile is stored
+    if (n_next >= n_block_min) load_k(n_next);
+    cp_async_fence();
+
     if constexpr (kMask) {
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
-        const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
+        const int row_in_tile = get<0>(tScS_rc(mi, 0));
+        const int64_t row = m0 + row_in_tile;
         const KeyRange range = key_range(p, row, q_len, kv_len);
         // Column bounds relative to this tile, clamped to [0, kBlockN], so the per-element test is 32-bit.
         const int lo = int(range.begin - n0 < 0 ? 0 : (range.begin - n0 > kBlockN ? kBlockN : range.begin - n0));
@@ -296,42 +359,70 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
           const int col = get<1>(tScS_rc(0, ni));
           bool visible = col >= lo && col < hi;
           if constexpr (kGeneral) {
-            if (visible && !cover.all) visible = mask_at(p.block_mask, b, h, row / p.block_q, (n0 + col) / p.block_k);
-            if (visible && p.attn_mask.data != nullptr) visible = mask_at(p.attn_mask, b, h, row, n0 + col);
+            if (visible && staged) visible = mask_tile[row_in_tile * kBlockN + col] != 0;
           }
           if (!visible) s(mi, ni) = -INFINITY;
         }
       }
     }
 
-    cp_async_wait<0>();
-    __syncthreads();  // V tile landed; every warp is done reading this K tile
-    if (n_next >= n_block_min) load_k(n_next);
-    cp_async_fence();
-
     // Online softmax: new running max, rescale the running sum, exponentiate. The output accumulator
     // is rescaled only when some row's max moved in this warp (after the first tiles it rarely does).
     float correction[kRows];
     bool rescale = false;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      float mx = row_max[mi];
+    if constexpr (Traits::kSoftmaxIlp) {
+      float mx[kRows];
       CUTE_UNROLL
-      for (int ni = 0; ni < kCols; ++ni) mx = fmaxf(mx, s(mi, ni));
-      mx = quad_max(mx);
-      const float mx_scaled = (!kMask || mx != -INFINITY) ? mx * scale_log2 : 0.f;
-      correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
-      rescale |= correction[mi] != 1.f;
-      row_sum[mi] *= correction[mi];
-      row_max[mi] = mx;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int ni = 0; ni < kCols; ++ni) {
-        const float e = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
-        s(mi, ni) = e;
-        sum += e;
+      for (int mi = 0; mi < kRows; ++mi) {
+        float a = row_max[mi], c = s(mi, 0);
+        CUTE_UNROLL
+        for (int ni = 1; ni < kCols; ni += 2) {
+          a = fmaxf(a, s(mi, ni));
+          if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
+        }
+        mx[mi] = fmaxf(a, c);
       }
-      row_sum[mi] += sum;
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const float mx_scaled = (!kMask || mx[mi] != -INFINITY) ? mx[mi] * scale_log2 : 0.f;
+        correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+        rescale |= correction[mi] != 1.f;
+        row_max[mi] = mx[mi];
+        float sum0 = 0.f, sum1 = 0.f;
+        CUTE_UNROLL
+        for (int ni = 0; ni < kCols; ni += 2) {
+          const float e0 = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
+          const float e1 = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
+          s(mi, ni) = e0;
+          s(mi, ni + 1) = e1;
+          sum0 += e0;
+          sum1 += e1;
+        }
+        row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
+      }
+    } else {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        float mx = row_max[mi];
+        CUTE_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) mx = fmaxf(mx, s(mi, ni));
+        mx = quad_max(mx);
+        const float mx_scaled = (!kMask || mx != -INFINITY) ? mx * scale_log2 : 0.f;
+        correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+        rescale |= correction[mi] != 1.f;
+        row_sum[mi] *= correction[mi];
+        row_max[mi] = mx;
+        float sum = 0.f;
+        CUTE_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) {
+          const float e = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
+          s(mi, ni) = e;
+          sum += e;
+        }
+        row_sum[mi] += sum;
+      }
     }
     if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {
       CUTE_UNROLL

@@ -17,8 +17,8 @@ cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
   const bool general =
       params.attn_mask.data != nullptr || params.block_mask.data != nullptr || params.dropout_rate > 0.f;
-  constexpr int smem = Traits::kSmemBytes;
   return BOOL_SWITCH(general, kGeneral, [&] {
+    constexpr int smem = Traits::kSmemBytes + (kGeneral ? Traits::kMaskSmemBytes : 0);
     auto kernel = &flash_fwd_kernel<Traits, kGeneral>;
     // Always raised: static shared memory (the block-mask tile table) counts against the default 48 KB.
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
