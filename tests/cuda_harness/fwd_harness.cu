@@ -5,7 +5,7 @@
 //
 //   fwd_harness test [quick]   correctness cases (exit status 1 on any failure)
 //   fwd_harness bigoffset      batch stride > 2^31 elements (64-bit offsets)
-//   fwd_harness fp32           float32 path: flash_cuda_convert to bf16, kernel, convert back
+//   fwd_harness fp32           float32 path: flash_cuda_stage_rows to bf16, kernel, back to float32
 //   fwd_harness bench [d...]   benchmarks.md grid, CUDA-event timing, median of 30 calls
 //   fwd_harness tiles          tile-shape variants of fwd_variants.cu (bf16, 2k and 8k)
 //   fwd_harness feat           dropout / masks / block-sparse / window cost (bf16, d128)
@@ -29,7 +29,6 @@
 #include <string>
 #include <vector>
 
-#include "cc/kernels/cuda/convert.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
@@ -405,8 +404,8 @@ int run_bigoffset() {
   return ok ? 0 : 1;
 }
 
-// float32 path of the ops: float32 q/k/v -> bfloat16 (flash_cuda_convert), bfloat16 kernel, output back
-// to float32; compared with float64 attention of the float32 inputs. Tolerance: relative L2 error
+// float32 path of the ops: float32 q/k/v -> bfloat16 (flash_cuda_stage_rows, the OpKernels' staging
+// copy), bfloat16 kernel, output back to float32; compared with float64 attention of the float32 inputs. Tolerance: relative L2 error
 // <= 2e-2 and max error <= 2 * (bf16 standard attention's max error) + 1e-3.
 int run_fp32_path() {
   std::mt19937 rng(99);
@@ -426,9 +425,9 @@ int run_fp32_path() {
     CHECK_CUDA(cudaMemcpy(dk, k.data(), n * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(dv, v.data(), n * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemset(dout32, 0xFF, n * 4));
-    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(dq, DType::kFloat32, bq, DType::kBFloat16, n, nullptr)));
-    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(dk, DType::kFloat32, bk, DType::kBFloat16, n, nullptr)));
-    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(dv, DType::kFloat32, bv, DType::kBFloat16, n, nullptr)));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_stage_rows(dq, DType::kFloat32, D, bq, DType::kBFloat16, D, int64_t(n / D), nullptr)));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_stage_rows(dk, DType::kFloat32, D, bk, DType::kBFloat16, D, int64_t(n / D), nullptr)));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_stage_rows(dv, DType::kFloat32, D, bv, DType::kBFloat16, D, int64_t(n / D), nullptr)));
     FlashFwdParams p;
     p.q = bq, p.k = bk, p.v = bv, p.out = bout;
     p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H, p.head_dim = p.head_dim_v = D;
@@ -438,7 +437,7 @@ int run_fp32_path() {
     p.scale = 0.125f;
     p.causal = causal;
     CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr)));
-    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_convert(bout, DType::kBFloat16, dout32, DType::kFloat32, n, nullptr)));
+    CHECK_CUDA(cudaError_t(tf_flash::flash_cuda_stage_rows(bout, DType::kBFloat16, D, dout32, DType::kFloat32, D, int64_t(n / D), nullptr)));
     std::vector<float> out(n);
     CHECK_CUDA(cudaMemcpy(out.data(), dout32, n * 4, cudaMemcpyDeviceToHost));
     // float64 reference from the float32 inputs, and bf16 standard attention for the error budget.
