@@ -4,7 +4,7 @@
 // ldmatrix feeds mma.sync (SM80 atoms, also run on sm_90); the online softmax lives in registers with
 // fp32 accumulation. Tiles entirely hidden by causal / window / lengths (and by block_mask in the
 // general variant) are never loaded; masks are evaluated per element only on tiles that straddle a
-// boundary.
+// boundary or carry an element mask (staged through shared memory once per tile).
 #pragma once
 
 #include <cmath>
@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
 
   // One K/V tile. kMask: evaluate the masks per element (tiles that straddle a boundary of some valid
-  // row's key range, and every tile of the general variant); instantiated twice so that the hot
-  // unmasked path carries none of that code.
+  // row's key range; in the general variant also every tile under an attn_mask or a partly visible
+  // block_mask); instantiated twice so that the hot unmasked path carries none of that code.
   bool first = true;
   auto step = [&](auto mask_tag, const TileCoverage cover) __attribute__((always_inline)) {
     constexpr bool kMask = decltype(mask_tag)::value;
