@@ -6,12 +6,15 @@
 //   2. bwd_dkdv: one CTA per (key tile, kv head, batch). K_j, V_j stay in shared memory; the CTA walks the
 //      query tiles of every query head of its GQA group (the group loop is inside the CTA, so dK/dV of a kv
 //      head are summed in registers, no extra scratch) and per tile recomputes S = Q K^T, P = exp(S - lse),
-//      dP = dO V^T, dS = P (dP - D), then dV += P^T dO, dK += dS^T Q, and dQ_i += dS K with fp32 atomics.
-//      Q/dO/lse/D of the next tile are fetched with cp.async while the current one is computed.
+//      dP = dO V^T, dS = P (dP - D), then dV += P^T dO, dQ_i += dS K with fp32 atomics (8-byte reds on
+//      sm_90), dK += dS^T Q. Q/dO/lse/D of the next tile are fetched with cp.async while the current one is
+//      computed.
 //   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
 // Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
-// visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask/block_mask
-// are given). Dropout regenerates the forward's Philox mask (dropout_keep_bits4).
+// visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask / an
+// unaligned block_mask is given); block_mask tiles whose blocks are all False are never loaded. Dropout
+// regenerates the forward's Philox mask (dropout_keep_bits4). Head dims: max(head_dim, head_dim_v) rounds up
+// to the compiled kHeadDim; the padded columns are zero-filled on load and never stored.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -584,16 +587,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     // dQ += dS K (unscaled; kernel 3 applies the softmax scale)
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
-#ifndef TF_FLASH_BWD_EXPERIMENT_NO_DQ
     gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_a_dq, copy_b_dq, thr_a_dq, thr_b_dq);
-#endif
     float* dq_ptr = s.dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + m0) * kHeadDim;
     Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              Stride<Int<kHeadDim>, _1>{});
     Tensor tdQgdQ = thr_dq.partition_C(gdQ);
-#if defined(TF_FLASH_BWD_EXPERIMENT_NO_DQ) || defined(TF_FLASH_BWD_EXPERIMENT_NO_ATOMICS)
-    if (acc_dq(0) == 12345.f) tdQgdQ(0) = 1.f;  // timing experiments only: keep the work, drop the atomics
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(TF_FLASH_BWD_SCALAR_ATOMICS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // sm_90: the accumulator's (even, odd) column pairs are adjacent in memory: one 8-byte red per pair.
     static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
     CUTE_UNROLL
