@@ -15,9 +15,10 @@ export BWD_OUT=$out
 ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/tests/cuda_harness/bwd_harness.cu |
   xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
     'f={}; o=$BWD_OUT/$(basename $f .cu).o; nvcc $BWD_FLAGS -Xptxas -v -c $f -o $o > $o.log 2>&1 || { cat $o.log; exit 1; }'
-# Resource report of the main kernels (registers, spills).
-grep -h -A2 "Compiling entry function.*bwd_dkdv" "$out"/*.o.log | grep -E "entry|spill|Used" | sed 's/ptxas info *: //' |
-  paste - - - | sed -E 's/Compiling entry function .*BwdTraitsILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)E[^N]*N7cutlass([0-9]+)([a-z0-9_]+)EEELb([01]).*for .(sm_[0-9a]+)./d\1 M\2 N\3 w\4 \6 dropout=\7 \8/' | sort -u || true
+# Resource report of the dK/dV kernels: spills per (head dim, variant, arch).
+grep -h -A2 "Compiling entry function.*bwd_dkdv" "$out"/*.o.log | grep -E "entry|spill" |
+  sed -E "s/.*BwdTraitsILi([0-9]+)E.*N7cutlass[0-9]+([a-z0-9_]+)EEELb([01])ELb([01])E.*for '(sm_[0-9a]+)'.*/d\1 \2 masks=\3 dropout=\4 \5/" |
+  paste - - | sort -u || true
 nvcc $BWD_FLAGS -o "$out/bwd_harness" "$out"/*.o -lgomp
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 exec "$out/bwd_harness" "${@:-test}"
