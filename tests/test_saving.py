@@ -64,8 +64,10 @@ def test_keras_file_round_trip_in_process(saved):
 
 def test_every_saved_form_reloads_in_a_fresh_process(saved):
     result = _helper("reload", saved[0])
+    # A reloaded graph may fuse the surrounding float32 ops differently; on a GPU those run in TF32.
+    tol = 1e-3 if tf.config.list_physical_devices("GPU") else 1e-5
     for key in ("keras_max_diff", "export_max_diff", "tfsm_max_diff", "signature_max_diff"):
-        assert result[key] < 1e-5, (key, result)
+        assert result[key] < tol, (key, result)
     assert np.all(np.isfinite(result["keras_continued_loss"])) and result["keras_weights_changed"], result
     assert result["export_longer_shape"] == [8, 2]
 
