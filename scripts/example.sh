@@ -19,7 +19,11 @@ if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
 fi
 "$PYTHON" -c "import tf_flash; tf_flash.layers.FlashMultiHeadAttention" \
   || { echo "tf_flash does not import: see the errors above (scripts/install.sh)" >&2; exit 1; }
-"$PYTHON" -c "import matplotlib" 2>/dev/null || "$PYTHON" -m pip install --quiet matplotlib
+if ! "$PYTHON" -c "import matplotlib" 2>/dev/null; then  # for the plot (train.py runs without it)
+  "$PYTHON" -m pip install --quiet matplotlib 2>/dev/null \
+    || PIP_BREAK_SYSTEM_PACKAGES=1 "$PYTHON" -m pip install --quiet matplotlib \
+    || echo "scripts/example.sh: could not pip install matplotlib: no plot" >&2
+fi
 
 # 2. The documents: Debian's linux-doc-6.1 (Linux kernel documentation). Where the package is not
 # installed (or /usr/share/doc is filtered), prepare_data.py unpacks it with apt-get download + dpkg -x.

@@ -230,15 +230,16 @@ def fmt(v, spec):
 def write_results(args, info, results, device):
     rows = []
     header = ("| attention | context | epochs | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
-              "s/epoch | peak mem GiB | status |")
+              "s/epoch | CPU s/epoch | peak mem GiB | status |")
     rows.append(header)
-    rows.append("|" + "---|" * 10)
+    rows.append("|" + "---|" * 11)
     for r in results:
-        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r["attention"], r["context"], r.get("epochs", "-"), fmt(r.get("accuracy"), ".3f"),
             fmt(r.get("macro_f1"), ".3f"),
             fmt(r.get("long_accuracy"), ".3f"), fmt(r.get("long_macro_f1"), ".3f"),
-            fmt(r.get("epoch_s"), ".1f"), fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
+            fmt(r.get("epoch_s"), ".1f"), fmt(r.get("epoch_cpu_s"), ".0f"),
+            fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
     table = "\n".join(rows)
     ok = next((r for r in results if r.get("status") == "ok"), {})
     mem_kind = ok.get("memory_kind", "peak RSS of the training process" if device == "CPU" else "")
@@ -253,7 +254,9 @@ def write_results(args, info, results, device):
             f"Test accuracy / macro-F1 on all test documents and on those longer than 512 tokens "
             f"({ok.get('long_docs', '?')} of {ok.get('test_docs', '?')}); s/epoch: training + validation, "
             f"mean over the epochs after the first (one epoch: without its first step, which "
-            f"traces the graph); peak memory: {mem_kind}.\n"
+            f"traces the graph); CPU s/epoch: the process's CPU time per "
+            f"epoch (user + system, all threads: less sensitive to other load than wall time); "
+            f"peak memory: {mem_kind}.\n"
             f"Device: {device}{load_note(results)}; TensorFlow {ok.get('tf_version', '?')}, Keras "
             f"{ok.get('keras_version', '?')}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
     md = f"# Long-document classification: context length ({args.preset} preset)\n\n{table}\n\n{meta}\n"
@@ -284,6 +287,8 @@ def plot(args, results):
         done = [r for r in runs if r.get("status") == "ok"]
         color, marker = styles[attention]
         label = ("FlashMultiHeadAttention" if attention == "flash" else "keras MultiHeadAttention")
+        if done and len({r["epochs"] for r in results if r.get("status") == "ok"}) > 1:
+            label += f" ({'/'.join(sorted({str(r['epochs']) for r in done}))} epochs)"
         if done:
             ax.plot([r["context"] for r in done], [r["accuracy"] for r in done], marker=marker,
                     color=color, label=f"{label}: all test docs")
@@ -418,7 +423,7 @@ def worker(spec_path):
 
     class EpochTimer(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            self.t, self.first_step = time.perf_counter(), None
+            self.t, self.first_step, self.cpu = time.perf_counter(), None, time.process_time()
 
         def on_train_batch_end(self, batch, logs=None):
             if self.first_step is None:
@@ -428,10 +433,11 @@ def worker(spec_path):
         def on_epoch_end(self, epoch, logs=None):
             now = time.perf_counter()
             times.append(now - self.t)
+            cpu_times.append(time.process_time() - self.cpu)
             n = train_b.num_batches
             after_first.append((now - self.first_step) * n / max(1, n - 1))
 
-    times, after_first, loads = [], [], []
+    times, after_first, loads, cpu_times = [], [], [], []
     if gpus:
         tf.config.experimental.reset_memory_stats("GPU:0")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
@@ -450,7 +456,8 @@ def worker(spec_path):
     result.update(
         status="ok", epochs=epochs, epoch_times_s=times,
         epoch_s=float(np.mean(times[1:]) if len(times) > 1 else after_first[0]),
-        load_avg=float(np.mean(loads)) if loads else None,
+        load_avg=float(np.mean(loads)) if loads else None, epoch_cpu_times_s=cpu_times,
+        epoch_cpu_s=float(np.mean(cpu_times[1:]) if len(cpu_times) > 1 else cpu_times[0]),
         cpu_s=float(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])),
         train_s=float(sum(times)), rss_before_fit_gib=rss0,
         accuracy=common.accuracy(y_true, y_pred), macro_f1=common.macro_f1(y_true, y_pred, n),
