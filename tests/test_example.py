@@ -1,6 +1,6 @@
 """The long-document example end to end, at a toy size (examples/long_document/).
 
-Trains the tiny preset on a small synthetic folder-per-class tree with FlashMultiHeadAttention at
+Trains the tiny preset (all runs in one process, --in-process) on a small synthetic folder-per-class tree with FlashMultiHeadAttention at
 two context lengths and the Keras MultiHeadAttention baseline, writes the results table and plot,
 saves (.keras + SavedModel), reloads in a fresh process (predictions must match) and predicts a file.
 The data conversion of prepare_data.py is tested on a fake Documentation/ tree.
@@ -108,7 +108,7 @@ def test_end_to_end_tiny(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir",
            str(data), "--out", str(out), "--contexts", "32,128", "--keras-contexts", "128",
-           "--verbose", "2"]
+           "--verbose", "2", "--in-process"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]

@@ -91,6 +91,10 @@ def parse_args(argv):
                         "more than this (the machine may be shared); GPUs report a real OOM")
     p.add_argument("--no-save", action="store_true", help="skip saving, reloading and predicting")
     p.add_argument("--resume", action="store_true", help="reuse finished runs in OUT/runs/")
+    p.add_argument("--in-process", action="store_true",
+                   help="train every run in this process instead of one process per run (saves "
+                        "the start-up time of each; on a GPU the peak memory stays per run, on a "
+                        "CPU the RSS peak then accumulates over the runs)")
     p.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -201,12 +205,25 @@ def launch(args, attention, context, save):
     if os.path.exists(result_path):
         os.remove(result_path)
     t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path])
+    if args.in_process:
+        import gc
+        import keras
+
+        keras.backend.clear_session()
+        gc.collect()
+        try:
+            returncode = worker(spec_path)
+        except Exception as e:  # noqa: BLE001 (report the run as failed, go on with the others)
+            print(f"[{name}] failed: {type(e).__name__}: {e}", flush=True)
+            returncode = 1
+    else:
+        returncode = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
+                                     spec_path]).returncode
     if os.path.exists(result_path):
         with open(result_path) as f:
             return json.load(f)
-    status = (f"killed by signal {-proc.returncode} (out of memory?)" if proc.returncode < 0
-              else f"failed (exit {proc.returncode})")
+    status = (f"killed by signal {-returncode} (out of memory?)" if returncode < 0
+              else f"failed (exit {returncode})")
     result = {"attention": attention, "context": context, "status": status,
               "wall_s": time.time() - t0}
     with open(result_path, "w") as f:
@@ -485,6 +502,8 @@ def finish(spec, result, gpus, measure_only=False):
             result["peak_memory_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
             result["memory_kind"] = ("peak RSS of the training process (includes ~"
                                      f"{result.get('rss_before_fit_gib', 0):.1f} GiB before fit)")
+            if spec.get("in_process"):
+                result["memory_kind"] += ", accumulated over the runs (--in-process)"
     if measure_only:
         return 0
     with open(spec["result_path"], "w") as f:
