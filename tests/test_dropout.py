@@ -1,6 +1,5 @@
 """Dropout in tf_flash.flash_attention: determinism, statistics, and exactness of output and gradient for
 the mask the forward used (rebuilt by tests/philox_ref.py, the NumPy twin of cc/kernels/flash/philox.h)."""
-import contextlib
 import os
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import philox_ref  # noqa: E402
+from device_util import hold_gpu_float32_to_float16, on_device  # noqa: E402
 from reference import reference_attention, reference_attention_grad, standard_attention  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,30 +33,11 @@ TOL = {tf.float32: 2e-5, tf.float16: 5e-3, tf.bfloat16: 4e-2}
 GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
 LSE_TOL = {tf.float32: 2e-5, tf.float16: 2e-3, tf.bfloat16: 2e-3}
 KEPT_VALUE_TOL = {tf.float32: 1e-5, tf.float16: 2e-3, tf.bfloat16: 2e-2}
-TABLES = (TOL, GRAD_TOL, LSE_TOL, KEPT_VALUE_TOL)
 
 
 @pytest.fixture(autouse=True)
 def _gpu_float32_tolerance(request, monkeypatch):
-    """float32 on the GPU computes on float16 operands (tf_flash.build_info()["gpu_float32_compute"]):
-    there it is held to the float16 bounds."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "GPU" in str(callspec.params.get("device", "")):
-        for table in TABLES:
-            monkeypatch.setitem(table, tf.float32, table[tf.float16])
-
-
-
-@contextlib.contextmanager
-def _on(device):
-    """tf.device(device); a configuration the CUDA build does not cover (e.g. float32) skips the GPU variant."""
-    with tf.device(device):
-        try:
-            yield
-        except tf.errors.InvalidArgumentError as err:
-            if "GPU kernel" in str(err):
-                pytest.skip(f"not covered by the GPU kernels: {str(err).splitlines()[0][:200]}")
-            raise
+    hold_gpu_float32_to_float16(request, monkeypatch, (TOL, GRAD_TOL, LSE_TOL, KEPT_VALUE_TOL))
 
 
 def _dtype_for(device):
@@ -147,7 +128,7 @@ def _flash(q, k, v, device, use_function, dout=None, **kwargs):
         grads = tape.gradient(loss, [q, k, v]) if dout is not None else [None] * 3
         return out, lse, rng_state, *grads
 
-    with _on(device):
+    with on_device(device):
         result = tf.function(fn)() if use_function else fn()
     return [None if x is None else x.numpy() for x in result]
 
@@ -290,7 +271,7 @@ def test_compute_gradient_fixed_seed(device):
     def fn(q, k, v):
         return tf_flash.flash_attention(q, k, v, causal=True, dropout_rate=0.3, seed=42)
 
-    with _on(device):
+    with on_device(device):
         theoretical, numerical = tf.test.compute_gradient(fn, [q, k, v], delta=1e-2)
     # On the GPU float32 runs on float16 operands: finite differences over delta=1e-2 carry its rounding.
     tol = 3e-2 if "GPU" in device else 5e-3
@@ -309,7 +290,7 @@ def test_seed_none(device, use_function):
         return tf_flash.flash_attention(q, k, v, dropout_rate=0.5)
 
     run = tf.function(fn) if use_function else fn
-    with _on(device):
+    with on_device(device):
         a, b = run().numpy(), run().numpy()
         assert (a != b).any(), "two calls without a seed must draw different masks"
         tf.random.set_seed(17)
@@ -325,7 +306,7 @@ def test_seed_int_and_tensor(device):
     rng = np.random.default_rng(5)
     dtype = _dtype_for(device)
     q, k, v = _inputs(rng, 1, 40, 48, 2, 2, 32, dtype=dtype)
-    with _on(device):
+    with on_device(device):
         by_int = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
         by_int_again = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
         by_tensor = tf_flash.flash_attention(q, k, v, dropout_rate=0.3,
@@ -345,7 +326,7 @@ def test_seed_int_and_tensor(device):
         out = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=seed)
         return out, out.op.outputs[2]
 
-    with _on(device):
+    with on_device(device):
         out1, state1 = traced(tf.constant([8, 1], tf.int64))
         out2, state2 = traced(tf.constant([-5, 2**40], tf.int64))
     assert (out1.numpy() != out2.numpy()).any()
@@ -361,7 +342,7 @@ def test_seed_int_and_tensor(device):
 def test_rate_zero_is_no_dropout(device):
     rng = np.random.default_rng(6)
     q, k, v = _inputs(rng, 1, 33, 47, 2, 1, 32, dtype=_dtype_for(device))
-    with _on(device):
+    with on_device(device):
         plain = tf_flash.flash_attention(q, k, v).numpy()
         zero = tf_flash.flash_attention(q, k, v, dropout_rate=0.0, seed=3).numpy()
     np.testing.assert_array_equal(plain, zero)

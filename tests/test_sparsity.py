@@ -1,6 +1,5 @@
 """tf_flash.sparsity builders, and block-sparse flash_attention vs dense attention under the equivalent
 element mask (float64 NumPy reference in tests/reference.py)."""
-import contextlib
 import importlib.util
 import os
 import sys
@@ -10,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_util import hold_gpu_float32_to_float16, on_device  # noqa: E402
 from reference import element_mask, reference_attention, reference_attention_grad, to_numpy  # noqa: E402
 
 try:
@@ -242,30 +242,11 @@ DTYPES = pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["f32",
 OUT_TOL = {tf.float32: 2e-5, tf.float16: 5e-3, tf.bfloat16: 4e-2}
 LSE_TOL = {tf.float32: 2e-5, tf.float16: 1e-3, tf.bfloat16: 1e-3}
 GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
-TABLES = (OUT_TOL, LSE_TOL, GRAD_TOL)
 
 
 @pytest.fixture(autouse=True)
 def _gpu_float32_tolerance(request, monkeypatch):
-    """float32 on the GPU computes on float16 operands (tf_flash.build_info()["gpu_float32_compute"]):
-    there it is held to the float16 bounds."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "GPU" in str(callspec.params.get("device", "")):
-        for table in TABLES:
-            monkeypatch.setitem(table, tf.float32, table[tf.float16])
-
-
-@contextlib.contextmanager
-def _on(device):
-    """tf.device(device); a configuration the CUDA build does not cover (dtype, head dim, block size)
-    skips the GPU variant instead of failing it."""
-    with tf.device(device):
-        try:
-            yield
-        except tf.errors.InvalidArgumentError as err:
-            if "GPU kernel" in str(err):
-                pytest.skip(f"not covered by the GPU kernels: {str(err).splitlines()[0][:200]}")
-            raise
+    hold_gpu_float32_to_float16(request, monkeypatch, (OUT_TOL, LSE_TOL, GRAD_TOL))
 
 
 def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v=None, dtype=tf.float32):
@@ -288,7 +269,7 @@ def _run_flash(q, k, v, device, use_function, grads=False, dout=None, **kwargs):
             out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
             loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout) if grads else None
         return (out, lse) + (tuple(tape.gradient(loss, [q, k, v])) if grads else ())
-    with _on(device):
+    with on_device(device):
         try:
             return [to_numpy(x) for x in _call(fn, use_function)]
         except (tf.errors.InvalidArgumentError, ValueError) as err:
@@ -465,7 +446,7 @@ def test_block_sparse_with_dropout_matches_reference(device, dtype):
             loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
         return (out, out.op.outputs[1], out.op.outputs[2]) + tuple(tape.gradient(loss, [q, k, v]))
 
-    with _on(device):
+    with on_device(device):
         out, lse, rng_state, *grads = fn()
     seed, offset = (int(x) for x in rng_state.numpy())
     keep = philox_keep_mask(seed, offset, batch, heads, sq, sk, rate)
