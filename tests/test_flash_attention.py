@@ -343,3 +343,9 @@ def test_memory_is_linear_in_sequence_length():
     grown_mb = float(result.stdout.strip().splitlines()[-1])
     # Inputs are 32 MiB each; outputs, gradients and dQ partials are a few times that.
     assert grown_mb < 400, f"peak RSS grew by {grown_mb:.0f} MB"
+
+
+def test_library_reports_the_tensorflow_it_was_built_for():
+    info = tf_flash.build_info()
+    assert info["tf"].split(".")[:2] == tf.__version__.split(".")[:2]
+    assert info["cuda"] in ("0", "1")

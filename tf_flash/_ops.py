@@ -43,6 +43,19 @@ ops, library_path = _load()
 
 
 def build_info():
-    """What the loaded library was compiled with, e.g. {'cuda': '1', 'cuda_archs': '80,90a'}."""
-    text = ops.tf_flash_build_info().numpy().decode()
+    """What the loaded library was compiled with, e.g. {'cuda': '1', 'cuda_archs': '80,90a', 'tf': '2.21.0'}."""
+    with tf.init_scope():  # eager even when called while a function is being traced
+        text = ops.tf_flash_build_info().numpy().decode()
     return dict(item.split("=", 1) for item in text.split(";") if item)
+
+
+def _check_tf_version():
+    # A library built for another TF minor version may load and then misbehave: refuse it up front.
+    built_for = build_info().get("tf")
+    if built_for and built_for.split(".")[:2] != tf.__version__.split(".")[:2]:
+        raise ImportError(
+            f"tf_flash: the op library {library_path} was built for TensorFlow {built_for}, but TensorFlow "
+            f"{tf.__version__} is running; rebuild it with `pip install --no-build-isolation .`")
+
+
+_check_tf_version()
