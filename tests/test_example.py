@@ -1,7 +1,8 @@
 """The long-document example end to end, at a toy size (examples/long_document/).
 
-Trains the tiny preset (all runs in one process, --in-process) on a small synthetic folder-per-class tree with FlashMultiHeadAttention at
-two context lengths and the Keras MultiHeadAttention baseline, writes the results table and plot,
+Trains the tiny preset on a small synthetic folder-per-class tree (all runs in one process,
+--in-process, to keep it short) with FlashMultiHeadAttention at two context lengths and the Keras
+MultiHeadAttention baseline, writes the results table and plot,
 saves (.keras + SavedModel), reloads in a fresh process (predictions must match) and predicts a file.
 The data conversion of prepare_data.py is tested on a fake Documentation/ tree.
 """
