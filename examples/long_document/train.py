@@ -96,6 +96,9 @@ def parse_args(argv):
                         "the start-up time of each; on a GPU the peak memory stays per run, on a "
                         "CPU the RSS peak then accumulates over the runs)")
     p.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
+    p.add_argument("--replot", action="store_true",
+                   help="only redraw OUT/accuracy_vs_context.png from OUT/results.json (e.g. for "
+                        "results from a machine without matplotlib)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -244,7 +247,7 @@ def fmt(v, spec):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def write_results(args, info, results, device):
+def write_results(args, info, results, device, quiet=False):
     rows = []
     header = ("| attention | context | epochs | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
               "s/epoch | CPU s/epoch | peak mem GiB | status |")
@@ -284,15 +287,18 @@ def write_results(args, info, results, device):
             k: v for k, v in vars(args).items() if k not in ("worker",)}, "data": {
             "num_docs": info["num_docs"], "classes": info["class_names"], "split": info["split"],
             "words": info["words"], "tokens": info["tokens"]}, "runs": results}, f, indent=1)
-    print("\n" + table + "\n\n" + meta + "\n")
-    plot(args, results)
+    if not quiet:
+        print("\n" + table + "\n\n" + meta + "\n")
+    plot(args, results, quiet)
 
 
-def plot(args, results):
+def plot(args, results, quiet=False):
     try:
         import matplotlib
     except ImportError:
-        print("matplotlib is not installed: `pip install matplotlib` for accuracy_vs_context.png")
+        if not quiet:
+            print("matplotlib is not installed: `pip install matplotlib` for accuracy_vs_context.png "
+                  "(or `train.py --replot --out DIR` on a machine that has it)")
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -329,13 +335,21 @@ def plot(args, results):
     fig.tight_layout()
     path = os.path.join(args.out, "accuracy_vs_context.png")
     fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    plt.close(fig)
+    if not quiet:
+        print(f"wrote {path}")
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    if args.replot:
+        with open(os.path.join(args.out, "results.json")) as f:
+            saved = json.load(f)
+        args.preset = saved["preset"]
+        plot(args, saved["runs"])
+        return 0
     t_start = time.time()
     info = prepare(args)
     device = detect_device()
@@ -354,6 +368,7 @@ def main(argv=None):
             continue
         results.append(launch(args, attention, context,
                               save=not args.no_save and (attention, context) == save_run))
+        write_results(args, info, results, device, quiet=True)  # partial results survive a kill
     write_results(args, info, results, device)
 
     status = 0

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The --full configuration on the lent GPU machine (no network, no matplotlib there).
+#
+# Here, once: python3 examples/long_document/prepare_data.py     (data/linux-doc, 24 MB, git-ignored)
+# There, after TensorFlow is stashed and the op library built (scripts/gpu_round.sh device), e.g.
+#   run(carry=[".gpu/env", ".gpu_build", "data/linux-doc"],
+#       command="bash scripts/gpu_round.sh device none; bash examples/long_document/gpu_full.sh")
+# A call is limited to 10 minutes: the script stops training at LD_TIME_LIMIT seconds (default 540)
+# and a second call on the still-warm machine goes on where it stopped (--resume).
+# Back here: python3 examples/long_document/train.py --replot --out <fetched folder> draws the plot.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+set +e; source .gpu/env/env.sh || { echo "gpu_full: TensorFlow is not stashed on this machine" >&2; exit 1; }
+export TF_FLASH_LIBRARY="${TF_FLASH_LIBRARY:-$PWD/build/gpu/_flash_attention_ops.so}" PYTHONUNBUFFERED=1
+out="${OUT:-/tmp/out}"; mkdir -p "$out"
+work=/tmp/long_document_full
+[[ -d data/linux-doc ]] || { echo "gpu_full: carry data/linux-doc (prepare_data.py here)" >&2; exit 1; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+timeout "${LD_TIME_LIMIT:-540}" python3 examples/long_document/train.py --full --in-process --resume \
+  --no-save --verbose 2 --data-dir data/linux-doc --out "$work" "$@" 2>&1 \
+  | grep -v -e "^WARNING: All log" -e "^I0000" -e "cuda_dnn\|cuda_blas\|cuda_fft" > "$out/long_document_full.log"
+echo "gpu_full: exit ${PIPESTATUS[0]}"
+tail -25 "$out/long_document_full.log"
+cp "$work"/results.md "$work"/results.json "$out"/ 2>/dev/null || echo "gpu_full: no results yet"
