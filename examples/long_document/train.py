@@ -311,7 +311,8 @@ def plot(args, results, quiet=False):
         color, marker = styles[attention]
         label = ("FlashMultiHeadAttention" if attention == "flash" else "keras MultiHeadAttention")
         if done and len({r["epochs"] for r in results if r.get("status") == "ok"}) > 1:
-            label += f" ({'/'.join(sorted({str(r['epochs']) for r in done}))} epochs)"
+            n = "/".join(sorted({str(r["epochs"]) for r in done}))
+            label += f" ({n} epoch{'' if n == '1' else 's'})"
         if done:
             ax.plot([r["context"] for r in done], [r["accuracy"] for r in done], marker=marker,
                     color=color, label=f"{label}: all test docs")
