@@ -10,29 +10,32 @@ _NO_LENGTHS_SHAPE = [0]
 _NO_MASK_SHAPE = [0, 0, 0, 0]
 
 
-def _pair(value, name, allow_none=False):
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value), int(value)
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return tuple(value)
-    raise ValueError(f"`{name}` must be an int or a pair of ints. Received: {name}={value!r}")
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _window(window):
+def normalize_window(window):
+    """None, an int w (i sees i-w .. i+w) or (left, right) -> (left, right) with None = unlimited side."""
     if window is None:
-        return -1, -1
-    left, right = _pair(window, "window")
-    sides = []
-    for side in (left, right):
-        if side is None:
-            sides.append(-1)
-        elif isinstance(side, numbers.Integral) and not isinstance(side, bool) and side >= 0:
-            sides.append(int(side))
-        else:
-            raise ValueError(
-                "`window` must be (left, right) with each side a non-negative int or None (unlimited). "
-                f"Received: window={window!r}")
-    return tuple(sides)
+        return None, None
+    if _is_int(window) and window >= 0:
+        return int(window), int(window)
+    if isinstance(window, (tuple, list)) and len(window) == 2 and all(
+            side is None or (_is_int(side) and side >= 0) for side in window):
+        return tuple(None if side is None else int(side) for side in window)
+    raise ValueError("`window` must be None, a non-negative int or a pair (left, right) of non-negative ints "
+                     f"or None (unlimited). Received: window={window!r}")
+
+
+def normalize_block_size(block_size):
+    """A positive int or a pair of positive ints -> (block_q, block_k)."""
+    if _is_int(block_size) and block_size > 0:
+        return int(block_size), int(block_size)
+    if isinstance(block_size, (tuple, list)) and len(block_size) == 2 and all(
+            _is_int(side) and side > 0 for side in block_size):
+        return int(block_size[0]), int(block_size[1])
+    raise ValueError("`block_size` must be a positive int or a pair of positive ints. "
+                     f"Received: block_size={block_size!r}")
 
 
 def _lengths(lengths, name):
@@ -116,11 +119,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
                          f"Received: query heads={heads}, key heads={heads_kv}")
     if not isinstance(dropout_rate, numbers.Real) or not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"`dropout_rate` must be in [0, 1). Received: dropout_rate={dropout_rate!r}")
-    block_q, block_k = _pair(block_size, "block_size")
-    for side in (block_q, block_k):
-        if not isinstance(side, numbers.Integral) or side <= 0:
-            raise ValueError(f"`block_size` must be positive. Received: block_size={block_size!r}")
-    window_left, window_right = _window(window)
+    block_q, block_k = normalize_block_size(block_size)
+    window_left, window_right = (-1 if side is None else side for side in normalize_window(window))
     head_dim = query.shape[3]
     if scale is None:
         if head_dim is None:
@@ -136,7 +136,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         block_mask=_rank4_mask(block_mask, "block_mask", 4),
         seed=_seed(seed, dropout_rate),
         causal=bool(causal), window_left=window_left, window_right=window_right,
-        block_q=int(block_q), block_k=int(block_k), dropout_rate=float(dropout_rate), scale=float(scale))
+        block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale))
     return (output, lse) if return_lse else output
 
 

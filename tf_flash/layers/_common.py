@@ -29,25 +29,12 @@ def check_seed(seed):
 
 def check_window(window):
     """None, an int w (symmetric: i sees i-w .. i+w) or (left, right) with None = unlimited."""
-    if window is None:
-        return None
-    if is_int(window) and window >= 0:
-        return (int(window), int(window))
-    if isinstance(window, (tuple, list)) and len(window) == 2 and all(
-            side is None or (is_int(side) and side >= 0) for side in window):
-        return tuple(None if side is None else int(side) for side in window)
-    raise ValueError("`window` must be None, a non-negative int or a pair (left, right) of "
-                     f"non-negative ints or None. Received: window={window!r}")
+    return None if window is None else _flash_ops.normalize_window(window)
 
 
 def check_block_size(block_size):
-    if is_int(block_size) and block_size > 0:
-        return int(block_size)
-    if isinstance(block_size, (tuple, list)) and len(block_size) == 2 and all(
-            is_int(side) and side > 0 for side in block_size):
-        return tuple(int(side) for side in block_size)
-    raise ValueError("`block_size` must be a positive int or a pair of positive ints. "
-                     f"Received: block_size={block_size!r}")
+    block_q, block_k = _flash_ops.normalize_block_size(block_size)
+    return block_q if is_int(block_size) else (block_q, block_k)
 
 
 def check_block_mask(block_mask):
