@@ -1,5 +1,7 @@
 """NumPy twin of cc/kernels/flash/philox.h (uint32 arithmetic), so tests can rebuild tf_flash's dropout
 keep mask for a given (seed, offset) and compare the op with the reference under exactly that mask."""
+import math
+
 import numpy as np
 
 _MUL0, _MUL1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
@@ -27,9 +29,17 @@ def philox4x32_10(ctr, key0, key1):
 
 
 def dropout_threshold(rate):
-    """An entry is dropped when its 32-bit draw is below rate * 2^32 (rate taken as float32, as the attr)."""
-    t = float(np.float32(rate)) * 4294967296.0
-    return np.uint32(0xFFFFFFFF) if t >= 4294967295.0 else np.uint32(int(t))
+    """Entries whose byte draw is below round(256 * rate) are dropped (1..255 for rate > 0; rate as float32,
+    as the attr)."""
+    rate = float(np.float32(rate))
+    if not rate > 0:
+        return 0
+    return int(min(255, max(1, math.floor(rate * 256.0 + 0.5))))
+
+
+def keep_scale(rate):
+    """The scale of kept entries: 1 / (the keep probability the threshold gives), as a float32."""
+    return float(np.float32(256.0) / np.float32(256 - dropout_threshold(rate)))
 
 
 def _seed_words(seed, offset):
@@ -39,30 +49,27 @@ def _seed_words(seed, offset):
 
 
 def dropout_draws(seed, offset, batch_head, rows, cols):
-    """The 32-bit Philox draw of each (row, col) for one batch*heads+head index: uint32 [len(rows), len(cols)]."""
+    """The byte draw of each (row, col) for one batch*heads+head index: uint8 [len(rows), len(cols)].
+    One Philox call covers rows r, r + 8 of a 16-row block and columns 2q, 2q + 1 of the four 8-column
+    groups of a 32-column block (the layout of philox.h)."""
     seed, offset = _seed_words(seed, offset)
     batch_head = int(batch_head)
     rows = np.asarray(rows, np.int64)[:, None]
     cols = np.asarray(cols, np.int64)[None, :]
-    ctr = (cols >> 2, rows, np.uint64(batch_head & 0xFFFFFFFF),
-           np.uint64((offset & 0xFFFFFFFF) ^ ((batch_head >> 32) & 0xFFFFFFFF)))
+    ctr = (((cols >> 5) << 2) | ((cols >> 1) & 3), ((rows >> 4) << 3) | (rows & 7),
+           np.uint64(batch_head & 0xFFFFFFFF), np.uint64((offset & 0xFFFFFFFF) ^ ((batch_head >> 32) & 0xFFFFFFFF)))
     key0 = seed & 0xFFFFFFFF
     key1 = (seed >> 32) ^ (offset >> 32)
-    r = philox4x32_10(ctr, np.uint64(key0), np.uint64(key1))
-    lane = (cols & 3) + np.zeros_like(rows)
-    draws = np.choose(lane, [np.broadcast_to(x, lane.shape) for x in r])
-    return draws.astype(np.uint32)
+    words = philox4x32_10(ctr, np.uint64(key0), np.uint64(key1))
+    word = ((cols >> 3) & 3) + np.zeros_like(rows)
+    byte = 2 * ((rows >> 3) & 1) + (cols & 1)
+    chosen = np.choose(word, [np.broadcast_to(x, word.shape) for x in words]).astype(np.uint64)
+    return ((chosen >> (8 * byte).astype(np.uint64)) & np.uint64(0xFF)).astype(np.uint8)
 
 
-def dropout_keep_bits4(seed, offset, batch_head, row, col, drop_threshold):
-    """Scalar twin of the C++ function: bit t set when column 4*(col//4)+t is kept."""
-    base = (int(col) >> 2) << 2
-    draws = dropout_draws(seed, offset, batch_head, [row], [base, base + 1, base + 2, base + 3])[0]
-    bits = 0
-    for t in range(4):
-        if draws[t] >= np.uint32(drop_threshold):
-            bits |= 1 << t
-    return bits
+def dropout_keep(seed, offset, batch_head, row, col, threshold):
+    """Scalar twin of the C++ dropout_keep."""
+    return bool(dropout_draws(seed, offset, batch_head, [row], [col])[0, 0] >= threshold)
 
 
 def keep_mask(seed, offset, batch, heads, seqlen_q, seqlen_k, rate):

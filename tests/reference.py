@@ -10,11 +10,14 @@ the shapes small. Semantics follow docs/architecture.md:
 - attention_mask bool broadcastable to [B, H, Sq, Sk]; block_mask [nqb, nkb] | [H, nqb, nkb] |
   [B, H, nqb, nkb] with block_size int or (bq, bk), False = invisible block;
 - GQA: query head h reads key/value head h // (H // Hkv);
-- dropout given as an explicit keep mask [B, H, Sq, Sk] bool: kept probabilities scaled 1/(1-p);
+- dropout given as an explicit keep mask [B, H, Sq, Sk] bool: kept probabilities scaled by
+  philox_ref.keep_scale(p) (1 / the keep probability of the rate in steps of 1/256);
   lse is the log-sum-exp of the (undropped) scaled scores;
 - a row with nothing visible: output 0, lse -inf, zero gradients.
 """
 import numpy as np
+
+import philox_ref
 
 __all__ = ["to_numpy", "element_mask", "reference_attention", "reference_attention_grad",
            "standard_attention"]
@@ -113,7 +116,7 @@ def _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, blo
         lse = np.where(empty, -np.inf, row_max + np.log(np.where(empty, 1.0, row_sum)))[..., 0]
     if keep_mask is not None:
         keep = np.broadcast_to(to_numpy(keep_mask, bool), probs.shape)
-        drop_scale = np.where(keep, 1.0 / (1.0 - float(dropout_rate)), 0.0)
+        drop_scale = np.where(keep, philox_ref.keep_scale(dropout_rate), 0.0)
     elif dropout_rate:
         raise ValueError("reference_attention needs the keep_mask [B, H, Sq, Sk] when dropout_rate > 0 "
                          f"(it cannot draw tf_flash's Philox mask itself). Received: dropout_rate={dropout_rate}")
@@ -193,5 +196,5 @@ def standard_attention(q, k, v, *, dtype=None, **kwargs):
         e = rnd(np.where(mask, np.exp(scores - row_max), 0))
     probs = rnd(e / np.where(empty, 1, e.sum(axis=-1, keepdims=True)))
     if keep_mask is not None:
-        probs = rnd(np.where(to_numpy(keep_mask, bool), probs / np.float32(1 - rate), 0))
+        probs = rnd(np.where(to_numpy(keep_mask, bool), probs * np.float32(philox_ref.keep_scale(rate)), 0))
     return rnd(np.einsum("bhqk,bhkd->bqhd", probs, vh))

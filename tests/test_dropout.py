@@ -57,8 +57,10 @@ int main(int argc, char** argv) {
   unsigned long long seed, offset, bh; long long row, col; float rate;
   while (std::scanf("%llu %llu %llu %lld %lld %f", &seed, &offset, &bh, &row, &col, &rate) == 6) {
     const uint32_t th = tf_flash::dropout_threshold(rate);
-    std::printf("%u %u %d\n", th, tf_flash::dropout_keep_bits4(seed, offset, bh, row, col, th),
-                (int)tf_flash::dropout_keep(seed, offset, bh, row, col, th));
+    const tf_flash::Philox4 r = tf_flash::dropout_draws(seed, offset, bh, row, col);
+    const int byte = tf_flash::dropout_byte(row, col);
+    std::printf("%u %u %d %.9g\n", th, (r.x[byte >> 2] >> (8 * (byte & 3))) & 0xFFu,
+                (int)tf_flash::dropout_keep(seed, offset, bh, row, col, th), tf_flash::dropout_keep_scale(rate));
   }
   return 0;
 }
@@ -90,11 +92,61 @@ def test_philox_ref_matches_header(philox_harness):
     stdin = "".join(f"{s} {o} {b} {r} {c} {p!r}\n" for s, o, b, r, c, p in cases)
     lines = subprocess.run([philox_harness], input=stdin, capture_output=True, text=True, check=True).stdout
     for (seed, offset, bh, row, col, rate), line in zip(cases, lines.splitlines()):
-        th, bits, keep = (int(x) for x in line.split())
+        th, draw, keep, scale = line.split()
+        th, draw, keep = int(th), int(draw), int(keep)
         assert philox_ref.dropout_threshold(rate) == th, (rate, th)
-        assert philox_ref.dropout_keep_bits4(seed, offset, bh, row, col, th) == bits
-        assert (bits >> (col & 3)) & 1 == keep
+        assert philox_ref.dropout_draws(seed, offset, bh, [row], [col])[0, 0] == draw
+        assert philox_ref.dropout_keep(seed, offset, bh, row, col, th) == bool(keep) == (draw >= th)
+        assert np.float32(scale) == np.float32(philox_ref.keep_scale(rate)), (rate, scale)
     assert len(lines.splitlines()) == len(cases)
+
+
+_ROW_HARNESS = r"""
+#include <cstdio>
+#include <vector>
+#include "cc/kernels/flash/philox.h"
+int main() {
+  unsigned long long seed, offset, bh; long long row, begin, end; float rate;
+  while (std::scanf("%llu %llu %llu %lld %lld %lld %f", &seed, &offset, &bh, &row, &begin, &end, &rate) == 7) {
+    std::vector<float> out(end - begin, -1.f);
+    tf_flash::dropout_row_scales(seed, offset, bh, row, begin, end, tf_flash::dropout_threshold(rate),
+                                 tf_flash::dropout_keep_scale(rate), out.data());
+    for (float x : out) std::printf("%.9g ", x);
+    std::printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("simd", ["avx2", "scalar"])
+def test_row_scales_match_ref(tmp_path, simd):
+    """The CPU kernel's row generator (AVX2 and portable paths) draws exactly philox_ref's mask."""
+    compiler = shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    flags = ["-mavx2"] if simd == "avx2" else []
+    if simd == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("no AVX2 on this CPU")
+    src, exe = tmp_path / "rows.cc", tmp_path / "rows"
+    src.write_text(_ROW_HARNESS)
+    subprocess.run([compiler, "-std=c++17", "-O2", *flags, f"-I{REPO}", str(src), "-o", str(exe)], check=True)
+    rng = np.random.default_rng(1)
+    cases = []
+    for _ in range(60):
+        begin = int(rng.integers(0, 300))
+        end = begin + int(rng.choice([1, 7, 31, 64, 65, 200, int(rng.integers(1, 400))]))
+        cases.append((int(rng.integers(0, 2**64, dtype=np.uint64)), int(rng.integers(0, 2**40)),
+                      int(rng.integers(0, 2**33)), int(rng.integers(0, 5000)), begin, end,
+                      float(rng.choice([0.1, 0.5, 0.9, float(rng.random())]))))
+    stdin = "".join(" ".join(repr(x) for x in c) + "\n" for c in cases)
+    lines = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(lines) == len(cases)
+    for (seed, offset, bh, row, begin, end, rate), line in zip(cases, lines):
+        got = np.array(line.split(), np.float32)
+        keep = philox_ref.dropout_draws(seed, offset, bh, [row], np.arange(begin, end))[0] >= \
+            philox_ref.dropout_threshold(rate)
+        np.testing.assert_array_equal(got, np.where(keep, np.float32(philox_ref.keep_scale(rate)), 0))
 
 
 def test_philox_ref_statistics():
@@ -103,7 +155,10 @@ def test_philox_ref_statistics():
     assert abs(mask.mean() - 0.7) < 6 * np.sqrt(0.3 * 0.7 / n)
     assert (mask[0, 0] != mask[0, 1]).any() and (mask[0, 0] != mask[1, 0]).any()
     np.testing.assert_array_equal(philox_ref.keep_mask(123, 0, 1, 1, 8, 8, 0.0), True)
-    assert philox_ref.dropout_threshold(0.5) == 2**31
+    assert philox_ref.dropout_threshold(0.5) == 128 and philox_ref.keep_scale(0.5) == 2.0
+    # The rate takes effect in steps of 1/256; tiny rates still drop something, none drops everything.
+    assert philox_ref.dropout_threshold(0.1) == 26 and philox_ref.dropout_threshold(1e-6) == 1
+    assert philox_ref.dropout_threshold(0.999999) == 255
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -174,7 +229,7 @@ def _one_hot_case(batch, heads, n, dtype):
 
 def _recover_keep(out, n, rate):
     # [B, Sq, H, n] -> [B, H, Sq, Sk]
-    return np.asarray(out, np.float64).transpose(0, 2, 1, 3) * n * (1.0 - rate) > 0.5
+    return np.asarray(out, np.float64).transpose(0, 2, 1, 3) * n / philox_ref.keep_scale(rate) > 0.5
 
 
 @needs_op
@@ -186,11 +241,13 @@ def test_kept_fraction_and_mask_recovered_through_output(device, dtype, rate):
     q, k, v = _one_hot_case(batch, heads, n, dtype)
     out, _, rng_state, *_ = _flash(q, k, v, device, True, dropout_rate=rate, seed=99)
     keep = _recover_keep(out, n, rate)
-    values = np.asarray(out, np.float64).transpose(0, 2, 1, 3)[keep] * n * (1.0 - rate)
+    values = np.asarray(out, np.float64).transpose(0, 2, 1, 3)[keep] * n / philox_ref.keep_scale(rate)
     np.testing.assert_allclose(values, 1.0, rtol=KEPT_VALUE_TOL[dtype])
     fraction = keep.mean()
-    bound = 6 * np.sqrt(rate * (1 - rate) / keep.size)
-    assert abs(fraction - (1 - rate)) < bound, (fraction, 1 - rate, bound)
+    kept = 1 - philox_ref.dropout_threshold(rate) / 256  # the rate in steps of 1/256
+    assert abs(kept - (1 - rate)) <= 1 / 512
+    bound = 6 * np.sqrt(kept * (1 - kept) / keep.size)
+    assert abs(fraction - kept) < bound, (fraction, kept, bound)
     # Every (batch, head) has its own stream, and the mask is the one philox.h defines.
     assert (keep[0, 0] != keep[0, 1]).any() and (keep[0, 0] != keep[1, 0]).any()
     expected = philox_ref.keep_mask(int(rng_state[0]), int(rng_state[1]), batch, heads, n, n, rate)

@@ -91,7 +91,9 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
       attention_mask: bool, broadcastable to [B, H, Sq, Sk] (rank 2 to 4), True = attend.
       block_mask: bool [nqb, nkb], [H, nqb, nkb] or [B, H, nqb, nkb]; False blocks are skipped.
       block_size: int or (bq, bk), the blocks `block_mask` describes.
-      dropout_rate: dropout on the attention probabilities, in [0, 1), inverted scaling.
+      dropout_rate: dropout on the attention probabilities, in [0, 1). Applied in steps of 1/256: an
+        entry is dropped with probability round(256 * rate) / 256 (at least 1/256 for rate > 0) and kept
+        entries are scaled by 1 / (1 - that probability), so the expectation is exact.
       seed: int or int64 [2]; same seed and inputs give the same output. None draws one from TF's
         global random state (reproducible under `tf.random.set_seed`).
       scale: score scale, default 1/sqrt(D).

@@ -165,7 +165,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
     hp.num_q_blocks = nqb, hp.num_k_blocks = nkb;
   }
   const uint32_t thr = dropout_threshold(c.dropout);
-  const double keep_scale = c.dropout > 0 ? 1.0 / (1.0 - c.dropout) : 1.0;
+  const double keep_scale = c.dropout > 0 ? dropout_keep_scale(c.dropout) : 1.0;
 
   // ---- float64 reference: forward (O, lse) then backward ----
   std::vector<double> O(size_t(B) * Sq * H * Dv, 0.0), LSE(size_t(B) * H * Sq, -INFINITY);

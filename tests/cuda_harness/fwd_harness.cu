@@ -143,7 +143,7 @@ void reference(const Case& c, const FlashFwdParams& p, const std::vector<uint16_
           sum32 += s32[j];
         }
         lse[(size_t(b) * c.H + h) * c.Sq + i] = mx + std::log(sum);
-        const double keep_scale = 1.0 / (1.0 - p.dropout_rate);
+        const double keep_scale = tf_flash::dropout_keep_scale(p.dropout_rate);
         for (int j = 0; j < c.Sk; ++j) {
           if (!vis[j]) continue;
           double w = pr[j] / sum;

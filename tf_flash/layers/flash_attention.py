@@ -16,8 +16,8 @@ class FlashAttention(keras.layers.Layer):
         causal: query i sees keys j <= i (top-left aligned). `use_causal_mask` in `call` can also
             turn it on per call.
         window: None, an int w (i sees i-w .. i+w) or (left, right), None on a side = unlimited.
-        dropout: dropout rate on the attention probabilities, applied only when `training`. The
-            mask is regenerated in the backward pass from a seed drawn from a
+        dropout: dropout rate on the attention probabilities, applied only when `training`, in
+            steps of 1/256 (see `tf_flash.flash_attention`). The mask is regenerated in the backward pass from a seed drawn from a
             `keras.random.SeedGenerator` (a fresh mask each training call, reproducible under
             `keras.utils.set_random_seed`).
         scale: score scale; None = 1/sqrt(head dim).

@@ -65,8 +65,9 @@ class FlashMultiHeadAttention(keras.layers.Layer):
 
     Differences from Keras' MultiHeadAttention (all documented choices):
         - `dropout` drops entries of the attention probabilities like Keras, but with the kernel's
-          Philox generator fed by a `keras.random.SeedGenerator`: the same rate and seeding
-          behaviour, not the same random mask as Keras' Dropout layer.
+          Philox generator fed by a `keras.random.SeedGenerator`: the same seeding behaviour, not the
+          same random mask as Keras' Dropout layer, and the rate in steps of 1/256 (0.1 drops with
+          probability 26/256; kept entries are scaled by 256/230, so the expectation is unchanged).
         - `return_attention_scores=True` computes the [B, H, Sq, Sk] scores explicitly in float32
           (O(Sq * Sk) memory and time, the cost flash attention otherwise avoids); the output still
           comes from the kernel. The scores are the pre-dropout probabilities, as in Keras.

@@ -87,13 +87,13 @@ struct HeadContext {
   int b, h;
   int64_t q_len, kv_len;
   uint64_t batch_head;
-  float keep_scale;         // 1 / (1 - dropout_rate)
-  uint32_t drop_threshold;  // 32-bit draws below it are dropped
+  float keep_scale;         // 1 / keep probability (philox.h: dropout_keep_scale)
+  uint32_t drop_threshold;  // byte draws below it are dropped
 
   HeadContext(const FlashFwdParams& params, int batch, int head)
       : p(params), b(batch), h(head), q_len(valid_q_len(params, batch)), kv_len(valid_kv_len(params, batch)),
         batch_head(static_cast<uint64_t>(batch) * params.num_heads + head),
-        keep_scale(1.f / (1.f - params.dropout_rate)), drop_threshold(dropout_threshold(params.dropout_rate)) {}
+        keep_scale(dropout_keep_scale(params.dropout_rate)), drop_threshold(dropout_threshold(params.dropout_rate)) {}
 
   bool has_dropout() const { return p.dropout_rate > 0.f; }
 
@@ -123,7 +123,7 @@ struct HeadContext {
     return any_visible;
   }
 
-  // keep[r, c] = 1/(1-p) where entry (row0+r, col0+c) survives dropout, else 0.
+  // keep[r, c] = keep_scale where entry (row0+r, col0+c) survives dropout, else 0.
   void DropoutScales(int64_t row0, int64_t col0, int64_t rows, int64_t cols, Matrix* keep) const {
     keep->resize(rows, cols);
     for (int64_t r = 0; r < rows; ++r) {

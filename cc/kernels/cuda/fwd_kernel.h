@@ -436,25 +436,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     Tensor rP = convert_fragment<Element>(acc_s);
     if constexpr (kGeneral) {
       if (has_dropout) {  // dropped after the normalizer is taken, as in dropout(softmax(s)) @ v
-        // Applied to the 16-bit probabilities (half the registers of the fp32 scores). Rows
-        // mi = half + 2 * m (half: the +8 row of the m16 atom); lanes l and l^1 hold the same 4-column
-        // group of both halves, so each computes one half's Philox draw and they swap results.
-        Tensor p_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
-        const int lane_half = threadIdx.x & 1;
+        // Applied to the 16-bit probabilities, two per register. One Philox call holds this thread's draws
+        // for one m16 row block and four adjacent n8 column groups (philox.h's layout): MMA_N atoms
+        // 4c .. 4c + 3, since the warp's columns are contiguous and n0 is a multiple of 32.
+        constexpr int kM = decltype(size<1>(rP))::value, kN = decltype(size<2>(rP))::value;
+        static_assert(kN % 4 == 0 && kBlockN % 32 == 0, "a dropout draw spans four n8 column groups");
+        Tensor pairs = recast<uint32_t>(rP);  // 1-D index half + 2 * (m + kM * n)
+        static_assert(decltype(size(pairs))::value * 2 == decltype(size(rP))::value, "16-bit pairs");
+        const uint32_t threshold2 = drop_threshold * 0x10001u;
         CUTE_UNROLL
-        for (int m = 0; m < kRows / 2; ++m) {
-          const int64_t my_row = m0 + get<0>(tScS_rc(2 * m + lane_half, 0));
+        for (int m = 0; m < kM; ++m) {
+          const int64_t row = m0 + get<0>(tScS_rc(2 * m, 0));
           CUTE_UNROLL
-          for (int ni = 0; ni < kCols; ni += 2) {  // a thread's column pairs never straddle a group of 4
-            const int64_t col = n0 + get<1>(tScS_rc(0, ni));
-            const uint32_t mine = dropout_keep_bits4(p.seed, p.seed_offset, batch_head, my_row, col, drop_threshold);
-            const uint32_t theirs = __shfl_xor_sync(0xffffffffu, mine, 1);
-            const uint32_t bits0 = lane_half ? theirs : mine, bits1 = lane_half ? mine : theirs;
-            const int c = int(col & 3);
-            if (!((bits0 >> c) & 1u)) p_rc(2 * m, ni) = Element(0.f);
-            if (!((bits0 >> (c + 1)) & 1u)) p_rc(2 * m, ni + 1) = Element(0.f);
-            if (!((bits1 >> c) & 1u)) p_rc(2 * m + 1, ni) = Element(0.f);
-            if (!((bits1 >> (c + 1)) & 1u)) p_rc(2 * m + 1, ni + 1) = Element(0.f);
+          for (int c = 0; c < kN / 4; ++c) {
+            const int64_t col = n0 + get<1>(tScS_rc(0, 8 * c));
+            const Philox4 draws = dropout_draws(p.seed, p.seed_offset, batch_head, row, col);
+            CUTE_UNROLL
+            for (int w = 0; w < 4; ++w) {
+              CUTE_UNROLL
+              for (int half = 0; half < 2; ++half)
+                pairs(half + 2 * (m + kM * (4 * c + w))) &= dropout_keep_mask_x2(draws.x[w], half, threshold2);
+            }
           }
         }
       }
@@ -486,7 +488,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   }
 
   // Epilogue: normalize, write lse, stage O through shared memory for 16-byte global stores.
-  const float keep_scale = has_dropout ? 1.f / (1.f - p.dropout_rate) : 1.f;
+  const float keep_scale = has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
   CUTE_UNROLL
   for (int mi = 0; mi < kRows; ++mi) {
     const float sum = quad_sum(row_sum[mi]);

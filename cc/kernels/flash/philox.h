@@ -53,37 +53,78 @@ TF_FLASH_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t key0, uint32_t 
   return ctr;
 }
 
-// Keep decisions for the four key columns 4*(col/4) .. 4*(col/4)+3 of one (batch*head, row):
-// bit t of the result is 1 when column 4*(col/4)+t is kept. Column groups of four share one Philox call.
-// The counter is (col / 4, row, batch*heads + head, offset); the key is the seed. These two functions fix
-// that layout; every generator of dropout draws goes through them.
+// ---- Dropout draws ------------------------------------------------------------------------------
+// One Philox call yields 16 one-byte draws, laid out the way one thread holds entries of an mma.sync
+// m16n8k16 accumulator: rows r and r + 8 of a 16-row block, columns 2q and 2q + 1 of each of the four
+// 8-column groups of a 32-column block. The GPU kernels then draw exactly their own entries (no exchange
+// between threads), and the CPU rebuilds the same mask from (row, col) alone:
+//   call (col >> 5, (col >> 1) & 3, row >> 4, row & 7)     32 calls per 16 x 32 block
+//   byte 4 * ((col >> 3) & 3) + 2 * ((row >> 3) & 1) + (col & 1)
+// so word w of a call holds the 8-column group w: bytes (r, 2q), (r, 2q + 1), (r + 8, 2q), (r + 8, 2q + 1).
+// Counter: (call column, call row, batch*heads + head, offset); key: the seed. Every generator of dropout
+// draws goes through these functions.
 TF_FLASH_HOST_DEVICE uint32_t dropout_key0(uint64_t seed, uint64_t) { return static_cast<uint32_t>(seed); }
 TF_FLASH_HOST_DEVICE uint32_t dropout_key1(uint64_t seed, uint64_t offset) {
   return static_cast<uint32_t>(seed >> 32) ^ static_cast<uint32_t>(offset >> 32);
 }
 TF_FLASH_HOST_DEVICE Philox4 dropout_counter(uint64_t offset, uint64_t batch_head, int64_t row, int64_t col) {
-  return Philox4{{static_cast<uint32_t>(col >> 2), static_cast<uint32_t>(row), static_cast<uint32_t>(batch_head),
+  return Philox4{{static_cast<uint32_t>(((col >> 5) << 2) | ((col >> 1) & 3)),
+                  static_cast<uint32_t>(((row >> 4) << 3) | (row & 7)), static_cast<uint32_t>(batch_head),
                   static_cast<uint32_t>(offset) ^ static_cast<uint32_t>(batch_head >> 32)}};
 }
-
-TF_FLASH_HOST_DEVICE uint32_t dropout_keep_bits4(uint64_t seed, uint64_t offset, uint64_t batch_head,
-                                                 int64_t row, int64_t col, uint32_t drop_threshold) {
-  const Philox4 r = philox4x32_10(dropout_counter(offset, batch_head, row, col), dropout_key0(seed, offset),
-                                  dropout_key1(seed, offset));
-  return (r.x[0] >= drop_threshold ? 1u : 0u) | (r.x[1] >= drop_threshold ? 2u : 0u) |
-         (r.x[2] >= drop_threshold ? 4u : 0u) | (r.x[3] >= drop_threshold ? 8u : 0u);
+TF_FLASH_HOST_DEVICE Philox4 dropout_draws(uint64_t seed, uint64_t offset, uint64_t batch_head, int64_t row,
+                                           int64_t col) {
+  return philox4x32_10(dropout_counter(offset, batch_head, row, col), dropout_key0(seed, offset),
+                       dropout_key1(seed, offset));
+}
+TF_FLASH_HOST_DEVICE int dropout_byte(int64_t row, int64_t col) {
+  return static_cast<int>(((col >> 3) & 3) * 4 + ((row >> 3) & 1) * 2 + (col & 1));
 }
 
-// An entry is dropped when its 32-bit draw is below rate * 2^32.
+// An entry is dropped when its byte is below threshold = round(256 * rate), at least 1 for rate > 0 and at
+// most 255: the rate takes effect in steps of 1/256 (as in FlashAttention-2), and kept entries are scaled
+// by 256 / (256 - threshold), the inverse of the actual keep probability, so the expectation is exact.
 TF_FLASH_HOST_DEVICE uint32_t dropout_threshold(float rate) {
-  const double t = static_cast<double>(rate) * 4294967296.0;
-  return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);
+  if (!(rate > 0.f)) return 0u;
+  const double t = static_cast<double>(rate) * 256.0 + 0.5;
+  return t < 1.0 ? 1u : (t >= 255.0 ? 255u : static_cast<uint32_t>(t));
+}
+TF_FLASH_HOST_DEVICE float dropout_keep_scale(float rate) {
+  return 256.f / static_cast<float>(256u - dropout_threshold(rate));
 }
 
 TF_FLASH_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t batch_head, int64_t row,
                                        int64_t col, uint32_t drop_threshold) {
-  return (dropout_keep_bits4(seed, offset, batch_head, row, col, drop_threshold) >> (col & 3)) & 1u;
+  const Philox4 r = dropout_draws(seed, offset, batch_head, row, col);
+  const int byte = dropout_byte(row, col);
+  return ((r.x[byte >> 2] >> (8 * (byte & 3))) & 0xFFu) >= drop_threshold;
 }
+
+#if defined(__CUDACC__)
+// Keep masks of a thread's two 16-bit entries in one register: `row_half` 0 takes bytes 0, 1 of the word
+// (row r), 1 takes bytes 2, 3 (row r + 8). threshold2 = threshold * 0x10001. Returns 0xFFFF in each kept
+// 16-bit half, 0 in each dropped one.
+__device__ __forceinline__ uint32_t dropout_keep_mask_x2(uint32_t word, int row_half, uint32_t threshold2) {
+  // Bytes into 16-bit lanes 0x8000 + byte; minus the threshold, bit 15 of a lane stays set iff byte >=
+  // threshold (no borrow crosses lanes). prmt's sign mode then copies bits 15 and 31 over their halves.
+  uint32_t lanes, mask;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(lanes) : "r"(word), "r"(0x80808080u), "r"(row_half ? 0x4342u : 0x4140u));
+  lanes -= threshold2;
+  asm("prmt.b32 %0, %1, %1, 0xBB99;" : "=r"(mask) : "r"(lanes));
+  return mask;
+}
+
+// The four keep bits of one word as bits 0..3: (r, 2q), (r, 2q + 1), (r + 8, 2q), (r + 8, 2q + 1).
+__device__ __forceinline__ uint32_t dropout_keep_bits4(uint32_t word, uint32_t threshold2) {
+  uint32_t lo, hi, signs;
+  asm("prmt.b32 %0, %1, %2, 0x4140;" : "=r"(lo) : "r"(word), "r"(0x80808080u));
+  asm("prmt.b32 %0, %1, %2, 0x4342;" : "=r"(hi) : "r"(word), "r"(0x80808080u));
+  lo -= threshold2;
+  hi -= threshold2;
+  asm("prmt.b32 %0, %1, %2, 0x7531;" : "=r"(signs) : "r"(lo), "r"(hi));  // bits 7, 15, 23, 31
+  return ((signs & 0x80808080u) * 0x00204081u) >> 28;                      // -> bits 0..3
+}
+#endif
 
 #if !defined(__CUDA_ARCH__)
 #if defined(__AVX2__)
@@ -107,17 +148,19 @@ inline void philox_round_x8(__m256i& x0, __m256i& x1, __m256i& x2, __m256i& x3, 
 #endif
 
 // Host only: the keep scales of columns [col_begin, col_end) of one row, `keep_scale` where kept and 0
-// where dropped: the draws of dropout_keep_bits4, eight column groups at a time (AVX2 when compiled in).
+// where dropped. Works on pairs of 32-column blocks: their eight calls run side by side (AVX2 when compiled
+// in), and of each call only the bytes of this row (r or r + 8) are used.
 inline void dropout_row_scales(uint64_t seed, uint64_t offset, uint64_t batch_head, int64_t row,
                                int64_t col_begin, int64_t col_end, uint32_t drop_threshold, float keep_scale,
                                float* out) {
-  constexpr int kLanes = 8;
   const uint32_t key0 = dropout_key0(seed, offset), key1 = dropout_key1(seed, offset);
-  const Philox4 first = dropout_counter(offset, batch_head, row, col_begin);
-  for (int64_t group0 = col_begin >> 2; group0 * 4 < col_end; group0 += kLanes) {
-    uint32_t draws[4][kLanes];
+  const Philox4 first = dropout_counter(offset, batch_head, row, 0);
+  const int row_half = static_cast<int>((row >> 3) & 1);
+  for (int64_t block = col_begin >> 5; block * 32 < col_end; block += 2) {
+    const int64_t c0 = block * 32;
+    alignas(32) uint8_t draws[64];  // the draws of columns c0 .. c0 + 63 in this row
 #if defined(__AVX2__)
-    __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(group0))),
+    __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(block * 4))),
                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256i x1 = _mm256_set1_epi32(static_cast<int>(first.x[1]));
     __m256i x2 = _mm256_set1_epi32(static_cast<int>(first.x[2]));
@@ -128,44 +171,46 @@ inline void dropout_row_scales(uint64_t seed, uint64_t offset, uint64_t batch_he
       k0 += kPhiloxWeyl0;
       k1 += kPhiloxWeyl1;
     }
-    const int64_t first_col = group0 * 4;
-    if (first_col >= col_begin && first_col + 4 * kLanes <= col_end) {  // a whole run of 32 columns
-      // keep = draw >= threshold (unsigned), as keep_scale or 0; then columns 4g+t interleaved.
-      const __m256i threshold = _mm256_set1_epi32(static_cast<int>(drop_threshold));
-      const __m256 scale = _mm256_set1_ps(keep_scale);
-      const auto keep = [&](__m256i x) {
-        return _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(x, threshold), x), _mm256_castps_si256(scale));
-      };
-      const __m256i v0 = keep(x0), v1 = keep(x1), v2 = keep(x2), v3 = keep(x3);
-      const __m256i a = _mm256_unpacklo_epi32(v0, v1), b = _mm256_unpackhi_epi32(v0, v1);
-      const __m256i c = _mm256_unpacklo_epi32(v2, v3), d = _mm256_unpackhi_epi32(v2, v3);
-      const __m256i g04 = _mm256_unpacklo_epi64(a, c), g15 = _mm256_unpackhi_epi64(a, c);
-      const __m256i g26 = _mm256_unpacklo_epi64(b, d), g37 = _mm256_unpackhi_epi64(b, d);
-      __m256i* dst = reinterpret_cast<__m256i*>(out + (first_col - col_begin));
-      _mm256_storeu_si256(dst + 0, _mm256_permute2x128_si256(g04, g15, 0x20));
-      _mm256_storeu_si256(dst + 1, _mm256_permute2x128_si256(g26, g37, 0x20));
-      _mm256_storeu_si256(dst + 2, _mm256_permute2x128_si256(g04, g15, 0x31));
-      _mm256_storeu_si256(dst + 3, _mm256_permute2x128_si256(g26, g37, 0x31));
-      continue;
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(draws[0]), x0);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(draws[1]), x1);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(draws[2]), x2);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(draws[3]), x3);
+    // Per 128-bit half (one block, lanes q = 0..3): bytes 2 * row_half + j of lane q are columns 8w + 2q + j.
+    const __m256i pick = row_half ? _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                     2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
+                                  : _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                     0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i g01 = _mm256_unpacklo_epi64(_mm256_shuffle_epi8(x0, pick), _mm256_shuffle_epi8(x1, pick));
+    const __m256i g23 = _mm256_unpacklo_epi64(_mm256_shuffle_epi8(x2, pick), _mm256_shuffle_epi8(x3, pick));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(draws), _mm256_permute2x128_si256(g01, g23, 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(draws + 32), _mm256_permute2x128_si256(g01, g23, 0x31));
 #else
-    for (int lane = 0; lane < kLanes; ++lane) {
+    for (int lane = 0; lane < 8; ++lane) {
       Philox4 ctr = first;
-      ctr.x[0] = static_cast<uint32_t>(group0 + lane);
+      ctr.x[0] = static_cast<uint32_t>(block * 4 + lane);
       const Philox4 r = philox4x32_10(ctr, key0, key1);
-      for (int t = 0; t < 4; ++t) draws[t][lane] = r.x[t];
+      for (int w = 0; w < 4; ++w)
+        for (int j = 0; j < 2; ++j)
+          draws[32 * (lane >> 2) + 8 * w + 2 * (lane & 3) + j] =
+              static_cast<uint8_t>(r.x[w] >> (8 * (2 * row_half + j)));
     }
 #endif
-    for (int lane = 0; lane < kLanes; ++lane) {
-      for (int t = 0; t < 4; ++t) {
-        const int64_t col = (group0 + lane) * 4 + t;
-        if (col >= col_begin && col < col_end) out[col - col_begin] = draws[t][lane] >= drop_threshold ? keep_scale : 0.f;
+    const int64_t lo = c0 > col_begin ? c0 : col_begin, hi = c0 + 64 < col_end ? c0 + 64 : col_end;
+#if defined(__AVX2__)
+    if (lo == c0 && hi == c0 + 64) {  // keep = draw >= threshold, as keep_scale or 0
+      const __m256i threshold = _mm256_set1_epi8(static_cast<char>(drop_threshold));
+      const __m256 scale = _mm256_set1_ps(keep_scale);
+      alignas(32) uint8_t keep[64];
+      for (int half = 0; half < 2; ++half) {
+        const __m256i d = _mm256_load_si256(reinterpret_cast<const __m256i*>(draws + 32 * half));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(keep + 32 * half),
+                           _mm256_cmpeq_epi8(_mm256_max_epu8(d, threshold), d));
       }
+      float* dst = out + (c0 - col_begin);
+      for (int i = 0; i < 8; ++i) {
+        const __m256i m = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(keep + 8 * i)));
+        _mm256_storeu_ps(dst + 8 * i, _mm256_and_ps(_mm256_castsi256_ps(m), scale));
+      }
+      continue;
     }
+#endif
+    for (int64_t c = lo; c < hi; ++c) out[c - col_begin] = draws[c - c0] >= drop_threshold ? keep_scale : 0.f;
   }
 }
 #endif
