@@ -68,6 +68,6 @@ for step in "${@:-test}"; do
     sanitize) timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_flash_attention.py -m gpu \
             -k "outputs_fully_written or empty or nothing_visible" -p no:cacheprovider 2>&1 \
             | tee "$out/sanitize.log" | tail -8 ;;
-    bench) timeout 400 python3 benchmarks/bench_gpu.py ${BENCH_ARGS:-} 2>&1 | tee "$out/bench_gpu.log" | tail -40 ;;
+    bench) timeout "${BENCH_TIMEOUT:-560}" python3 benchmarks/bench_gpu.py ${BENCH_ARGS:-} 2>&1 | tee "$out/bench_gpu.log" | tail -40 ;;
   esac
 done

@@ -11,6 +11,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tensorflow as tf  # noqa: E402
 
 HAVE_GPU = bool(tf.config.list_physical_devices("GPU"))
+# Tests start helper processes (saving, MirroredStrategy) that need GPU memory beside this one.
+for _gpu in tf.config.list_physical_devices("GPU"):
+    tf.config.experimental.set_memory_growth(_gpu, True)
 
 
 def pytest_configure(config):

@@ -3,7 +3,8 @@
 Commands (each prints one JSON line, the last line of stdout):
   reload      import tf_flash; reload every saved form in DIR, run it, continue training the .keras model
   no_import   reload without importing tf_flash; report the error messages
-  distribute  MirroredStrategy over 2 logical CPU devices vs one device (fit, then compare weights)
+  distribute  MirroredStrategy over 2 devices vs one device (fit, then compare weights); DIR is "cpu"
+              (2 logical CPU devices) or "gpu" (the first 2 GPUs)
 """
 import json
 import os
@@ -90,12 +91,17 @@ def _no_import(directory):
     return result
 
 
-def _distribute(_directory):
+def _distribute(kind):
     import tensorflow as tf
 
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
+    if kind == "cpu":
+        cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
+    else:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+    devices = [f"/{kind}:0", f"/{kind}:1"]
     import keras
     import tf_flash  # noqa: F401
 
@@ -114,11 +120,12 @@ def _distribute(_directory):
                             verbose=0)
         return start, model.get_weights(), history.history["loss"]
 
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    start, single, single_loss = trained(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    mirrored = tf.distribute.MirroredStrategy(devices)
+    start, single, single_loss = trained(tf.distribute.OneDeviceStrategy(devices[0]))
     _, multi, multi_loss = trained(mirrored, initial=start)
     _, _, dropout_loss = trained(mirrored, dropout=0.2, initial=start, samples=4)
     return {
+        "devices": [d.name for d in tf.config.list_logical_devices(kind.upper())],
         "replicas": mirrored.num_replicas_in_sync,
         "max_weight_diff": float(max(np.abs(a - b).max() for a, b in zip(single, multi))),
         "weights_moved": float(max(np.abs(a - b).max() for a, b in zip(start, single))),

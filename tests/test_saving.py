@@ -79,11 +79,19 @@ def test_loading_without_importing_tf_flash_names_it(saved):
     assert result["saved_model_error"] and "TfFlash>FlashAttention" in result["saved_model_error"], result
 
 
-def test_mirrored_strategy_on_two_cpu_devices_matches_one_device():
-    result = _helper("distribute", "-", CUDA_VISIBLE_DEVICES="")  # the CPU devices only
-    assert result["replicas"] == 2
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_mirrored_strategy_on_two_devices_matches_one_device(kind):
+    """Keras fit under MirroredStrategy over 2 devices (logical CPUs, or 2 GPUs: the lent 2-GPU machine)
+    gives the weights of the same fit on one device; with dropout it trains (finite losses)."""
+    if kind == "gpu" and len(tf.config.list_physical_devices("GPU")) < 2:
+        pytest.skip("needs 2 GPUs")
+    env = {"CUDA_VISIBLE_DEVICES": ""} if kind == "cpu" else {}
+    result = _helper("distribute", kind, **env)
+    assert result["replicas"] == 2, result
     assert result["weights_moved"] > 1e-4
-    assert result["max_weight_diff"] < 1e-5, result
-    np.testing.assert_allclose(result["multi_loss"], result["single_loss"], rtol=1e-5)
+    # On GPUs float32 attention runs on float16 operands (README), and the replicas reduce in another order.
+    tol = 1e-5 if kind == "cpu" else 1e-3
+    assert result["max_weight_diff"] < tol, result
+    np.testing.assert_allclose(result["multi_loss"], result["single_loss"], rtol=tol)
     assert np.all(np.isfinite(result["single_loss"]))
     assert np.all(np.isfinite(result["dropout_loss"]))
