@@ -391,20 +391,21 @@ def test_empty_rows_give_zero(device, dtype):
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
 @DTYPES
-def test_skipped_blocks_are_not_loaded(device, dtype):
+@pytest.mark.parametrize("dim", [64, 256])  # 256: the GPU backward's 64 x 64 tiles
+def test_skipped_blocks_are_not_loaded(device, dtype, dim):
     # NaN in keys/values of key blocks that no query block keeps: if such a tile were loaded and
     # multiplied (even by a probability of 0) the NaN would reach the output or the gradients.
     rng = np.random.default_rng(4)
     sq = sk = 512
     bs = 128
-    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 64, dtype=dtype)
+    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, dim, dtype=dtype)
     mask = np.ones((4, 4), bool)
     mask[:, 2] = False
     k_np, v_np = k.numpy(), v.numpy()
     k_np[:, 256:384] = np.nan
     v_np[:, 256:384] = np.nan
     k_nan, v_nan = tf.constant(k_np), tf.constant(v_np)
-    dout = rng.standard_normal((1, sq, 2, 64)).astype(np.float32)
+    dout = rng.standard_normal((1, sq, 2, dim)).astype(np.float32)
     out, lse, dq, dk, dv = _run_flash(q, k_nan, v_nan, device, False, grads=True, dout=dout,
                                       block_mask=mask, block_size=bs)
     assert np.isfinite(out).all() and np.isfinite(lse).all() and np.isfinite(dq).all()

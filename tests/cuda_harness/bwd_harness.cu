@@ -343,7 +343,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
 static int run_tests() {
   std::vector<Case> cases;
   for (DType t : {DType::kBFloat16, DType::kFloat16})
-    for (int d : {32, 64, 96, 128}) {
+    for (int d : {32, 64, 96, 128, 256}) {
       Case c;
       c.dtype = t;
       c.d = d;
@@ -443,6 +443,46 @@ static int run_tests() {
     add(c, "head dims 128/32 GQA");
     c.d = 8, c.dv = 16, c.h = 2, c.hkv = 2;
     add(c, "head dims 8/16");
+  }
+  {  // head dim 256: 64 x 64 tiles, one Q/dO buffer (the loads of the next tile overlap the dQ GEMM)
+    Case c;
+    c.d = 256;
+    for (auto [sq, sk] : {std::pair{1, 1}, {17, 300}, {300, 17}, {129, 1000}, {1023, 1023}})
+      for (bool causal : {false, true}) {
+        c.sq = sq, c.sk = sk, c.causal = causal;
+        add(c, causal ? "d256 odd lengths causal" : "d256 odd lengths");
+      }
+    c.sq = c.sk = 700, c.causal = false, c.wl = 100, c.wr = 50;
+    add(c, "d256 window 100/50");
+    c.wl = c.wr = -1, c.b = 4, c.sq = 333, c.sk = 555, c.q_lengths = c.kv_lengths = true, c.causal = true;
+    add(c, "d256 q/kv lengths causal");
+    c.b = 1, c.q_lengths = c.kv_lengths = false, c.causal = false;
+    c.h = 8, c.hkv = 2, c.sq = 300, c.sk = 400;
+    add(c, "d256 GQA 8/2");
+    c.h = c.hkv = 2, c.scale = 0.37f, c.d_lse = true, c.sq = 200, c.sk = 260;
+    add(c, "d256 scale 0.37 + d_lse");
+    c.scale = 0.f, c.d_lse = false, c.sq = 300, c.sk = 333, c.attn_mask = true, c.causal = true;
+    add(c, "d256 attn_mask causal");
+    c.attn_mask = false, c.causal = false, c.sq = 512, c.sk = 640, c.block_mask = 128;
+    add(c, "d256 block_mask 128");
+    c.sq = 300, c.sk = 333, c.block_mask = 32;
+    add(c, "d256 block_mask 32 (element-wise)");
+    c.dropout = 0.1f;
+    add(c, "d256 block_mask 32 + dropout (element-wise)");
+    c.block_mask = 0, c.dropout = 0.17f, c.causal = true, c.h = 4, c.hkv = 2;
+    add(c, "d256 dropout 0.17 causal GQA");
+    c.sq = c.sk = 700, c.block_mask = 128, c.causal = false, c.h = c.hkv = 2;
+    add(c, "d256 block_mask 128 + dropout");
+    c.sq = 300, c.sk = 257, c.block_mask = 0, c.dropout = 0.f, c.d = 160;
+    add(c, "d256 head dim 160 (padded to 256)");
+    c.d = 200, c.causal = true;
+    add(c, "d256 head dim 200 causal (padded to 256)");
+    c.d = 256, c.dv = 64, c.causal = false, c.h = 4, c.hkv = 2;
+    add(c, "d256 head dims 256/64 GQA");
+    c.d = 64, c.dv = 256, c.h = c.hkv = 2;
+    add(c, "d256 head dims 64/256");
+    c.d = 136, c.dv = 192;
+    add(c, "d256 head dims 136/192");
   }
   {
     Case c;

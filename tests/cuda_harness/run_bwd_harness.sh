@@ -17,7 +17,7 @@ ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/tests/cuda_harness/bwd_harness
     'f={}; o=$BWD_OUT/$(basename $f .cu).o; nvcc $BWD_FLAGS -Xptxas -v -c $f -o $o > $o.log 2>&1 || { cat $o.log; exit 1; }'
 # Resource report of the dK/dV kernels: spills per (head dim, variant, arch).
 grep -h -A2 "Compiling entry function.*bwd_dkdv" "$out"/*.o.log | grep -E "entry|spill" |
-  sed -E "s/.*BwdTraitsILi([0-9]+)E.*N7cutlass[0-9]+([a-z0-9_]+)EEELb([01])ELb([01])E.*for '(sm_[0-9a]+)'.*/d\1 \2 masks=\3 dropout=\4 \5/" |
+  sed -E "s/.*BwdTraitsILi([0-9]+)E.*N7cutlass[0-9]+([a-z0-9_]+)ELi([0-9])EEELb([01])ELb([01])E.*for '(sm_[0-9a]+)'.*/d\1 \2 stages=\3 masks=\4 dropout=\5 \6/" |
   paste - - | sort -u || true
 nvcc $BWD_FLAGS -o "$out/bwd_harness" "$out"/*.o -lgomp
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0

@@ -8,12 +8,12 @@
 //      head are summed in registers, no extra scratch) and per tile recomputes S = Q K^T, P = exp(S - lse),
 //      dP = dO V^T, dS = P (dP - D), then dV += P^T dO, dQ_i += dS K with fp32 atomics (8-byte reds on
 //      sm_90), dK += dS^T Q. Q/dO/lse/D of the next tile are fetched with cp.async while the current one is
-//      computed.
+//      computed (with a single buffer, d256: while dQ is).
 //   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
 // Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
 // visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask / an
 // unaligned block_mask is given); block_mask tiles whose blocks are all False are never loaded. Dropout
-// regenerates the forward's Philox mask (dropout_keep_bits4). Head dims: max(head_dim, head_dim_v) rounds up
+// regenerates the forward's Philox mask (philox.h). Head dims: max(head_dim, head_dim_v) rounds up
 // to the compiled kHeadDim; the padded columns are zero-filled on load and never stored.
 #pragma once
 
@@ -44,10 +44,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 //   kAtomMSdP: warps along M for S = Q K^T and dP = dO V^T ([kBlockM, kBlockN]).
 //   kAtomNdKV: warps along N for dK, dV ([kBlockN, kHeadDim]).
 //   kAtomMdQ:  warps along M for dQ ([kBlockM, kHeadDim]).
+//   kStages:   Q/dO/lse/D buffers. 2: the next query tile is fetched during the whole iteration; 1 (d256,
+//              to fit 163 KB): only once the dK GEMM is done, during the dQ GEMM and its atomics.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP, int kAtomNdKV, int kAtomMdQ,
-          typename Element_>
+          typename Element_, int kStages_ = 2>
 struct BwdTraits {
   using Element = Element_;
+  static constexpr int kStages = kStages_;
+  static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -63,10 +67,15 @@ struct BwdTraits {
   template <int WarpsM>
   using Mma = TiledMMA<Atom, Layout<Shape<Int<WarpsM>, Int<kNWarps / WarpsM>, _1>>,
                        Tile<Int<16 * WarpsM>, Int<16 * kNWarps / WarpsM>, _16>>;
-  using TiledMmaSdP = Mma<kAtomMSdP>;
+  // S and dP: each warp owns runs of 32 adjacent columns (four n8 atoms), the unit of one dropout draw
+  // (philox.h): logical column c + 8 w + 8 W r (atom column c, warp w of W, repeat r) -> c + 32 w + 8 r.
+  static constexpr int kWarpsNSdP = kNWarps / kAtomMSdP;
+  using TiledMmaSdP =
+      TiledMMA<Atom, Layout<Shape<Int<kAtomMSdP>, Int<kWarpsNSdP>, _1>>,
+               Tile<Int<16 * kAtomMSdP>, Layout<Shape<_8, Int<kWarpsNSdP>, _4>, Stride<_1, _32, _8>>, _16>>;
   using TiledMmadKV = Mma<kAtomNdKV>;
   using TiledMmadQ = Mma<kAtomMdQ>;
-  static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * kNWarps / kAtomMSdP) == 0, "SdP tiling");
+  static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (32 * kWarpsNSdP) == 0, "SdP tiling");
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * kNWarps / kAtomNdKV) == 0, "dKV tiling");
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * kNWarps / kAtomMdQ) == 0, "dQ tiling");
 
@@ -104,12 +113,12 @@ struct BwdTraits {
   using GmemTiledCopyStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
                                                       GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 
-  // Shared memory (elements): Q x2, dO x2, K, V, P, dS; then floats: lse2 x2, D x2.
+  // Shared memory (elements): Q, dO x kStages, K, V, P, dS; then floats: lse2, D x kStages.
   static constexpr int kQElems = kBlockM * kHeadDim;
   static constexpr int kKVElems = kBlockN * kHeadDim;
   static constexpr int kPElems = kBlockM * kBlockN;
-  static constexpr int kSmemBytes =
-      int(sizeof(Element)) * (4 * kQElems + 2 * kKVElems + 2 * kPElems) + 4 * kBlockM * int(sizeof(float));
+  static constexpr int kSmemBytes = int(sizeof(Element)) * (2 * kStages * kQElems + 2 * kKVElems + 2 * kPElems) +
+                                    2 * kStages * kBlockM * int(sizeof(float));
 };
 
 // ((2, 2), M, N) accumulator layout of the m16n8 MMA -> ((2, M), (2, N)) = (rows, cols) of the thread.
@@ -284,14 +293,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   constexpr int kHeadDim = Traits::kHeadDim;
 
   extern __shared__ __align__(128) char smem_raw[];
-  Element* smem_q = reinterpret_cast<Element*>(smem_raw);   // 2 stages
-  Element* smem_do = smem_q + 2 * Traits::kQElems;          // 2 stages
-  Element* smem_k = smem_do + 2 * Traits::kQElems;
+  Element* smem_q = reinterpret_cast<Element*>(smem_raw);          // kStages stages
+  Element* smem_do = smem_q + Traits::kStages * Traits::kQElems;   // kStages stages
+  Element* smem_k = smem_do + Traits::kStages * Traits::kQElems;
   Element* smem_v = smem_k + Traits::kKVElems;
   Element* smem_p = smem_v + Traits::kKVElems;
   Element* smem_ds = smem_p + Traits::kPElems;
-  float* smem_lse = reinterpret_cast<float*>(smem_ds + Traits::kPElems);  // 2 stages
-  float* smem_d = smem_lse + 2 * kBlockM;                                 // 2 stages
+  float* smem_lse = reinterpret_cast<float*>(smem_ds + Traits::kPElems);  // kStages stages
+  float* smem_d = smem_lse + Traits::kStages * kBlockM;                   // kStages stages
 
   const int tid = threadIdx.x;
   const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
@@ -451,8 +460,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
 
   const float scale_log2 = p.scale * kLog2e;
   const bool has_attn_mask = kMasks && p.attn_mask.data != nullptr;
-  const uint32_t drop_threshold = kDropout ? dropout_threshold(p.dropout_rate) : 0u;
-  const float keep_scale = kDropout ? 1.f / (1.f - p.dropout_rate) : 1.f;
+  const uint32_t threshold2 = kDropout ? dropout_threshold(p.dropout_rate) * 0x10001u : 0u;
+  const float keep_scale = kDropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
 
   // ---- prologue ----
   int it = next_visible(0);
@@ -470,7 +479,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     const int it_next = next_visible(it + 1);
     cp_async_wait<0>();
     __syncthreads();
-    if (it_next < n_iter) load_q_do(it_next, stage ^ 1);
+    if (Traits::kStages == 2 && it_next < n_iter) load_q_do(it_next, stage ^ 1);
     cp_async_fence();
 
     Tensor sQ = sQ_at(stage);
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     const float* dvec = smem_d + stage * kBlockM;
 
     // S = Q K^T; P = exp(scale S - lse) (0 where masked) goes to shared memory before dP = dO V^T is
-    // computed, so the stores overlap that GEMM. With dropout dV uses P Z / (1 - p), and dP is masked and
+    // computed, so the stores overlap that GEMM. With dropout dV uses P Z / keep_prob, and dP is masked and
     // scaled the same way (the keep bits are kept in registers between the two loops).
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
@@ -495,36 +504,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     constexpr int kFrag = decltype(size(acc_s))::value;
     uint32_t keep_mask[(kFrag + 31) / 32];  // bit mi * cols + ni: entry kept by dropout
     if constexpr (kDropout) {
-      // One Philox call gives the keep bits of 4 adjacent columns of one row. The two lanes of an even/odd
-      // pair hold the two column pairs of the same group of 4 on the same two rows (g, g + 8): each lane
-      // draws one of the rows and they swap the bits, so each call serves 4 entries, none wasted.
+      // One Philox call holds this thread's draws for one m16 row block and four adjacent n8 column groups
+      // (philox.h's layout), which TiledMmaSdP gives each warp as MMA_N atoms 4c .. 4c + 3.
+      constexpr int kM = decltype(size<0>(S))::value / 2, kCols = decltype(size<1>(S))::value;
+      static_assert(kCols % 8 == 0, "a dropout draw spans four n8 column groups");
       CUTE_UNROLL
       for (int i = 0; i < (kFrag + 31) / 32; ++i) keep_mask[i] = 0;
-      const bool odd_lane = threadIdx.x & 1;
       const uint64_t bh = uint64_t(b) * p.num_heads + h;
       CUTE_UNROLL
-      for (int mm = 0; mm < size<0>(S) / 2; ++mm) {
-        const int row0 = m0 + get<0>(tScS_rc(2 * mm, 0));
-        const int row1 = m0 + get<0>(tScS_rc(2 * mm + 1, 0));
+      for (int m = 0; m < kM; ++m) {
+        const int row = m0 + get<0>(tScS_rc(2 * m, 0));
         CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(S); ni += 2) {
-          const int col = n0 + get<1>(tScS_rc(0, ni));
-          const uint32_t mine =
-              dropout_keep_bits4(p.seed, p.seed_offset, bh, odd_lane ? row1 : row0, col, drop_threshold);
-          const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 1);
-          const uint32_t bits[2] = {odd_lane ? other : mine, odd_lane ? mine : other};
+        for (int c = 0; c < kCols / 8; ++c) {
+          const int col = n0 + get<1>(tScS_rc(0, 8 * c));
+          const Philox4 draws = dropout_draws(p.seed, p.seed_offset, bh, row, col);
           CUTE_UNROLL
-          for (int rh = 0; rh < 2; ++rh) {
-            CUTE_UNROLL
-            for (int j = 0; j < 2; ++j) {
-              const int idx = (2 * mm + rh) * size<1>(S) + ni + j;
-              keep_mask[idx / 32] |= ((bits[rh] >> ((col + j) & 3)) & 1u) << (idx % 32);
-            }
+          for (int w = 0; w < 4; ++w) {
+            const uint32_t bits = dropout_keep_bits4(draws.x[w], threshold2);  // (r, j = 0, 1), (r + 8, j = 0, 1)
+            const int idx0 = 2 * m * kCols + 2 * (4 * c + w), idx1 = idx0 + kCols;
+            keep_mask[idx0 / 32] |= (bits & 3u) << (idx0 % 32);
+            keep_mask[idx1 / 32] |= (bits >> 2) << (idx1 % 32);
           }
         }
       }
     }
-    Tensor acc_pd = make_tensor_like(acc_s);  // P Z / (1 - p) for dV (dropout only)
+    Tensor acc_pd = make_tensor_like(acc_s);  // P Z / keep_prob for dV (dropout only)
     Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
     CUTE_UNROLL
     for (int mi = 0; mi < size<0>(S); ++mi) {
@@ -584,6 +588,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, thr_b_dkv.partition_S(sdOt), copy_a_dkv, copy_b_dkv,
             thr_a_dkv, thr_b_dkv);
 
+    if constexpr (Traits::kStages == 1) {
+      // One buffer: dK goes first, so that the next tile's loads overlap the dQ GEMM and its atomics (which
+      // read only dS and K).
+      gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
+              thr_a_dkv, thr_b_dkv);
+      __syncthreads();
+      if (it_next < n_iter) load_q_do(it_next, 0);
+      cp_async_fence();
+    }
+
     // dQ += dS K (unscaled; kernel 3 applies the softmax scale)
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
@@ -603,11 +617,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
 #endif
 
-    // dK += dS^T Q after the atomics were issued, so that they drain under these MMAs.
-    gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
-            thr_a_dkv, thr_b_dkv);
+    if constexpr (Traits::kStages == 2) {
+      // dK += dS^T Q after the atomics were issued, so that they drain under these MMAs.
+      gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
+              thr_a_dkv, thr_b_dkv);
+    }
 
-    stage ^= 1;
+    stage = Traits::kStages == 2 ? stage ^ 1 : 0;
     it = it_next;
   }
 
@@ -668,10 +684,18 @@ template <typename Element>
 struct BwdConfig<Element, 128> {
   using Traits = BwdTraits<128, 64, 128, 8, 2, 4, 2, Element>;
 };
+// 64 x 64 tiles with one Q/dO buffer (145 KB; two would need 209 KB). kBlockN 64 keeps the dK, dV
+// accumulators at 128 registers per thread; a 32-row query tile cannot give 8 warps whole 16 x 32 S blocks
+// (the dropout draw unit, TiledMmaSdP).
+template <typename Element>
+struct BwdConfig<Element, 256> {
+  using Traits = BwdTraits<256, 64, 64, 8, 4, 2, 2, Element, 1>;
+};
 
 template <typename Element, int kHeadDim>
 cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
+  static_assert(Traits::kSmemBytes <= 163 * 1024, "sm_80 allows at most 163 KB of shared memory per block");
   const BwdScratch s = bwd_scratch_layout(p);
   if (p.seqlen_q > 0) {
     dim3 grid(unsigned((s.sq_pad + 15) / 16), unsigned(p.num_heads), unsigned(p.batch));

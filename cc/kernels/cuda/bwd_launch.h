@@ -32,6 +32,7 @@ inline int bwd_round_headdim(int d) {
          : d <= 64 && TF_FLASH_HEADDIM_COMPILED(64)   ? 64
          : d <= 96 && TF_FLASH_HEADDIM_COMPILED(96)   ? 96
          : d <= 128 && TF_FLASH_HEADDIM_COMPILED(128) ? 128
+         : d <= 256 && TF_FLASH_HEADDIM_COMPILED(256) ? 256
                                                       : 0;
 }
 inline int bwd_headdim(const FlashFwdParams& p) {

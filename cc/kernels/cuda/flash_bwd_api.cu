@@ -23,7 +23,7 @@ std::string flash_bwd_cuda_unsupported(const FlashFwdParams& p, DType dtype) {
   if (bwd::bwd_headdim(p) == 0)
     return "the CUDA backward has no kernel for head_dim=" + std::to_string(p.head_dim) +
            ", head_dim_v=" + std::to_string(p.head_dim_v) +
-           " (max of the two must round up to a compiled head dim of 32, 64, 96 or 128)";
+           " (max of the two must round up to a compiled head dim of 32, 64, 96, 128 or 256)";
   if (p.num_heads_kv <= 0 || p.num_heads % p.num_heads_kv != 0)
     return "num_heads must be a multiple of num_heads_kv (received " + std::to_string(p.num_heads) + " and " +
            std::to_string(p.num_heads_kv) + ")";
@@ -64,6 +64,9 @@ int flash_bwd_cuda(const FlashBwdParams& p, DType dtype, void* stream_ptr) {
 #endif
 #if TF_FLASH_HEADDIM_COMPILED(128)
       case 128: err = bwd::run_flash_bwd<E, 128>(p, stream); break;
+#endif
+#if TF_FLASH_HEADDIM_COMPILED(256)
+      case 256: err = bwd::run_flash_bwd<E, 256>(p, stream); break;
 #endif
       default: break;
     }
