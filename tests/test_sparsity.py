@@ -246,7 +246,8 @@ GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
 
 @pytest.fixture(autouse=True)
 def _gpu_float32_tolerance(request, monkeypatch):
-    hold_gpu_float32_to_float16(request, monkeypatch, (OUT_TOL, LSE_TOL, GRAD_TOL))
+    # The lse of float32 inputs moves with their rounding to float16 on the GPU (up to 2e-3 on the H100).
+    hold_gpu_float32_to_float16(request, monkeypatch, (OUT_TOL, LSE_TOL, GRAD_TOL), ((LSE_TOL, 4e-3),))
 
 
 def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v=None, dtype=tf.float32):

@@ -62,18 +62,21 @@ def _rank4_mask(mask, name, max_rank):
 
 
 def _seed(seed, dropout_rate):
-    if seed is None:
-        if dropout_rate == 0.0:
-            return tf.zeros([2], tf.int64)
-        # A stateful draw: two calls differ, and tf.random.set_seed makes a program reproducible
-        # (the same advice TF gives for feeding its stateless random ops).
-        return tf.random.uniform([2], minval=tf.int64.min, maxval=tf.int64.max, dtype=tf.int64)
-    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
-        return tf.constant([int(seed), 0], tf.int64)
-    seed = tf.convert_to_tensor(seed)
-    if not seed.dtype.is_integer or (seed.shape.rank is not None and seed.shape.as_list() != [2]):
-        raise ValueError(f"`seed` must be an int or an integer tensor of shape [2]. Received: seed={seed!r}")
-    return tf.cast(seed, tf.int64)
+    # The op reads the seed in host memory. Made on the host, it needs no device-to-host copy, which
+    # would wait for all work queued on the GPU and so stall the pipeline at every call.
+    with tf.device("/CPU:0"):
+        if seed is None:
+            if dropout_rate == 0.0:
+                return tf.zeros([2], tf.int64)
+            # A stateful draw: two calls differ, and tf.random.set_seed makes a program reproducible
+            # (the same advice TF gives for feeding its stateless random ops).
+            return tf.random.uniform([2], minval=tf.int64.min, maxval=tf.int64.max, dtype=tf.int64)
+        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+            return tf.constant([int(seed), 0], tf.int64)
+        seed = tf.convert_to_tensor(seed)
+        if not seed.dtype.is_integer or (seed.shape.rank is not None and seed.shape.as_list() != [2]):
+            raise ValueError(f"`seed` must be an int or an integer tensor of shape [2]. Received: seed={seed!r}")
+        return tf.cast(seed, tf.int64)
 
 
 def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
