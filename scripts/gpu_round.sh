@@ -5,7 +5,7 @@
 #   bash scripts/gpu_round.sh host            here: host objects of the op library compiled with the
 #                                             GPU kernels registered, plus CUTLASS headers, in .gpu_build/
 #   bash scripts/gpu_round.sh device [steps]  there: nvcc the .cu files (same flags as cc/BUILD, sm_90a),
-#                                             link the library, then run steps: test, layers, bench
+#                                             link the library, then run steps: test, layers, multi, sanitize, bench
 #
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
 # the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a.
@@ -65,6 +65,8 @@ for step in "${@:-test}"; do
             -m gpu -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu_ops.log" | tail -25 ;;
     layers) timeout 300 python3 -m pytest -q tests/test_layers.py tests/test_saving.py -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_layers.log" | tail -15 ;;
+    multi) nvidia-smi -L; timeout 300 python3 -m pytest -q tests/test_saving.py -k mirrored -rs -p no:cacheprovider 2>&1 \
+            | tee "$out/pytest_multi_gpu.log" | tail -8 ;;
     sanitize) timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -q -x tests/test_flash_attention.py -m gpu \
             -k "outputs_fully_written or empty or nothing_visible" -p no:cacheprovider 2>&1 \
             | tee "$out/sanitize.log" | tail -8 ;;
