@@ -39,7 +39,7 @@ int run_fwd_variant(const char* name, const tf_flash::FlashFwdParams& p) {
 namespace {
 template <class Traits>
 int launch(const tf_flash::FlashFwdParams& p) {
-  auto kernel = &tf_flash::cuda::flash_fwd_kernel<Traits, false>;
+  auto kernel = &tf_flash::cuda::flash_fwd_kernel<Traits, false, false>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (e != cudaSuccess) return int(e);
   const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.num_heads, p.batch);

@@ -1,4 +1,4 @@
-// Definition of run_flash_fwd: grid, shared memory and the plain/general variant choice.
+// Definition of run_flash_fwd: grid, shared memory and the choice of variant (plain, dropout, masks).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,17 +15,19 @@ cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
   using Traits = typename FwdConfig<kHeadDim, Element>::Traits;
   if (params.batch == 0 || params.seqlen_q == 0 || params.num_heads == 0) return cudaSuccess;
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
-  const bool general =
-      params.attn_mask.data != nullptr || params.block_mask.data != nullptr || params.dropout_rate > 0.f;
-  return BOOL_SWITCH(general, kGeneral, [&] {
-    constexpr int smem = Traits::kSmemBytes + (kGeneral ? Traits::kMaskSmemBytes : 0);
-    auto kernel = &flash_fwd_kernel<Traits, kGeneral>;
+  const bool masks = params.attn_mask.data != nullptr || params.block_mask.data != nullptr;
+  const bool dropout = params.dropout_rate > 0.f;
+  auto launch = [&](auto kernel, int smem) -> cudaError_t {
     // Always raised: static shared memory (the block-mask tile table) counts against the default 48 KB.
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return err;
     kernel<<<grid, Traits::kNThreads, smem, stream>>>(params);
     return cudaGetLastError();
-  });
+  };
+  constexpr int kSmem = Traits::kSmemBytes, kSmemMasks = Traits::kSmemBytes + Traits::kMaskSmemBytes;
+  if (masks) return launch(&flash_fwd_kernel<Traits, true, true>, kSmemMasks);  // dropout off at rate 0
+  return dropout ? launch(&flash_fwd_kernel<Traits, false, true>, kSmem)
+                 : launch(&flash_fwd_kernel<Traits, false, false>, kSmem);
 }
 
 }  // namespace cuda
