@@ -108,11 +108,16 @@ _ROW_HARNESS = r"""
 int main() {
   unsigned long long seed, offset, bh; long long row, begin, end; float rate;
   while (std::scanf("%llu %llu %llu %lld %lld %lld %f", &seed, &offset, &bh, &row, &begin, &end, &rate) == 7) {
-    std::vector<float> out(end - begin, -1.f);
-    tf_flash::dropout_row_scales(seed, offset, bh, row, begin, end, tf_flash::dropout_threshold(rate),
-                                 tf_flash::dropout_keep_scale(rate), out.data());
-    for (float x : out) std::printf("%.9g ", x);
-    std::printf("\n");
+    const uint32_t th = tf_flash::dropout_threshold(rate);
+    const float scale = tf_flash::dropout_keep_scale(rate);
+    std::vector<float> out(end - begin, -1.f), pair(end - begin, -1.f), plus8(end - begin, -1.f);
+    tf_flash::dropout_row_scales(seed, offset, bh, row, begin, end, th, scale, out.data());
+    const long long lo = row & ~8LL;  // rows lo and lo + 8 from the same calls
+    tf_flash::dropout_row_scales(seed, offset, bh, lo, begin, end, th, scale, pair.data(), plus8.data());
+    for (const auto* v : {&out, &pair, &plus8}) {
+      for (float x : *v) std::printf("%.9g ", x);
+      std::printf("\n");
+    }
   }
   return 0;
 }
@@ -141,12 +146,14 @@ def test_row_scales_match_ref(tmp_path, simd):
                       float(rng.choice([0.1, 0.5, 0.9, float(rng.random())]))))
     stdin = "".join(" ".join(repr(x) for x in c) + "\n" for c in cases)
     lines = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
-    assert len(lines) == len(cases)
-    for (seed, offset, bh, row, begin, end, rate), line in zip(cases, lines):
-        got = np.array(line.split(), np.float32)
-        keep = philox_ref.dropout_draws(seed, offset, bh, [row], np.arange(begin, end))[0] >= \
-            philox_ref.dropout_threshold(rate)
-        np.testing.assert_array_equal(got, np.where(keep, np.float32(philox_ref.keep_scale(rate)), 0))
+    assert len(lines) == 3 * len(cases)
+    for i, (seed, offset, bh, row, begin, end, rate) in enumerate(cases):
+        # The row alone, then rows (row & ~8) and (row & ~8) + 8 drawn together.
+        for line, r in zip(lines[3 * i:3 * i + 3], (row, row & ~8, (row & ~8) + 8)):
+            got = np.array(line.split(), np.float32)
+            keep = philox_ref.dropout_draws(seed, offset, bh, [r], np.arange(begin, end))[0] >= \
+                philox_ref.dropout_threshold(rate)
+            np.testing.assert_array_equal(got, np.where(keep, np.float32(philox_ref.keep_scale(rate)), 0))
 
 
 def test_philox_ref_statistics():

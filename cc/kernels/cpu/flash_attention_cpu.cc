@@ -127,8 +127,12 @@ struct HeadContext {
   void DropoutScales(int64_t row0, int64_t col0, int64_t rows, int64_t cols, Matrix* keep) const {
     keep->resize(rows, cols);
     for (int64_t r = 0; r < rows; ++r) {
-      dropout_row_scales(p.seed, p.seed_offset, batch_head, row0 + r, col0, col0 + cols, drop_threshold,
-                         keep_scale, keep->data() + r * cols);
+      const int64_t row = row0 + r;
+      if ((row & 8) && r >= 8) continue;  // drawn with row - 8
+      // One Philox call holds rows row and row + 8 (philox.h): draw both when both are in the tile.
+      const bool pair = !(row & 8) && r + 8 < rows;
+      dropout_row_scales(p.seed, p.seed_offset, batch_head, row, col0, col0 + cols, drop_threshold, keep_scale,
+                         keep->data() + r * cols, pair ? keep->data() + (r + 8) * cols : nullptr);
     }
   }
 };
