@@ -67,16 +67,20 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.fixture(scope="module")
-def philox_harness(tmp_path_factory):
+def _build_harness(directory, source, flags):
+    """Compiles a C++ program that includes philox.h with the host compiler; its path (skips without one)."""
     compiler = shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
-    tmp = tmp_path_factory.mktemp("philox")
-    src, exe = tmp / "harness.cc", tmp / "harness"
-    src.write_text(_HARNESS)
-    subprocess.run([compiler, "-std=c++17", "-O1", f"-I{REPO}", str(src), "-o", str(exe)], check=True)
+    src, exe = directory / "harness.cc", directory / "harness"
+    src.write_text(source)
+    subprocess.run([compiler, "-std=c++17", *flags, f"-I{REPO}", str(src), "-o", str(exe)], check=True)
     return str(exe)
+
+
+@pytest.fixture(scope="module")
+def philox_harness(tmp_path_factory):
+    return _build_harness(tmp_path_factory.mktemp("philox"), _HARNESS, ["-O1"])
 
 
 def test_philox_ref_matches_header(philox_harness):
@@ -127,15 +131,9 @@ int main() {
 @pytest.mark.parametrize("simd", ["avx2", "scalar"])
 def test_row_scales_match_ref(tmp_path, simd):
     """The CPU kernel's row generator (AVX2 and portable paths) draws exactly philox_ref's mask."""
-    compiler = shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    flags = ["-mavx2"] if simd == "avx2" else []
     if simd == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
         pytest.skip("no AVX2 on this CPU")
-    src, exe = tmp_path / "rows.cc", tmp_path / "rows"
-    src.write_text(_ROW_HARNESS)
-    subprocess.run([compiler, "-std=c++17", "-O2", *flags, f"-I{REPO}", str(src), "-o", str(exe)], check=True)
+    exe = _build_harness(tmp_path, _ROW_HARNESS, ["-O2"] + (["-mavx2"] if simd == "avx2" else []))
     rng = np.random.default_rng(1)
     cases = []
     for _ in range(60):
@@ -145,7 +143,7 @@ def test_row_scales_match_ref(tmp_path, simd):
                       int(rng.integers(0, 2**33)), int(rng.integers(0, 5000)), begin, end,
                       float(rng.choice([0.1, 0.5, 0.9, float(rng.random())]))))
     stdin = "".join(" ".join(repr(x) for x in c) + "\n" for c in cases)
-    lines = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
+    lines = subprocess.run([exe], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
     assert len(lines) == 3 * len(cases)
     for i, (seed, offset, bh, row, begin, end, rate) in enumerate(cases):
         # The row alone, then rows (row & ~8) and (row & ~8) + 8 drawn together.
