@@ -42,6 +42,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -53,13 +54,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 # mode -> (attention layer, jit_compile given to compile(); "auto" = compile()'s default, not passed)
-MODES = {
+MODES = {  # in the order they run by default: what matters most first, should --time-limit cut the run
     "keras_mha_xla": ("keras", True),
-    "keras_mha": ("keras", False),
-    "flash_mha_auto": ("flash", "auto"),
     "flash_mha_xla": ("flash", True),
+    "flash_mha_auto": ("flash", "auto"),
     "flash_mha_noxla": ("flash", False),
     "keras_flash_switch": ("keras_switch", "auto"),
+    "keras_mha": ("keras", False),
 }
 BASELINE = "keras_mha_xla"
 GPU_LENGTHS = [512, 1024, 4096, 8192, 16384]
@@ -75,7 +76,8 @@ MISSING_SWITCH = "unavailable: tf_flash.keras missing"
 def _error_text(err):
     name = type(err).__name__
     text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
-    if "ResourceExhausted" in name or "out of memory" in text.lower() or "OOM" in text:
+    whole = str(err).lower()
+    if "ResourceExhausted" in name or "out of memory" in whole or "resource_exhausted" in whole:
         return "oom", f"{name}: {text}"
     return "error", f"{name}: {text}"
 
@@ -163,6 +165,8 @@ def run_length(cfg, mode, seq_len, gpu):
     record = {"mode": mode, "seq_len": seq_len, "batch": batch, "tokens": batch * seq_len, "jit_compile": jit}
     keras.backend.clear_session()
     keras.config.set_dtype_policy(cfg["dtype"])
+    if gpu:  # what earlier lengths of this process left allocated (it counts in the peak)
+        record["gpu_in_use_before_build_bytes"] = tf.config.experimental.get_memory_info("GPU:0")["current"]
     t0 = time.perf_counter()
     model = build_model(cfg, seq_len, attention)
     compile_kwargs = {} if jit == "auto" else {"jit_compile": jit}
@@ -371,13 +375,16 @@ def run_mode(cfg, mode, lengths, args, state, on_record):
                     done.add(rec["seq_len"])
                     on_record(rec)
 
-        while worker.proc.poll() is None:
-            take(worker.new_records())
-            if time.time() - current_since > args.timeout:
-                stopped = f"timeout: no result after {args.timeout:.0f} s"
+        try:
+            while worker.proc.poll() is None:
+                take(worker.new_records())
+                if time.time() - current_since > args.timeout:
+                    stopped = f"timeout: no result after {args.timeout:.0f} s"
+                    break
+                time.sleep(0.5)
+        finally:  # also when this process is told to stop: no worker outlives it
+            if worker.proc.poll() is None:
                 worker.kill()
-                break
-            time.sleep(0.5)
         take(worker.new_records())  # what came in while it ended
         worker.close()
         unfinished = [s for s in batch if s not in done]
@@ -460,6 +467,8 @@ def report(records, state, args, cfg):
                  f"{min(startups):.1f}-{max(startups):.1f} s each; " if startups else "Worker processes: 0; ")
     lines[-1] += f"whole run {state['elapsed_s']:.0f} s. Warm-up {cfg['warmup']} steps, {cfg['steps']} timed steps."
     lines.append("")
+    if state.get("interrupted"):
+        lines += [state["interrupted"], ""]
     lines += [state["plot_note"], "", "## Environment", common.info_markdown(env)]
     for key in ("device_name", "compute_capability"):
         if key in env:
@@ -525,7 +534,11 @@ def parse_args(argv=None):
     p.add_argument("--isolate", choices=["mode", "run"], default="mode",
                    help="one worker process per mode (default) or per (mode, length)")
     p.add_argument("--no-skip-after-oom", action="store_true", help="try the longer lengths after an OOM")
-    p.add_argument("--out", default=None, help="output stem (default benchmarks/results/model_<device>_<date>)")
+    p.add_argument("--out", default=None, help="output stem (default OUT_DIR/model_<device>_<date>)")
+    p.add_argument("--out-dir", default=None, help="folder of the default stem (benchmarks/results; with --quick "
+                   "benchmarks/results/quick, git-ignored)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="write one report from the json files of runs of the "
+                   "same configuration (e.g. modes split over two GPU commands); later files win per (mode, length)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     return args
@@ -553,20 +566,51 @@ def make_config(args):
     return base, gpu
 
 
+def merge_main(args):
+    payloads = []
+    for path in args.merge:
+        with open(path) as f:
+            payloads.append(json.load(f))
+    cfg = payloads[0]["config"]
+    for path, payload in zip(args.merge[1:], payloads[1:]):
+        differing = sorted(k for k in set(cfg) | set(payload["config"])
+                           if k not in ("lengths", "time_limit", "timeout") and cfg.get(k) != payload["config"].get(k))
+        if differing:
+            received = ", ".join(f"{k}={payload['config'].get(k)!r}" for k in differing)
+            raise SystemExit(f"--merge: {path} was run with another configuration than {args.merge[0]}. "
+                             f"Received: {received}")
+    merged, modes = {}, []
+    for payload in payloads:
+        for rec in payload["results"]:
+            merged[(rec["mode"], rec["seq_len"])] = rec
+        modes += [m for m in payload["modes"] if m not in modes]
+    cfg = dict(cfg, lengths=sorted({s for p in payloads for s in p["config"]["lengths"]}))
+    args.modes = [m for m in MODES if m in modes]
+    envs = [e for p in payloads for e in [p.get("environment")] + p.get("worker_environments", []) if e]
+    state = {"t0": time.time() - sum(p["elapsed_s"] for p in payloads), "envs": envs, "plot_note": "",
+             "command": " + ".join(p["command"] for p in payloads) + " (merged)"}
+    args.out = args.out or os.path.splitext(args.merge[0])[0] + "_merged"
+    write_outputs(list(merged.values()), state, args, cfg)
+    print(f"bench_model: merged {len(args.merge)} runs into {args.out}.md, .json")
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         worker_main(args.worker)
         return 0
+    if args.merge:
+        return merge_main(args)
     cfg, gpu = make_config(args)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in args.modes if m not in MODES]
     if unknown:
-        raise SystemExit(f"--modes: unknown {unknown}. Known: {', '.join(MODES)}")
+        raise SystemExit(f"--modes must be among {', '.join(MODES)}. Received: modes={','.join(unknown)}")
     args.timeout = cfg["timeout"]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
     if args.out is None:
-        folder = os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR
+        folder = args.out_dir or (os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR)
         args.out = os.path.join(folder, f"model_{_gpu_slug()}_{date}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     t0 = time.time()
@@ -586,13 +630,20 @@ def main(argv=None):
             print(_progress_line(rec, t0), flush=True)
             write_outputs(records, state, args, cfg)
 
-    for mode in args.modes:
-        if MODES[mode][0] == "keras_switch" and not _switch_module_present():
-            for seq_len in cfg["lengths"]:
-                on_record({"mode": mode, "seq_len": seq_len, "status": "unavailable", "detail": MISSING_SWITCH})
-            continue
-        run_mode(cfg, mode, cfg["lengths"], args, state, on_record)
-    write_outputs(records, state, args, cfg)
+    def stop(signum, _frame):
+        state["interrupted"] = f"Interrupted by signal {signum}: the runs not listed did not run."
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)  # `timeout` ends the run: keep what was measured, stop the worker
+    try:
+        for mode in args.modes:
+            if MODES[mode][0] == "keras_switch" and not _switch_module_present():
+                for seq_len in cfg["lengths"]:
+                    on_record({"mode": mode, "seq_len": seq_len, "status": "unavailable", "detail": MISSING_SWITCH})
+                continue
+            run_mode(cfg, mode, cfg["lengths"], args, state, on_record)
+    finally:
+        write_outputs(records, state, args, cfg)
     print(f"bench_model: done in {time.time() - t0:.0f} s: {args.out}.md, .json" +
           ("" if "none" in state["plot_note"] else ", _time.png, _memory.png"), flush=True)
     with open(args.out + ".md") as f:

@@ -71,5 +71,7 @@ for step in "${@:-test}"; do
             -k "outputs_fully_written or empty or nothing_visible" -p no:cacheprovider 2>&1 \
             | tee "$out/sanitize.log" | tail -8 ;;
     bench) timeout "${BENCH_TIMEOUT:-560}" python3 benchmarks/bench_gpu.py ${BENCH_ARGS:-} 2>&1 | tee "$out/bench_gpu.log" | tail -40 ;;
+    bench_model) timeout "${BENCH_TIMEOUT:-560}" python3 benchmarks/bench_model.py --out-dir "$out" ${BENCH_MODEL_ARGS:-} 2>&1 \
+            | tee "$out/bench_model.log" | tail -60 ;;
   esac
 done
