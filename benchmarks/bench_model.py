@@ -337,14 +337,19 @@ class Worker:
 
 
 def _log_tail(path, lines=3):
+    """The telling lines of the last worker's output (its section of the log)."""
     try:
         with open(path) as f:
-            text = f.read().strip().splitlines()
+            text = f.read().rsplit("\n==== ", 1)[-1].strip().splitlines()[1:]
     except OSError:
         return ""
-    telling = [l for l in text if any(w in l for w in ("Error", "error", "Abort", "Check failed", "Killed",
-                                                        "Segmentation", "out of memory"))]
-    return " | ".join((telling or text)[-lines:])[:300]
+    strong = [l for l in text if any(w in l for w in ("Check failed", "Abort", "Segmentation", "Killed", "out of memory",
+                                                       "Traceback", "Error:"))]
+    return " | ".join((strong or text)[-lines:])[:300]
+
+
+def _exit_text(returncode):
+    return f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
 
 
 def run_mode(cfg, mode, lengths, args, state, on_record):
@@ -390,7 +395,7 @@ def run_mode(cfg, mode, lengths, args, state, on_record):
         unfinished = [s for s in batch if s not in done]
         if unfinished:  # the worker died or was stopped before it finished its lengths
             victim = current if current in unfinished else unfinished[0]
-            detail = stopped or f"worker exit {worker.proc.returncode}: {_log_tail(log_path)}"
+            detail = stopped or f"worker {_exit_text(worker.proc.returncode)}: {_log_tail(log_path)}"
             status = "timeout" if stopped else "crashed"
             wall = time.time() - (current_since if current == victim else worker.spawned)
             on_record({"mode": mode, "seq_len": victim, "status": status, "detail": detail, "wall_s": wall})
