@@ -33,7 +33,7 @@ start-up) is recorded and a new worker goes on with the remaining lengths. `--ti
 run past that many seconds after the start and marks the rest skipped. Results (markdown, json, plots)
 are rewritten after every run, so an interrupted run keeps what it measured.
 
-    python benchmarks/bench_model.py --quick             # CPU smoke run (every mode at 64 tokens), < 2 min: results/quick/
+    python benchmarks/bench_model.py --quick             # CPU smoke run, every mode at 64 tokens: results/quick/
     python benchmarks/bench_model.py                     # GPU: 4 blocks, 512..16k, all modes, ~8 min
     python benchmarks/bench_model.py --blocks 12 --lengths 512,4096,16384,32768 --time-limit 0
 """
@@ -140,7 +140,8 @@ def build_model(cfg, seq_len, attention):
         attended = attention_class(num_heads=heads, key_dim=width // heads, name=f"attention_{i}")(x, x)
         x = keras.layers.LayerNormalization(name=f"norm_attention_{i}")(x + attended)
         hidden = keras.layers.Dense(4 * width, activation="gelu", name=f"mlp_in_{i}")(x)
-        x = keras.layers.LayerNormalization(name=f"norm_mlp_{i}")(x + keras.layers.Dense(width, name=f"mlp_out_{i}")(hidden))
+        projected = keras.layers.Dense(width, name=f"mlp_out_{i}")(hidden)
+        x = keras.layers.LayerNormalization(name=f"norm_mlp_{i}")(x + projected)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(x)
     logits = keras.layers.Dense(cfg["classes"], dtype="float32", name="head")(pooled)
     return keras.Model(ids, logits, name=f"encoder_{cfg['blocks']}x{width}")
@@ -343,8 +344,8 @@ def _log_tail(path, lines=3):
             text = f.read().rsplit("\n==== ", 1)[-1].strip().splitlines()[1:]
     except OSError:
         return ""
-    strong = [l for l in text if any(w in l for w in ("Check failed", "Abort", "Segmentation", "Killed", "out of memory",
-                                                       "Traceback", "Error:"))]
+    signs = ("Check failed", "Abort", "Segmentation", "Killed", "out of memory", "Traceback", "Error:")
+    strong = [line for line in text if any(sign in line for sign in signs)]
     return " | ".join((strong or text)[-lines:])[:300]
 
 
@@ -425,7 +426,7 @@ def _cell(rec, base):
     text = f"{rec['median_ms']:.1f}"
     if base is not None and base.get("status") == "ok":
         text += f" ({base['median_ms'] / rec['median_ms']:.2f}x)"
-    if not rec.get("xla_used") and rec["jit_compile"] is True:
+    if not rec.get("xla_used") and rec["jit_compile"] in (True, "auto"):  # asked for, or Keras' default, not had
         text += " [no XLA]"
     return text
 
@@ -435,8 +436,8 @@ def report(records, state, args, cfg):
     by_key = {(r["mode"], r["seq_len"]): r for r in records}
     lengths = sorted({r["seq_len"] for r in records} | set(cfg["lengths"]))
     env = state["envs"][0] if state["envs"] else {}
-    title = (f"# End-to-end training step: encoder {cfg['blocks']} blocks x width {cfg['width']}, {cfg['heads']} heads, "
-             f"{cfg['dtype']}, {cfg['tokens_per_batch']} tokens per batch")
+    title = (f"# End-to-end training step: encoder {cfg['blocks']} blocks x width {cfg['width']}, "
+             f"{cfg['heads']} heads, {cfg['dtype']}, {cfg['tokens_per_batch']} tokens per batch")
     lines = [title, "", f"Device: {env.get('device_name', '?')}. Command: `{state['command']}`", ""]
     lines.append("## ms/step (median; speedup vs keras_mha_xla)")
     rows = []
@@ -511,7 +512,8 @@ def _progress_line(rec, t0):
     head = f"[{time.time() - t0:5.0f}s] {rec['mode']:18s} s={rec['seq_len']:<6d}"
     if rec["status"] == "ok":
         return (f"{head} b={rec['batch']:<4d} {rec['median_ms']:8.2f} ms/step (p10-p90 {rec['p10_ms']:.2f}-"
-                f"{rec['p90_ms']:.2f})  {rec['tokens_per_s'] / 1e3:8.1f}k tok/s  peak {_gib(rec['peak_bytes']):6.2f} GiB"
+                f"{rec['p90_ms']:.2f})  {rec['tokens_per_s'] / 1e3:8.1f}k tok/s"
+                f"  peak {_gib(rec['peak_bytes']):6.2f} GiB"
                 f"  xla={'yes' if rec['xla_used'] else 'no'} flash_op={'yes' if rec['flash_op_in_graph'] else 'no'}"
                 f"  first step {rec['first_step_s']:.1f} s, run {rec.get('wall_s', 0):.1f} s")
     return f"{head} {rec['status'].upper()}: {rec.get('detail', '')[:160]}" + (
@@ -519,7 +521,8 @@ def _progress_line(rec, t0):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny model, 2 lengths, 2 timed steps")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
     p.add_argument("--lengths", default=None, help="comma-separated tokens per sequence (default "
@@ -562,7 +565,8 @@ def make_config(args):
                  "lengths": [int(s) for s in args.lengths.split(",")] if args.lengths else None}
     base.update({k: v for k, v in overrides.items() if v is not None})
     if base["width"] % base["heads"]:
-        raise SystemExit(f"--width must be a multiple of --heads. Received: width={base['width']}, heads={base['heads']}")
+        raise SystemExit(f"--width must be a multiple of --heads. "
+                         f"Received: width={base['width']}, heads={base['heads']}")
     if base["warmup"] < 0 or base["steps"] < 1:
         raise SystemExit(f"--steps must be >= 1 and --warmup >= 0. Received: steps={base['steps']}, "
                          f"warmup={base['warmup']}")
