@@ -36,17 +36,18 @@ template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat
 template <> struct DTypeOf<Eigen::half> { static constexpr DType value = DType::kFloat16; };
 template <> struct DTypeOf<Eigen::bfloat16> { static constexpr DType value = DType::kBFloat16; };
 
-FlashInputShapes InputShapes(tf::OpKernelContext* ctx, int first) {
+// The forward's inputs (query .. seed) among an op's inputs: kFwdInputs or kBwdForwardInputs.
+FlashInputShapes InputShapes(tf::OpKernelContext* ctx, const int (&index)[kNumFwdInputs]) {
   FlashInputShapes s;
   tf::TensorShape* shapes[] = {&s.q, &s.k, &s.v, &s.q_lengths, &s.kv_lengths, &s.attn_mask, &s.block_mask, &s.seed};
-  for (int i = 0; i < 8; ++i) *shapes[i] = ctx->input(first + i).shape();
+  for (int i = 0; i < kNumFwdInputs; ++i) *shapes[i] = ctx->input(index[i]).shape();
   return s;
 }
 
-FlashInputData InputData(tf::OpKernelContext* ctx, int first) {
-  return {ctx->input(first).data(), ctx->input(first + 1).data(), ctx->input(first + 2).data(),
-          ctx->input(first + 3).flat<int32_t>().data(), ctx->input(first + 4).flat<int32_t>().data(),
-          ctx->input(first + 5).flat<bool>().data(), ctx->input(first + 6).flat<bool>().data()};
+FlashInputData InputData(tf::OpKernelContext* ctx, const int (&index)[kNumFwdInputs]) {
+  return {ctx->input(index[0]).data(), ctx->input(index[1]).data(), ctx->input(index[2]).data(),
+          ctx->input(index[3]).flat<int32_t>().data(), ctx->input(index[4]).flat<int32_t>().data(),
+          ctx->input(index[5]).flat<bool>().data(), ctx->input(index[6]).flat<bool>().data()};
 }
 
 // Scratch from TF's allocator, kept alive by `held` until the kernel call returns (the GPU stream
@@ -108,10 +109,10 @@ class FlashAttentionOp : public tf::OpKernel {
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
-    const FlashInputShapes shapes = InputShapes(ctx, 0);
+    const FlashInputShapes shapes = InputShapes(ctx, kFwdInputs);
     FlashFwdParams p;
     OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
-    SetInputPointers(shapes, InputData(ctx, 0), &p);
+    SetInputPointers(shapes, InputData(ctx, kFwdInputs), &p);
     if (Launcher<Device>::kLengthsOnHost) OP_REQUIRES_OK(ctx, CheckLengthValues(p));
     const tf::Tensor& seed = ctx->input(7);
     p.seed = static_cast<uint64_t>(seed.flat<int64_t>()(0));
@@ -139,9 +140,7 @@ class FlashAttentionGradOp : public tf::OpKernel {
   }
 
   void Compute(tf::OpKernelContext* ctx) override {
-    // Inputs: d_output, query, key, value, output, lse, d_lse, q_lengths, kv_lengths, attention_mask,
-    // block_mask, rng_state: the forward's inputs start at query.
-    const FlashInputShapes shapes = InputShapes(ctx, 1);
+    const FlashInputShapes shapes = InputShapes(ctx, kBwdForwardInputs);
     FlashBwdParams p;
     OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
     const tf::Tensor& d_out = ctx->input(0);
@@ -149,10 +148,7 @@ class FlashAttentionGradOp : public tf::OpKernel {
     const tf::Tensor& lse = ctx->input(5);
     const tf::Tensor& d_lse = ctx->input(6);
     OP_REQUIRES_OK(ctx, CheckGradShapes(shapes, d_out.shape(), out.shape(), lse.shape(), d_lse.shape()));
-    SetInputPointers(shapes, {ctx->input(1).data(), ctx->input(2).data(), ctx->input(3).data(),
-                              ctx->input(7).flat<int32_t>().data(), ctx->input(8).flat<int32_t>().data(),
-                              ctx->input(9).flat<bool>().data(), ctx->input(10).flat<bool>().data()},
-                     &p);
+    SetInputPointers(shapes, InputData(ctx, kBwdForwardInputs), &p);
     if (Launcher<Device>::kLengthsOnHost) OP_REQUIRES_OK(ctx, CheckLengthValues(p));
     const tf::Tensor& rng_state = ctx->input(11);
     p.seed = static_cast<uint64_t>(rng_state.flat<int64_t>()(0));

@@ -45,6 +45,14 @@ struct FlashAttrs {
 // The attributes as an MLIR dictionary, the backend_config of a typed-FFI custom call.
 std::string FlashAttrsToFfiDictionary(const FlashAttrs& attrs);
 
+// The forward op's inputs: query, key, value, q_lengths, kv_lengths, attention_mask, block_mask, seed.
+// The gradient op's: d_output, query, key, value, output, lse, d_lse, q_lengths, kv_lengths,
+// attention_mask, block_mask, rng_state. Where the forward's inputs sit in each:
+constexpr int kNumFwdInputs = 8;
+constexpr int kNumBwdInputs = 12;
+constexpr int kFwdInputs[kNumFwdInputs] = {0, 1, 2, 3, 4, 5, 6, 7};
+constexpr int kBwdForwardInputs[kNumFwdInputs] = {1, 2, 3, 7, 8, 9, 10, 11};
+
 // The shapes of the forward inputs (the gradient op's inputs of the same names).
 struct FlashInputShapes {
   ::tensorflow::TensorShape q, k, v, q_lengths, kv_lengths, attn_mask, block_mask, seed;

@@ -44,10 +44,6 @@ namespace ffi = ::xla::ffi;
 
 constexpr char kFwdTarget[] = "tf_flash_attention_fwd";
 constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
-constexpr int kNumFwdInputs = 8;   // query, key, value, q_lengths, kv_lengths, attention_mask, block_mask, seed
-constexpr int kNumBwdInputs = 12;  // d_output, query, key, value, output, lse, d_lse, the forward's masks, rng_state
-// Where the forward's inputs sit among the gradient op's inputs.
-constexpr int kBwdForwardInputs[kNumFwdInputs] = {1, 2, 3, 7, 8, 9, 10, 11};
 
 FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int (&index)[kNumFwdInputs]) {
   FlashInputShapes s;
@@ -55,8 +51,6 @@ FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int 
   for (int i = 0; i < kNumFwdInputs; ++i) *fields[i] = shapes[index[i]];
   return s;
 }
-
-constexpr int kFwdInputs[kNumFwdInputs] = {0, 1, 2, 3, 4, 5, 6, 7};
 
 // ---- Compile time: the XLA kernels ----
 
