@@ -99,21 +99,6 @@ def padding_lengths(mask):
     return tf.where(is_prefix, lengths, size), is_prefix
 
 
-def check_not_in_xla():
-    """The op has no XLA lowering: say so in plain words instead of TF's tf2xla conversion error."""
-    try:
-        from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except Exception:  # pylint: disable=broad-except  (private TF API: never fail because of it)
-        return
-    if in_xla:
-        raise ValueError(
-            "tf_flash layers run the TfFlash>FlashAttention op, which has no XLA lowering. Received: a "
-            "call inside an XLA-compiled function (jit_compile=True). Run it without jit_compile; "
-            "Keras' model.compile() default jit_compile='auto' already leaves XLA off for models "
-            "with tf_flash layers.")
-
-
 def _empty_mask():
     return tf.zeros([0, 0, 0, 0], tf.bool)
 
@@ -131,7 +116,6 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
     "zeros" (the op's convention) or "mean" (the mean of the values over all keys: what Keras'
     MultiHeadAttention returns there on its default path, a uniform softmax over masked logits).
     """
-    check_not_in_xla()
     q_lengths = kv_lengths = None
     if query_mask is not None:
         query_mask = to_bool(query_mask)
