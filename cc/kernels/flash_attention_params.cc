@@ -103,6 +103,9 @@ tf::Status FlashAttrs::Validate() const {
     return tf::errors::InvalidArgument("dropout_rate must be in [0, 1). Received: dropout_rate=", dropout_rate);
   }
   if (!std::isfinite(scale)) return tf::errors::InvalidArgument("scale must be finite. Received: scale=", scale);
+  if (!(std::isfinite(softcap) && softcap >= 0.f)) {
+    return tf::errors::InvalidArgument("softcap must be finite and >= 0 (0 = off). Received: softcap=", softcap);
+  }
   return tf::Status();
 }
 

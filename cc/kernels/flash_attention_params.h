@@ -28,7 +28,8 @@ namespace tf_flash {
   X(int64_t, block_q)           \
   X(int64_t, block_k)           \
   X(float, dropout_rate)        \
-  X(float, scale)
+  X(float, scale)               \
+  X(float, softcap)
 
 struct FlashAttrs {
 #define TF_FLASH_ATTR_FIELD(type, name) type name{};
