@@ -99,30 +99,12 @@ def padding_lengths(mask):
     return tf.where(is_prefix, lengths, size), is_prefix
 
 
-<<<<<<< HEAD
-=======
-def check_not_in_xla():
-    """The op has no XLA lowering: say so in plain words instead of TF's tf2xla conversion error."""
-    try:
-        from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except Exception:  # pylint: disable=broad-except  (private TF API: never fail because of it)
-        return
-    if in_xla:
-        raise ValueError(
-            "tf_flash layers run the TfFlash>FlashAttention op, which has no XLA lowering. Received: a "
-            "call inside an XLA-compiled function (jit_compile=True). Run it without jit_compile; "
-            "Keras' model.compile() default jit_compile='auto' already leaves XLA off for models "
-            "with tf_flash layers.")
-
-
 def check_softcap(softcap):
     """None (off) or a positive finite number (the check of tf_flash.flash_attention)."""
     value = _flash_ops.normalize_softcap(softcap)
     return None if value == 0.0 else value
 
 
->>>>>>> kernels
 def _empty_mask():
     return tf.zeros([0, 0, 0, 0], tf.bool)
 
