@@ -16,7 +16,9 @@ mode="${1:?host or device}"; shift || true
 build=.gpu_build
 
 if [[ $mode == host ]]; then
-  grep -qx '/.gpu_build/' .git/info/exclude || echo '/.gpu_build/' >> .git/info/exclude
+  exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.gpu_build/' "$exclude" 2>/dev/null || echo '/.gpu_build/' >> "$exclude"
   rm -rf "$build" && mkdir -p "$build/obj"
   pids=()
   python3 - > "$build/flags" <<'PY'

@@ -237,7 +237,8 @@ def test_dropout_without_seed_under_xla_backward_uses_the_forward_mask(device):
     with on_device(device):
         (out, d_v), (other, _) = fn(), fn()
     probs = to_numpy(out)[0, :, 0, :]
-    np.testing.assert_allclose(to_numpy(d_v)[0, :seqlen_k, 0, :seqlen_q].T, probs, rtol=1e-5, atol=1e-6)
+    tol = 1e-5 if "CPU" in device else 4e-3  # the GPU computes float32 on float16 operands
+    np.testing.assert_allclose(to_numpy(d_v)[0, :seqlen_k, 0, :seqlen_q].T, probs, rtol=tol, atol=tol / 10)
     assert (probs == 0).mean() > 0.1  # dropout happened
     assert _rel_err(other, out) > 1e-2  # and each call draws a new seed
 
@@ -324,6 +325,18 @@ def test_static_shape_errors_are_the_ops_messages_at_compile_time():
     fn = tf.function(lambda q: tf_flash.flash_attention(q, q, q), jit_compile=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"head dim must be in \[1, 256\]. Received: 300"):
         fn(big)
+
+
+def test_dynamic_shapes_get_a_clear_error():
+    q = _random(_rng("xla-dynamic"), (1, 40, 2, 16))
+
+    @tf.function(jit_compile=True)
+    def fn(q, present):  # a mask absent or present at run time: XLA gives it a dynamic shape
+        mask = tf.cond(present, lambda: tf.ones([1, 1, 1, 40], tf.bool), lambda: tf.zeros([0, 0, 0, 0], tf.bool))
+        return tf_flash.flash_attention(q, q, q, attention_mask=mask)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"needs static shapes. Received: attention_mask"):
+        fn(q, tf.constant(True))
 
 
 def test_length_values_are_checked_at_run_time_on_cpu():

@@ -74,11 +74,30 @@ xla::XlaOp EmitFlashCall(tf::XlaOpKernelContext* ctx, const char* target, int nu
                                    xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
 }
 
-std::vector<tf::TensorShape> InputShapes(tf::XlaOpKernelContext* ctx, int num_inputs) {
-  std::vector<tf::TensorShape> shapes;
-  for (int i = 0; i < num_inputs; ++i) shapes.push_back(ctx->InputShape(i));
-  return shapes;
+// The kernels take static shapes. XLA gives an operand a dynamic (bounded) dimension when its size
+// depends on run-time values, e.g. a tf.cond choosing between an absent mask ([0, 0, 0, 0]) and a
+// present one: say which input, instead of XLA's generic custom-call error.
+tf::Status InputShapes(tf::XlaOpKernelContext* ctx, const char* const* names, int num_inputs,
+                       std::vector<tf::TensorShape>* shapes) {
+  for (int i = 0; i < num_inputs; ++i) {
+    absl::StatusOr<xla::Shape> shape = ctx->InputXlaShape(i);
+    TF_RETURN_IF_ERROR(shape.status());
+    if (shape->is_dynamic()) {
+      return tf::errors::InvalidArgument("tf_flash under XLA needs static shapes. Received: ", names[i],
+                                         " with the dynamic shape ", shape->ToString(),
+                                         " (its size depends on run-time values, e.g. a tf.cond between "
+                                         "tensors of different shapes)");
+    }
+    shapes->push_back(ctx->InputShape(i));
+  }
+  return tf::Status();
 }
+
+constexpr const char* kFwdInputNames[kNumFwdInputs] = {
+    "query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask", "seed"};
+constexpr const char* kBwdInputNames[kNumBwdInputs] = {
+    "d_output",  "query",      "key",            "value",      "output", "lse", "d_lse",
+    "q_lengths", "kv_lengths", "attention_mask", "block_mask", "rng_state"};
 
 class FlashAttentionXlaOp : public tf::XlaOpKernel {
  public:
@@ -87,7 +106,9 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
   }
 
   void Compile(tf::XlaOpKernelContext* ctx) override {
-    const FlashInputShapes shapes = ShapesAt(InputShapes(ctx, kNumFwdInputs), kFwdInputs);
+    std::vector<tf::TensorShape> all;
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, kFwdInputNames, kNumFwdInputs, &all));
+    const FlashInputShapes shapes = ShapesAt(all, kFwdInputs);
     FlashFwdParams p;
     OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
     const xla::XlaOp call = EmitFlashCall(
@@ -109,7 +130,8 @@ class FlashAttentionGradXlaOp : public tf::XlaOpKernel {
   }
 
   void Compile(tf::XlaOpKernelContext* ctx) override {
-    const std::vector<tf::TensorShape> all = InputShapes(ctx, kNumBwdInputs);
+    std::vector<tf::TensorShape> all;
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, kBwdInputNames, kNumBwdInputs, &all));
     const FlashInputShapes shapes = ShapesAt(all, kBwdForwardInputs);
     FlashBwdParams p;
     OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));

@@ -105,6 +105,15 @@ def check_softcap(softcap):
     return None if value == 0.0 else value
 
 
+def _in_xla_context():
+    """Whether the call is being traced for XLA (tf.function(jit_compile=True), Keras jit_compile)."""
+    try:
+        from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except Exception:  # pylint: disable=broad-except  (private TF API: fall back to the static form)
+        return True
+
+
 def _empty_mask():
     return tf.zeros([0, 0, 0, 0], tf.bool)
 
@@ -132,6 +141,10 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
         kv_mask4 = kv_mask[:, None, None, :]
         if attention_mask is not None:
             attention_mask = tf.logical_and(attention_mask, kv_mask4)
+        elif _in_xla_context():
+            # XLA needs static shapes (a cond between an absent and a present mask has none): the mask
+            # goes in always, all True when it is a prefix (then the lengths alone do the work).
+            attention_mask = tf.logical_or(kv_mask4, kv_prefix)
         else:
             # Only a non-prefix padding mask pays for the general path.
             attention_mask = tf.cond(kv_prefix, _empty_mask, lambda: kv_mask4)
