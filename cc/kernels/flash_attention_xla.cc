@@ -421,7 +421,9 @@ XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "Host", kFlashBwdHost);
 // Scratch and staging memory from XLA's allocator, valid until the handler's work on the stream ends.
 FlashAllocate XlaScratch(ffi::ScratchAllocator* scratch) {
   return [scratch](int64_t bytes, void** ptr) {
-    std::optional<void*> memory = scratch->Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 256);
+    // XLA's FFI refuses alignments above 16 ("Unsupported alignment"); its device allocator (TF's BFC
+    // allocator) hands out 256-byte aligned blocks anyway, which the kernels' vector loads need.
+    std::optional<void*> memory = scratch->Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 16);
     if (!memory.has_value()) {
       return tf::errors::ResourceExhausted("tf_flash: XLA's scratch allocator could not provide ", bytes, " bytes");
     }
