@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/util/determinism.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 #ifndef TF_FLASH_BUILD_INFO
@@ -43,6 +44,7 @@ struct FlashAttrs {
   float dropout_rate = 0.f;
   float scale = 1.f;
   float softcap = 0.f;
+  bool deterministic = false;  // the backward's; tf.config.experimental.enable_op_determinism() also sets it
 
   explicit FlashAttrs(tf::OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("causal", &causal));
@@ -54,6 +56,7 @@ struct FlashAttrs {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dropout_rate", &dropout_rate));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("scale", &scale));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("softcap", &softcap));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("deterministic", &deterministic));
     OP_REQUIRES(ctx, left >= -1 && left <= INT32_MAX && right >= -1 && right <= INT32_MAX,
                 tf::errors::InvalidArgument("window must be (left, right) with each side >= 0, or -1 for "
                                             "unlimited. Received: window=(", left, ", ", right, ")"));
@@ -448,6 +451,7 @@ class FlashAttentionGradOp : public tf::OpKernel {
     p.d_q = d_q->data();
     p.d_k = d_k->data();
     p.d_v = d_v->data();
+    p.deterministic = attrs_.deterministic || tf::OpDeterminismRequired();
     OP_REQUIRES_OK(ctx, Launcher<Device>::Backward(ctx, p, DTypeOf<T>::value));
   }
 

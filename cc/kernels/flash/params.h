@@ -56,6 +56,9 @@ struct FlashBwdParams : FlashFwdParams {
   void* d_v = nullptr;          // [B, Sk, Hkv, Dv], strides as v
   const float* d_lse = nullptr; // [B, H, Sq] gradient into lse; nullptr = zero
   float* scratch = nullptr;     // device-specific workspace (dQ accumulators, D = rowsum(dO*O))
+  // Bit-identical results for identical inputs on one device: the GPU then sums dQ in a fixed order
+  // instead of by float atomics (the CPU always does).
+  bool deterministic = false;
 };
 
 }  // namespace tf_flash
