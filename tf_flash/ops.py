@@ -93,7 +93,7 @@ def _seed(seed, dropout_rate):
 
 def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
-                    scale=None, softcap=None, return_lse=False):
+                    scale=None, softcap=None, deterministic=None, return_lse=False):
     """Exact attention computed in tiles; the [Sq, Sk] score matrix never exists in memory.
 
     Args:
@@ -114,6 +114,10 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
       scale: score scale, default 1/sqrt(D).
       softcap: logit soft-capping (Gemma 2): the scaled scores s become softcap * tanh(s / softcap)
         before the softmax. None (or 0) = off; else a positive finite number.
+      deterministic: True: the backward gives bit-identical gradients for identical inputs on one device
+        (the GPU then sums dQ in a fixed order instead of by float atomics; the CPU always does). None
+        follows `tf.config.experimental.enable_op_determinism()` (read when the gradient runs); False
+        is the fast GPU path unless op determinism is enabled.
       return_lse: also return the log-sum-exp [B, H, Sq] float32 (-inf on rows that see nothing).
 
     Returns:
@@ -148,6 +152,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     if not isinstance(scale, numbers.Real):
         raise ValueError(f"`scale` must be a Python float. Received: scale={scale!r}")
     softcap = normalize_softcap(softcap)
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise ValueError(f"`deterministic` must be None or a bool. Received: deterministic={deterministic!r}")
 
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,
@@ -157,7 +163,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         seed=_seed(seed, dropout_rate),
         causal=bool(causal), window_left=window_left, window_right=window_right,
         block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),
-        softcap=softcap)
+        softcap=softcap, deterministic=bool(deterministic))
     return (output, lse) if return_lse else output
 
 
@@ -171,7 +177,7 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
         d_lse = tf.zeros_like(lse)
     attrs = {name: op.get_attr(name) for name in (
         "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale",
-        "softcap")}
+        "softcap", "deterministic")}
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,

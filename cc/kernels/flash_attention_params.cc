@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/util/determinism.h"
 
 namespace tf_flash {
 
@@ -183,6 +184,8 @@ tf::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& s, FlashF
 #define TF_FLASH_SET_PARAM(type, name) p->name = static_cast<decltype(p->name)>(attrs.name);
   TF_FLASH_ATTRS(TF_FLASH_SET_PARAM)
 #undef TF_FLASH_SET_PARAM
+  // TF's contract: under tf.config.experimental.enable_op_determinism() every op is deterministic.
+  p->deterministic = p->deterministic || ::tensorflow::OpDeterminismRequired();
   p->batch = static_cast<int>(batch);
   p->seqlen_q = static_cast<int>(seqlen_q);
   p->seqlen_k = static_cast<int>(seqlen_k);

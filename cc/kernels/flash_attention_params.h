@@ -29,7 +29,8 @@ namespace tf_flash {
   X(int64_t, block_k)           \
   X(float, dropout_rate)        \
   X(float, scale)               \
-  X(float, softcap)
+  X(float, softcap)             \
+  X(bool, deterministic)
 
 struct FlashAttrs {
 #define TF_FLASH_ATTR_FIELD(type, name) type name{};

@@ -68,7 +68,8 @@ Status FlashAttentionGradShape(InferenceContext* c) {
       .Attr("block_k: int = 128")                             \
       .Attr("dropout_rate: float = 0.0")                      \
       .Attr("scale: float")                                   \
-      .Attr("softcap: float = 0.0")
+      .Attr("softcap: float = 0.0")                           \
+      .Attr("deterministic: bool = false")
 
 REGISTER_OP("TfFlash>FlashAttention")
     .Input("query: T")

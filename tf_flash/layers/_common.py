@@ -114,13 +114,19 @@ def _in_xla_context():
         return True
 
 
+def check_deterministic(deterministic):
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise ValueError(f"`deterministic` must be None or a bool. Received: deterministic={deterministic!r}")
+    return deterministic
+
+
 def _empty_mask():
     return tf.zeros([0, 0, 0, 0], tf.bool)
 
 
 def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=None, causal=False,
            window=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None, scale=None,
-           softcap=None, empty_rows="zeros"):
+           softcap=None, deterministic=None, empty_rows="zeros"):
     """flash_attention on [B, S, H, D] heads with Keras padding masks.
 
     query_mask [B, Sq] / kv_mask [B, Sk]: prefix masks become q_lengths / kv_lengths (the kernel
@@ -151,7 +157,8 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
     output, lse = _flash_ops.flash_attention(
         query, key, value, causal=causal, window=window, q_lengths=q_lengths, kv_lengths=kv_lengths,
         attention_mask=attention_mask, block_mask=block_mask, block_size=block_size,
-        dropout_rate=dropout_rate, seed=seed, scale=scale, softcap=softcap, return_lse=True)
+        dropout_rate=dropout_rate, seed=seed, scale=scale, softcap=softcap, deterministic=deterministic,
+        return_lse=True)
     # Without masks, a window or a block pattern every row sees key 0 (causal included): no fill.
     may_have_empty_rows = any(arg is not None for arg in (query_mask, kv_mask, attention_mask, window,
                                                           block_mask))

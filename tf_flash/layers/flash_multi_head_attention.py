@@ -58,6 +58,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         block_size: int or (bq, bk): the blocks `block_mask` describes.
         softcap: logit soft-capping: scaled scores s -> softcap * tanh(s / softcap) before the
             softmax (Gemma 2); None = off. Returned attention scores are capped the same way.
+        deterministic: bit-identical gradients for identical inputs (GPU: dQ summed in a fixed
+            order); None follows `tf.config.experimental.enable_op_determinism()`.
 
     Call arguments: those of Keras' MultiHeadAttention (query, value, key, query_mask, value_mask,
         key_mask, attention_mask, return_attention_scores, training, use_causal_mask) plus
@@ -93,7 +95,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
                  kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
                  kernel_constraint=None, bias_constraint=None, use_gate=False, seed=None,
                  num_key_value_heads=None, window=None, block_mask=None, block_size=128, softcap=None,
-                 **kwargs):
+                 deterministic=None, **kwargs):
         for name, value, optional in (("num_heads", num_heads, False), ("key_dim", key_dim, False),
                                       ("value_dim", value_dim, True),
                                       ("num_key_value_heads", num_key_value_heads, True)):
@@ -142,6 +144,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         block_mask = _common.check_block_mask(block_mask)
         block_size = _common.check_block_size(block_size)
         softcap = _common.check_softcap(softcap)
+        deterministic = _common.check_deterministic(deterministic)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.supports_jit = True  # the op has an XLA lowering (typed-FFI custom calls)
@@ -159,6 +162,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         self._block_mask = block_mask
         self._block_size = block_size
         self._softcap = softcap
+        self._deterministic = deterministic
         self._kernel_initializer = initializers.get(kernel_initializer)
         self._bias_initializer = initializers.get(bias_initializer)
         self._kernel_regularizer = regularizers.get(kernel_regularizer)
@@ -177,6 +181,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
     num_key_value_heads = property(lambda self: self._num_key_value_heads)
     dropout = property(lambda self: self._dropout)
     softcap = property(lambda self: self._softcap)
+    deterministic = property(lambda self: self._deterministic)
     use_bias = property(lambda self: self._use_bias)
     attention_axes = property(lambda self: self._attention_axes)
     query_dense = property(lambda self: self._query_dense)
@@ -317,8 +322,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         # when there is no dropout and no scores are asked for, else its explicit path (zeros).
         empty_rows = "mean" if self._dropout == 0 and not return_attention_scores else "zeros"
         output = _common.attend(query, key, value, dropout_rate=dropout_rate, seed=seed,
-                                scale=self._inverse_sqrt_key_dim, softcap=self._softcap, empty_rows=empty_rows,
-                                **masks)
+                                scale=self._inverse_sqrt_key_dim, softcap=self._softcap,
+                                deterministic=self._deterministic, empty_rows=empty_rows, **masks)
         scores = None
         if return_attention_scores:
             shape = tf.shape(query)
@@ -375,6 +380,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             "block_mask": _common.block_mask_to_config(self._block_mask),
             "block_size": self._block_size,
             "softcap": self._softcap,
+            "deterministic": self._deterministic,
         }
         return {**super().get_config(), **config}
 

@@ -47,6 +47,10 @@ struct FlashFwdParams {
   // Dropout on the probabilities; the mask is philox(seed, b, h, i, j), never stored.
   float dropout_rate = 0.f;
   uint64_t seed = 0, seed_offset = 0;
+
+  // Bit-identical results for identical inputs on one device: the GPU backward then sums dQ in a fixed
+  // order instead of by float atomics (the CPU always does; so does every forward).
+  bool deterministic = false;
 };
 
 struct FlashBwdParams : FlashFwdParams {
