@@ -24,6 +24,14 @@ import sys
 from setuptools import Distribution, find_packages, setup
 from setuptools.command.build_py import build_py
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel package yet: scripts/install.sh imports this file before installing it
+        bdist_wheel = None
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB_NAME = "_flash_attention_ops.so"
 TARGETS = ["//cc:" + LIB_NAME, "//cc:build_info"]
@@ -198,6 +206,16 @@ class BinaryDistribution(Distribution):
         return True
 
 
+if bdist_wheel is not None:
+    class BdistWheelAnyPython(bdist_wheel):
+        """Tags wheels py3-none-<platform>: the op library links TensorFlow's C++ framework library and no
+        libpython (tf.load_op_library loads it), so one wheel serves every Python that TensorFlow supports,
+        where a cp311-cp311 tag would ask for a wheel per Python for the same bytes."""
+
+        def get_tag(self):
+            return "py3", "none", super().get_tag()[2]
+
+
 def _readme():
     path = os.path.join(ROOT, "README.md")
     if not os.path.exists(path):
@@ -222,7 +240,8 @@ def main():
         # library built for one TensorFlow minor version, which loads into no other: it requires it.
         install_requires=[TF_REQUIREMENT] if os.environ.get("TF_FLASH_WHEEL") == "1" else [],
         extras_require=EXTRAS,
-        cmdclass={"build_py": BuildPyWithBazel},
+        cmdclass=dict({"build_py": BuildPyWithBazel},
+                      **({"bdist_wheel": BdistWheelAnyPython} if bdist_wheel is not None else {})),
         distclass=BinaryDistribution,
         zip_safe=False,
         license="Apache-2.0",
