@@ -110,13 +110,13 @@ def build_requirements_to_install():
 
 
 def library_build_info(library):
-    """The build info string compiled into a library (TF_FLASH_BUILD_INFO), read without loading it."""
+    """The build info compiled into a library (TF_FLASH_BUILD_INFO, "cuda=...;tf=X.Y.Z"), read without
+    loading it. Only up to tf=: what the kernel appends to it is stored as code, not as one string."""
     with open(library, "rb") as f:
-        data = f.read()
-    for match in re.finditer(rb"cuda=[01](;[A-Za-z0-9_]+=[A-Za-z0-9_.,+-]*)*", data):
-        if b";tf=" in match.group(0):  # (the op's doc string also says "cuda=0/1")
-            return match.group(0).decode()
-    raise RuntimeError("tf_flash: %s holds no tf_flash build info: is it the op library?" % library)
+        match = re.search(rb"cuda=[01](;[A-Za-z0-9_]+=[A-Za-z0-9_.,+-]*)*?;tf=[0-9][0-9.]*[0-9]", f.read())
+    if not match:
+        raise RuntimeError("tf_flash: %s holds no tf_flash build info: is it the op library?" % library)
+    return match.group(0).decode()
 
 
 def prebuilt_library(path):
