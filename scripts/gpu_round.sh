@@ -9,7 +9,9 @@
 #                                             bench
 #
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
-# the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a.
+# the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a; TF_FLASH_CUDA_ARCHS="80;90a"
+# at the host step gives both (a release wheel: scripts/build_wheel.sh --library build/gpu/...so).
+# `device none` only builds the library.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:?host or device}"; shift || true
@@ -27,7 +29,9 @@ print(" ".join(tf.sysconfig.get_compile_flags()))
 PY
   tf_include=$(python3 -c "import tensorflow as tf; print(tf.sysconfig.get_include())" 2>/dev/null)
   cutlass=$(python3 -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
-  info="cuda=1;cuda_archs=90a;tf=$(python3 -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)"
+  archs="${TF_FLASH_CUDA_ARCHS:-90a}"
+  echo "${archs//;/ }" > "$build/archs"  # the device step compiles for these
+  info="cuda=1;cuda_archs=$(echo ${archs//;/ } | tr ' ' ,);tf=$(python3 -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)"
   # Every host source of the library (as cc/BUILD's globs), the XLA lowering and its CUDA FFI handler included.
   # XLA's headers include highwayhash and farmhash by their own roots (as @local_tf//:tensorflow_cc).
   for src in cc/ops/*.cc cc/kernels/*.cc cc/kernels/cpu/*.cc; do
@@ -55,10 +59,12 @@ mkdir -p /tmp/cutlass build/gpu/cuda_obj && tar -xzf "$build/cutlass_include.tgz
 defines=$(tr ' ' '\n' < "$build/flags" | grep '^-D' | tr '\n' ' ')
 start=$(date +%s)
 # Rebuild only when the sources or host objects changed (build/ survives between calls on one machine).
+gencode=$(for arch in $(cat "$build/archs" 2>/dev/null || echo 90a); do
+  echo -n " -gencode=arch=compute_$arch,code=sm_$arch"; done)
 stamp=$(cat cc/kernels/cuda/* cc/kernels/flash/* "$build"/obj/*.o | sha256sum | cut -c1-16)
 if [[ "$(cat build/gpu/stamp 2>/dev/null)" != "$stamp" ]]; then
 ls cc/kernels/cuda/*.cu | xargs -P 16 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr --expt-extended-lambda \
-  -lineinfo -Xcompiler=-fPIC -gencode=arch=compute_90a,code=sm_90a '"$defines"' -DNDEBUG -I. -I/tmp/cutlass/include \
+  -lineinfo -Xcompiler=-fPIC '"$gencode $defines"' -DNDEBUG -I. -I/tmp/cutlass/include \
   -c {} -o build/gpu/cuda_obj/$(basename {} .cu).o' > "$out/nvcc.log" 2>&1 || { tail -40 "$out/nvcc.log"; exit 1; }
 g++ -shared -o build/gpu/_flash_attention_ops.so "$build"/obj/*.o build/gpu/cuda_obj/*.o \
   -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2 -l:libtensorflow_cc.so.2

@@ -4,15 +4,19 @@
 #   bash scripts/install.sh
 #
 # 1. apt: bazel-bootstrap (Bazel 4.2.3, builds offline) and g++, when missing.
-# 2. pip: tensorflow==2.21.*, nvidia-cutlass==4.2.0.0 (CUTLASS/CuTe headers), pytest, when missing.
-# 3. Bazel build of the op library (CUDA kernels too when nvcc is found), then
-#    `pip install --no-build-isolation .` (reuses that build).
-# Environment: PYTHON (default python3); TF_FLASH_CUDA=0/1/auto (unset: 1 only where a GPU is visible),
-# TF_FLASH_CUDA_ARCHS="80;90a",
-# TF_FLASH_CUDA_REDUCED=1, TF_FLASH_BAZEL_ARGS (see setup.py and bazel/cuda_configure.bzl).
+# 2. pip: the build requirements declared in setup.py (TensorFlow 2.21, CUTLASS headers, setuptools),
+#    those not installed yet; an installed TensorFlow 2.21 of another flavour (tensorflow-cpu) is kept.
+# 3. Bazel build of the op library (CUDA kernels too when nvcc is found and a GPU is visible), then
+#    `pip install --no-build-isolation .[test,examples]` (reuses that build; the extras are setup.py's).
+# Environment: PYTHON (default: $VIRTUAL_ENV/bin/python in an active virtualenv, else python3);
+# TF_FLASH_EXTRAS (default "test,examples"; "" for none); TF_FLASH_CUDA=0/1/auto (unset: 1 only where
+# a GPU is visible), TF_FLASH_CUDA_ARCHS="80;90a", TF_FLASH_CUDA_REDUCED=1, TF_FLASH_BAZEL_ARGS (see
+# setup.py and bazel/cuda_configure.bzl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ -z "${PYTHON:-}" && -n "${VIRTUAL_ENV:-}" ]]; then PYTHON="$VIRTUAL_ENV/bin/python"; fi
 PYTHON="${PYTHON:-python3}"
+EXTRAS="${TF_FLASH_EXTRAS-test,examples}"
 start=$(date +%s)
 log() { echo "scripts/install.sh: $*" >&2; }
 
@@ -49,27 +53,14 @@ then
   export PIP_BREAK_SYSTEM_PACKAGES=1
 fi
 
-# ---- 2. Python packages (only those missing or at another version) ----
-missing=$("$PYTHON" - <<'PY'
-from importlib import metadata
-wanted = [("tensorflow", "tensorflow==2.21.*", lambda v: v.startswith("2.21.")),
-          ("nvidia-cutlass", "nvidia-cutlass==4.2.0.0", lambda v: v == "4.2.0.0"),
-          ("pytest", "pytest", lambda v: True),
-          ("setuptools", "setuptools>=61", lambda v: int(v.split(".")[0]) >= 61),
-          ("wheel", "wheel", lambda v: True)]
-for name, spec, ok in wanted:
-    try:
-        if ok(metadata.version(name)):
-            continue
-    except metadata.PackageNotFoundError:
-        pass
-    print(spec)
-PY
-)
-if [[ -n "$missing" ]]; then
-  log "pip install $(echo $missing)"
+# ---- 2. Python build requirements (declared in setup.py; pip skips those already satisfied) ----
+# setup.py needs setuptools to be imported at all (a bare Python 3.12+ venv has none): bootstrap it.
+"$PYTHON" -c "import setuptools" 2>/dev/null || "$PYTHON" -m pip install --quiet "setuptools>=61"
+wanted=$("$PYTHON" -c "import setup; print(' '.join(setup.build_requirements_to_install()))")
+if [[ -n "$wanted" ]]; then
+  log "pip install $wanted"
   # shellcheck disable=SC2086
-  "$PYTHON" -m pip install --quiet $missing
+  "$PYTHON" -m pip install --quiet $wanted
 fi
 
 # ---- 3. build (visible progress, says CPU-only or CUDA), then install the package ----
@@ -81,6 +72,8 @@ if [[ -z "${TF_FLASH_CUDA:-}" ]] && ! { command -v nvidia-smi >/dev/null && nvid
 fi
 log "building the op library with Bazel"
 "$PYTHON" -c "import setup; setup.report_build(*setup.build_library())"
-log "pip install --no-build-isolation ."
-"$PYTHON" -m pip install --quiet --no-build-isolation .
+target="."
+[[ -n "$EXTRAS" ]] && target=".[$EXTRAS]"
+log "pip install --no-build-isolation $target"
+"$PYTHON" -m pip install --quiet --no-build-isolation "$target"
 log "done in $(( $(date +%s) - start ))s"

@@ -3,11 +3,12 @@
 Importing it loads the op library, registers the gradients and the Keras layers (so saved models
 that use them load after `import tf_flash`).
 """
-from tf_flash._ops import build_info
-from tf_flash.ops import flash_attention
-from tf_flash import sparsity
-from tf_flash import layers
+# The package version, in this one place (setup.py reads it; build_info() reports it).
+__version__ = "0.2.0"
 
-__version__ = "0.1.0"
+from tf_flash._ops import build_info  # noqa: E402  (after __version__, which build_info reports)
+from tf_flash.ops import flash_attention  # noqa: E402
+from tf_flash import sparsity  # noqa: E402
+from tf_flash import layers  # noqa: E402
 
 __all__ = ["flash_attention", "sparsity", "layers", "build_info", "__version__"]

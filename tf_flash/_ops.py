@@ -7,16 +7,18 @@ _LIB_NAME = "_flash_attention_ops.so"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _candidates():
-    # An explicit path wins; then the in-tree Bazel output (development), then the installed copy.
+def _candidates(package_dir=_PACKAGE_DIR):
+    # An explicit path wins. Imported from a source checkout (the package dir sits next to WORKSPACE and
+    # cc/), the in-tree Bazel output comes first (development); an installed package (site-packages)
+    # loads only the library it was installed with, never a bazel-bin it happens to sit beside.
     explicit = os.environ.get("TF_FLASH_LIBRARY")
     if explicit:
         return [explicit]
-    repo_root = os.path.dirname(_PACKAGE_DIR)
-    return [
-        os.path.join(repo_root, "bazel-bin", "cc", _LIB_NAME),
-        os.path.join(_PACKAGE_DIR, "_lib", _LIB_NAME),
-    ]
+    packaged = os.path.join(package_dir, "_lib", _LIB_NAME)
+    repo_root = os.path.dirname(package_dir)
+    if os.path.isfile(os.path.join(repo_root, "WORKSPACE")) and os.path.isdir(os.path.join(repo_root, "cc")):
+        return [os.path.join(repo_root, "bazel-bin", "cc", _LIB_NAME), packaged]
+    return [packaged]
 
 
 def _load():
@@ -42,16 +44,24 @@ def _load():
 ops, library_path = _load()
 
 
-def build_info():
-    """What the loaded library was compiled with, e.g. {'cuda': '1', 'cuda_archs': '80,90a', 'tf': '2.21.0'}."""
+def _library_build_info():
     with tf.init_scope():  # eager even when called while a function is being traced
         text = ops.tf_flash_build_info().numpy().decode()
     return dict(item.split("=", 1) for item in text.split(";") if item)
 
 
+def build_info():
+    """What the loaded library holds and where it came from, all values strings, e.g.
+    {'cuda': '1', 'cuda_archs': '80,90a', 'cuda_version': '12.8', 'tf': '2.21.0' (what it was compiled
+    with), 'version': '0.2.0' (the tf_flash package), 'library': '/.../_flash_attention_ops.so'}."""
+    from tf_flash import __version__  # (tf_flash/__init__.py holds the version; it imports this module)
+
+    return dict(_library_build_info(), version=__version__, library=library_path)
+
+
 def _check_tf_version():
     # A library built for another TF minor version may load and then misbehave: refuse it up front.
-    built_for = build_info().get("tf")
+    built_for = _library_build_info().get("tf")
     if built_for and built_for.split(".")[:2] != tf.__version__.split(".")[:2]:
         raise ImportError(
             f"tf_flash: the op library {library_path} was built for TensorFlow {built_for}, but TensorFlow "
