@@ -211,22 +211,39 @@ def _rank4_mask(mask, name, full, what):
         mask = tf.ensure_shape(tf.reshape(mask, padded), [None] * 4)
     elif rank < 4:
         mask = mask[(None,) * (4 - rank)]  # leading broadcast axes
-    dims = mask.shape.as_list()
+    # [0, 0, 0, 0] is the op's "absent" (the layers pick it at run time for prefix padding masks); a mask
+    # with some other zero axis is checked like any other (it would otherwise pass for "absent").
+    return check_dims(mask, name, full, what, received_shape, broadcast=True, absent_ok=rank in (4, None))
+
+
+def check_dims(tensor, name, expected, what, received_shape=None, broadcast=False, absent_ok=False):
+    """`tensor` whose every axis has the expected size (or 1, with `broadcast`): statically where both
+    sizes are known, else at run time. `expected`: one (static or None, scalar tensor) pair per axis.
+    absent_ok: also accept the op's "absent" encoding, every axis 0."""
+    received_shape = tensor.shape if received_shape is None else received_shape
+    if absent_ok and tensor.shape.as_list() == [0] * len(expected):
+        return tensor
+    allowed = "1 or " if broadcast else ""
     decided = True
-    for axis, (size, (full_static, _)) in enumerate(zip(dims, full)):
+    for size, (full_static, _) in zip(tensor.shape.as_list(), expected):
         if size is None or full_static is None:
-            decided = decided and size == 1
-            continue
-        if size not in (1, full_static):
-            raise ValueError(f"`{name}` must be broadcastable to {what} = "
-                             f"{[f[0] for f in full]}. Received: {name}.shape={received_shape}")
-    if not decided:
-        full_dynamic = tf.stack([tf.cast(f[1], tf.int32) for f in full])
-        shape = tf.shape(mask)
-        mask = _checked(mask, tf.reduce_all((shape == 1) | (shape == full_dynamic)),
-                        f"`{name}` must be broadcastable to {what}: that shape, then {name}.shape (as rank 4):",
-                        full_dynamic, shape)
-    return mask
+            decided = decided and broadcast and size == 1
+        elif size != full_static and not (broadcast and size == 1):
+            raise ValueError(f"`{name}` must have shape {what} = {[f[0] for f in expected]} (each axis "
+                             f"{allowed}that size). Received: {name}.shape={received_shape}")
+    if decided:
+        return tensor
+    full_dynamic = tf.stack([tf.cast(f[1], tf.int32) for f in expected])
+    shape = tf.shape(tensor)
+    matches = tf.equal(shape, full_dynamic)
+    if broadcast:
+        matches = matches | tf.equal(shape, 1)
+    ok = tf.reduce_all(matches)
+    if absent_ok:
+        ok = ok | tf.reduce_all(tf.equal(shape, 0))
+    return _checked(tensor, ok,
+                    f"`{name}` must have shape {what} (each axis {allowed}that size): that shape, then "
+                    f"{name}.shape:", full_dynamic, shape)
 
 
 def _seed(seed, dropout_rate):

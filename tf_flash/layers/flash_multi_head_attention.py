@@ -261,6 +261,17 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             key = value
         if query_mask is None:
             query_mask = _get_keras_mask(query)
+        return_attention_scores = _common.check_bool_or_none(return_attention_scores, "return_attention_scores")
+        use_causal_mask = bool(_common.check_bool_or_none(use_causal_mask, "use_causal_mask"))
+        # Masks are checked against the inputs here, under their own names (the op would report what they
+        # become: lengths, attention_mask).
+        batch, seqlen_q, seqlen_k = _common.dim(query, 0), _common.dim(query, 1), _common.dim(key, 1)
+        heads = (self._num_heads, tf.constant(self._num_heads))
+        query_mask = _common.check_padding_mask(query_mask, "query_mask", batch, seqlen_q)
+        value_mask = _common.check_padding_mask(value_mask, "value_mask", batch, seqlen_k)
+        key_mask = _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k)
+        if attention_mask is not None:
+            attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
         # The masks are handled here; keep them from reaching the projections (which do not
         # support masking), as Keras' MultiHeadAttention does.
         for tensor in (query, value, key):
@@ -272,8 +283,6 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         key = self._key_dense(key)
         value = self._value_dense(value)
         kv_mask = _common.and_masks(value_mask, key_mask)
-        if attention_mask is not None:
-            attention_mask = _common.expand_attention_mask(attention_mask)
         attention_output, attention_scores = self._compute_attention(
             query, key, value, query_mask=query_mask, kv_mask=kv_mask,
             attention_mask=attention_mask, training=training,
