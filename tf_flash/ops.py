@@ -127,22 +127,34 @@ def _check_qkv(query, key, value):
                              f"Received: {name}.shape={dict(tensors)[name].shape}")
 
 
-def _dim(tensor, axis):
-    """(static size or None, size as a scalar tensor) of one axis."""
+class Size:
+    """One axis size: `static` (an int, or None when only known at run time) and `tensor()`, the size as a
+    scalar int32 tensor, built only when a run-time check needs it (no extra op on the eager fast path)."""
+
+    def __init__(self, static, make_tensor):
+        self.static = static
+        self._make_tensor = make_tensor
+
+    def tensor(self):
+        return tf.constant(self.static, tf.int32) if self.static is not None else self._make_tensor()
+
+
+def axis_size(tensor, axis):
+    """The Size of one axis of `tensor`."""
     static = tensor.shape[axis] if tensor.shape.rank is not None else None
-    return static, (tf.constant(static) if static is not None else tf.shape(tensor)[axis])
+    return Size(static, lambda: tf.shape(tensor)[axis])
 
 
 def _num_blocks(seqlen, block):
-    """(static, dynamic) number of blocks of `block` rows covering a _dim pair (the last one partial)."""
-    static, dynamic = seqlen
-    return (None if static is None else -(-static // block)), (dynamic + block - 1) // block
+    """The Size of the number of `block`-row blocks covering `seqlen` (the last one partial)."""
+    return Size(None if seqlen.static is None else -(-seqlen.static // block),
+                lambda: (seqlen.tensor() + block - 1) // block)
 
 
 def check_lengths(lengths, name, batch, seqlen, runtime_range_check=False):
     """Validates user lengths [batch] with values in [0, seqlen] -> int32 tensor, or None if None.
 
-    batch, seqlen: (static int or None, scalar tensor) as from _dim. Values known on the host are checked
+    batch, seqlen: Size (axis_size). Values known on the host are checked
     here (an int64 2**32 + 2 would otherwise wrap to 2 in int32); others: a non-int32 tensor is checked to
     fit int32 before the cast, and with runtime_range_check against [0, seqlen] at run time (else the CPU
     kernel checks the range; the GPU kernels clamp to it)."""
@@ -154,17 +166,16 @@ def check_lengths(lengths, name, batch, seqlen, runtime_range_check=False):
                          f"{tensor.dtype.name} ({name}={_describe(lengths)})")
     if tensor.shape.rank is not None and tensor.shape.rank != 1:
         raise ValueError(f"`{name}` must have shape [batch]. Received: {name}.shape={tensor.shape}")
-    (batch_static, batch_dynamic), (seqlen_static, seqlen_dynamic) = batch, seqlen
     size_static = tensor.shape[0] if tensor.shape.rank == 1 else None
-    if size_static is not None and batch_static is not None:
-        if size_static != batch_static:
-            raise ValueError(f"`{name}` must have shape [batch] = [{batch_static}]. "
+    if size_static is not None and batch.static is not None:
+        if size_static != batch.static:
+            raise ValueError(f"`{name}` must have shape [batch] = [{batch.static}]. "
                              f"Received: {name}.shape={tensor.shape}")
     else:
-        tensor = _checked(tensor, tf.equal(tf.size(tensor), batch_dynamic),
-                          f"`{name}` must have shape [batch]: batch, then {name}.shape:", batch_dynamic,
+        tensor = _checked(tensor, tf.equal(tf.size(tensor), batch.tensor()),
+                          f"`{name}` must have shape [batch]: batch, then {name}.shape:", batch.tensor(),
                           tf.shape(tensor))
-    upper = seqlen_static if seqlen_static is not None else _INT32_MAX
+    upper = seqlen.static if seqlen.static is not None else _INT32_MAX
     values = _static_value(tensor)
     if values is not None:
         for index, length in enumerate(np.asarray(values).reshape(-1)):
@@ -178,9 +189,9 @@ def check_lengths(lengths, name, batch, seqlen, runtime_range_check=False):
                           f"`{name}` must hold values in [0, 2**31 - 1]. Received: {name}=", tensor)
     if runtime_range_check:
         wide = tf.cast(tensor, tf.int64)
-        tensor = _checked(tensor, tf.reduce_all((wide >= 0) & (wide <= tf.cast(seqlen_dynamic, tf.int64))),
+        tensor = _checked(tensor, tf.reduce_all((wide >= 0) & (wide <= tf.cast(seqlen.tensor(), tf.int64))),
                           f"`{name}` must hold values in [0, seq length]: seq length, then {name}:",
-                          seqlen_dynamic, tensor)
+                          seqlen.tensor(), tensor)
     return tf.cast(tensor, tf.int32)
 
 
@@ -190,7 +201,7 @@ def _lengths(lengths, name, batch, seqlen):
 
 
 def _rank4_mask(mask, name, full, what):
-    """A user mask (bool, rank 2 to 4, broadcastable to `full`) as rank 4; `full` is 4 pairs from _dim."""
+    """A user mask (bool, rank 2 to 4, broadcastable to `full`, 4 Sizes) as rank 4."""
     if mask is None:
         return tf.zeros(_NO_MASK_SHAPE, tf.bool)
     original = mask
@@ -218,22 +229,22 @@ def _rank4_mask(mask, name, full, what):
 
 def check_dims(tensor, name, expected, what, received_shape=None, broadcast=False, absent_ok=False):
     """`tensor` whose every axis has the expected size (or 1, with `broadcast`): statically where both
-    sizes are known, else at run time. `expected`: one (static or None, scalar tensor) pair per axis.
+    sizes are known, else at run time. `expected`: one Size per axis.
     absent_ok: also accept the op's "absent" encoding, every axis 0."""
     received_shape = tensor.shape if received_shape is None else received_shape
     if absent_ok and tensor.shape.as_list() == [0] * len(expected):
         return tensor
     allowed = "1 or " if broadcast else ""
     decided = True
-    for size, (full_static, _) in zip(tensor.shape.as_list(), expected):
-        if size is None or full_static is None:
+    for size, full in zip(tensor.shape.as_list(), expected):
+        if size is None or full.static is None:
             decided = decided and broadcast and size == 1
-        elif size != full_static and not (broadcast and size == 1):
-            raise ValueError(f"`{name}` must have shape {what} = {[f[0] for f in expected]} (each axis "
+        elif size != full.static and not (broadcast and size == 1):
+            raise ValueError(f"`{name}` must have shape {what} = {[f.static for f in expected]} (each axis "
                              f"{allowed}that size). Received: {name}.shape={received_shape}")
     if decided:
         return tensor
-    full_dynamic = tf.stack([tf.cast(f[1], tf.int32) for f in expected])
+    full_dynamic = tf.stack([f.tensor() for f in expected])
     shape = tf.shape(tensor)
     matches = tf.equal(shape, full_dynamic)
     if broadcast:
@@ -325,8 +336,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     if _is_bool(scale) or not isinstance(scale, numbers.Real) or not math.isfinite(np.float32(scale)):
         raise ValueError(f"`scale` must be a finite Python float (float32 range). Received: scale={_describe(scale)}")
 
-    batch, heads = _dim(query, 0), _dim(query, 2)
-    seqlen_q, seqlen_k = _dim(query, 1), _dim(key, 1)
+    batch, heads = axis_size(query, 0), axis_size(query, 2)
+    seqlen_q, seqlen_k = axis_size(query, 1), axis_size(key, 1)
     blocks_q, blocks_k = _num_blocks(seqlen_q, block_q), _num_blocks(seqlen_k, block_k)
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,

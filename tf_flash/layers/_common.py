@@ -13,6 +13,7 @@ _LARGE_NEGATIVE = -1e9
 
 # An int that is not a bool: the op module's test, so the layers and the op accept the same values.
 is_int = _flash_ops._is_int
+Size = _flash_ops.Size
 
 
 def check_dropout(dropout):
@@ -79,7 +80,7 @@ def and_masks(first, second):
 
 def check_padding_mask(mask, name, batch, seqlen):
     """A Keras padding mask [batch, seq] (None passes) as bool, its shape checked: its errors name it,
-    not the lengths or attention_mask it becomes. batch, seqlen: (static or None, tensor) pairs."""
+    not the lengths or attention_mask it becomes. batch, seqlen: Sizes (dim())."""
     if mask is None:
         return None
     mask = to_bool(mask, name)
@@ -96,7 +97,7 @@ def check_padding_mask(mask, name, batch, seqlen):
 
 def expand_attention_mask(mask, batch, heads, seqlen_q, seqlen_k):
     """A Keras-style attention mask ([Sq, Sk], [B, Sq, Sk] or [B, H, Sq, Sk]) as rank 4, its shape checked
-    (each axis the full size or 1). batch, heads, seqlen_q, seqlen_k: (static or None, tensor) pairs.
+    (each axis the full size or 1). batch, heads, seqlen_q, seqlen_k: Sizes (dim()).
 
     Missing axes are inserted before the query axis, as Keras' MultiHeadAttention broadcasts them
     (a rank-3 mask is [B, Sq, Sk], not [H, Sq, Sk]).
@@ -122,8 +123,8 @@ def check_lengths(lengths, name, batch, seqlen):
 
 
 def dim(tensor, axis):
-    """(static size or None, size as a scalar tensor) of one axis of `tensor`."""
-    return _flash_ops._dim(tensor, axis)
+    """The Size (static int or None, tensor() on demand) of one axis of `tensor`."""
+    return _flash_ops.axis_size(tensor, axis)
 
 
 def check_bool_or_none(value, name):

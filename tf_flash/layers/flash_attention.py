@@ -94,10 +94,10 @@ class FlashAttention(keras.layers.Layer):
             attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
         if q_lengths is not None:
             q_lengths = _common.check_lengths(q_lengths, "q_lengths", batch, seqlen_q)
-            query_mask = _common.and_masks(query_mask, tf.sequence_mask(q_lengths, seqlen_q[1]))
+            query_mask = _common.and_masks(query_mask, tf.sequence_mask(q_lengths, seqlen_q.tensor()))
         if kv_lengths is not None:
             kv_lengths = _common.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k)
-            kv_mask = _common.and_masks(kv_mask, tf.sequence_mask(kv_lengths, seqlen_k[1]))
+            kv_mask = _common.and_masks(kv_mask, tf.sequence_mask(kv_lengths, seqlen_k.tensor()))
         use_causal_mask = _common.check_bool_or_none(use_causal_mask, "use_causal_mask")
         causal = self.causal if use_causal_mask is None else use_causal_mask
         dropout_rate, seed = 0.0, None

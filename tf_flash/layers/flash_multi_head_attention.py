@@ -266,7 +266,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         # Masks are checked against the inputs here, under their own names (the op would report what they
         # become: lengths, attention_mask).
         batch, seqlen_q, seqlen_k = _common.dim(query, 0), _common.dim(query, 1), _common.dim(key, 1)
-        heads = (self._num_heads, tf.constant(self._num_heads))
+        heads = _common.Size(self._num_heads, None)
         query_mask = _common.check_padding_mask(query_mask, "query_mask", batch, seqlen_q)
         value_mask = _common.check_padding_mask(value_mask, "value_mask", batch, seqlen_k)
         key_mask = _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k)
