@@ -256,3 +256,11 @@ def test_layer_constructors_name_the_argument(kwargs):
     name, value = next(iter(kwargs.items()))
     with pytest.raises(ValueError, match=rf"`{name}`.*Received: {name}={re.escape(repr(value))}"):
         FlashAttention(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(sliding_window=2**63), dict(window=(2**31, 0)), dict(block_size=(1, 0)),
+                                    dict(use_gate="no")], ids=lambda k: next(iter(k)))
+def test_multi_head_constructor_names_the_argument(kwargs):
+    name, value = next(iter(kwargs.items()))
+    with pytest.raises(ValueError, match=rf"`{name}`.*Received: {name}={re.escape(repr(value))}"):
+        FlashMultiHeadAttention(num_heads=2, key_dim=4, **kwargs)

@@ -121,8 +121,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
                     "is not supported; flatten them into one sequence axis first). "
                     f"Received: attention_axes={attention_axes!r}")
             attention_axes = (1,)
-        if sliding_window is not None and not (_common.is_int(sliding_window) and sliding_window > 0):
-            raise ValueError("`sliding_window` must be None or a positive int. "
+        if sliding_window is not None and not (_common.is_int(sliding_window) and 0 < sliding_window <= 2**31):
+            raise ValueError("`sliding_window` must be None or an int in [1, 2**31]. "
                              f"Received: sliding_window={sliding_window!r}")
         window = _common.check_window(window)
         if sliding_window is not None and window is not None:
