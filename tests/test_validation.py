@@ -264,3 +264,35 @@ def test_multi_head_constructor_names_the_argument(kwargs):
     name, value = next(iter(kwargs.items()))
     with pytest.raises(ValueError, match=rf"`{name}`.*Received: {name}={re.escape(repr(value))}"):
         FlashMultiHeadAttention(num_heads=2, key_dim=4, **kwargs)
+
+
+# ---- the raw ops (what a SavedModel calls without the Python checks) ----
+# Gaps in the kernels' own validation (cc/kernels/flash_attention_kernels.cc), kept visible until fixed
+# there: strict xfails turn into failures once the kernel check lands (then drop the marker).
+
+def _raw_forward_inputs(**overrides):
+    q = tf.zeros([B, S, H, D])
+    inputs = dict(query=q, key=q, value=q, q_lengths=np.zeros([0], np.int32), kv_lengths=np.zeros([0], np.int32),
+                  attention_mask=np.zeros([0, 0, 0, 0], bool), block_mask=np.zeros([0, 0, 0, 0], bool),
+                  seed=np.array([1, 2], np.int64), scale=0.25)
+    inputs.update(overrides)
+    return inputs
+
+
+@pytest.mark.xfail(strict=True, reason="kernel: SetBroadcastMask takes any mask with dim 0 == 0 and no elements for "
+                                       "'absent'; only [0, 0, 0, 0] should be")
+def test_raw_op_refuses_a_zero_batch_mask_when_the_batch_is_not_empty():
+    from tf_flash._ops import ops as raw_ops  # pylint: disable=import-outside-toplevel
+    with pytest.raises(tf.errors.InvalidArgumentError, match="attention_mask"):
+        raw_ops.tf_flash_flash_attention(**_raw_forward_inputs(attention_mask=np.zeros([0, H, S, S], bool)))
+
+
+@pytest.mark.xfail(strict=True, reason="kernel: FillParams names the gradient op's rng_state input 'seed'")
+def test_raw_gradient_op_names_rng_state():
+    from tf_flash._ops import ops as raw_ops  # pylint: disable=import-outside-toplevel
+    inputs = _raw_forward_inputs()
+    out, lse, _ = raw_ops.tf_flash_flash_attention(**inputs)
+    del inputs["seed"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"rng_state"):
+        raw_ops.tf_flash_flash_attention_grad(d_output=out, output=out, lse=lse, d_lse=lse,
+                                              rng_state=np.array([1, 2, 3], np.int64), **inputs)
