@@ -3,6 +3,8 @@
 Everything comes from the interpreter's `tf.sysconfig`; nothing (ABI, -std, Eigen alignment) is
 hard-coded here. The generated repository holds:
   //:tensorflow      headers + libtensorflow_framework.so.N + TF's -D defines (propagated)
+  //:tensorflow_cc   libtensorflow_cc.so.N, which exports tf2xla (XlaOpKernel, XlaOpRegistry): what an
+                     op library with XLA kernels links (it is loaded already in every TF Python process)
   //:cuda_headers    the CUDA headers the TF wheel ships (third_party/gpus/cuda/include), for OpKernels
                      compiled with GOOGLE_CUDA (empty when the wheel has none)
   //:defs.bzl        TF_VERSION, TF_COPTS (non -D/-I compile flags, e.g. --std=c++17), TF_DEFINES,
@@ -50,6 +52,14 @@ cc_library(
     name = "tensorflow",
     linkopts = {linkopts},
     deps = [":tf_headers", ":tf_framework"],
+)
+
+cc_library(
+    name = "tensorflow_cc",
+    srcs = ["lib/{cc_lib_name}"],
+    # XLA/TSL headers reached from the tf2xla ones include highwayhash and farmhash by their own roots.
+    includes = ["include/external/highwayhash", "include/external/farmhash_archive/src"],
+    deps = [":tensorflow"],
 )
 
 cc_library(
@@ -118,8 +128,15 @@ def _tf_configure_impl(repository_ctx):
     if not lib_path:
         fail("tf_configure: %s not found in %s" % (lib_file, lib_dirs))
 
+    # libtensorflow_cc sits beside libtensorflow_framework, with the same version suffix.
+    cc_lib_file = lib_file.replace("tensorflow_framework", "tensorflow_cc")
+    cc_lib_path = lib_path[:-len(lib_file)] + cc_lib_file
+    if not repository_ctx.path(cc_lib_path).exists:
+        fail("tf_configure: %s not found beside %s" % (cc_lib_file, lib_path))
+
     repository_ctx.symlink(include_dir, "include")
     repository_ctx.symlink(lib_path, "lib/" + lib_file)
+    repository_ctx.symlink(cc_lib_path, "lib/" + cc_lib_file)
     has_cuda_headers = repository_ctx.path(
         include_dir + "/third_party/gpus/cuda/include/cuda_runtime.h",
     ).exists
@@ -129,6 +146,7 @@ def _tf_configure_impl(repository_ctx):
         include = include_dir,
         defines = repr(defines),
         lib_name = lib_file,
+        cc_lib_name = cc_lib_file,
         linkopts = repr(linkopts),
         cuda_includes = repr(["include/third_party/gpus/cuda/include"] if has_cuda_headers else []),
     ))

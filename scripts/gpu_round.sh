@@ -5,7 +5,8 @@
 #   bash scripts/gpu_round.sh host            here: host objects of the op library compiled with the
 #                                             GPU kernels registered, plus CUTLASS headers, in .gpu_build/
 #   bash scripts/gpu_round.sh device [steps]  there: nvcc the .cu files (same flags as cc/BUILD, sm_90a),
-#                                             link the library, then run steps: test, layers, multi, sanitize, bench
+#                                             link the library, then run steps: test, xla, layers, multi, sanitize,
+#                                             bench
 #
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
 # the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a.
@@ -15,8 +16,11 @@ mode="${1:?host or device}"; shift || true
 build=.gpu_build
 
 if [[ $mode == host ]]; then
-  grep -qx '/.gpu_build/' .git/info/exclude || echo '/.gpu_build/' >> .git/info/exclude
+  exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.gpu_build/' "$exclude" 2>/dev/null || echo '/.gpu_build/' >> "$exclude"
   rm -rf "$build" && mkdir -p "$build/obj"
+  pids=()
   python3 - > "$build/flags" <<'PY'
 import tensorflow as tf
 print(" ".join(tf.sysconfig.get_compile_flags()))
@@ -24,12 +28,18 @@ PY
   tf_include=$(python3 -c "import tensorflow as tf; print(tf.sysconfig.get_include())" 2>/dev/null)
   cutlass=$(python3 -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
   info="cuda=1;cuda_archs=90a;tf=$(python3 -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)"
-  for src in cc/ops/flash_attention_ops.cc cc/kernels/flash_attention_kernels.cc cc/kernels/cpu/*.cc; do
+  # Every host source of the library (as cc/BUILD's globs), the XLA lowering and its CUDA FFI handler included.
+  # XLA's headers include highwayhash and farmhash by their own roots (as @local_tf//:tensorflow_cc).
+  for src in cc/ops/*.cc cc/kernels/*.cc cc/kernels/cpu/*.cc; do
     g++ -c -fPIC -O3 -mavx2 -mfma -mf16c -Wno-deprecated-declarations $(cat "$build/flags") -I. \
+      -I"$tf_include/external/highwayhash" -I"$tf_include/external/farmhash_archive/src" \
       -I"$tf_include/third_party/gpus/cuda/include" -DTF_FLASH_WITH_CUDA=1 -DGOOGLE_CUDA=1 \
       "-DTF_FLASH_BUILD_INFO=\"$info\"" "$src" -o "$build/obj/$(basename "$src" .cc).o" &
+    pids+=($!)
   done
-  wait
+  failed=0
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  (( failed == 0 )) || { echo "gpu_round: a host object failed to compile" >&2; exit 1; }
   tar -czf "$build/cutlass_include.tgz" -C "$cutlass/.." include
   du -sh "$build"
   exit 0
@@ -51,7 +61,7 @@ ls cc/kernels/cuda/*.cu | xargs -P 16 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-rel
   -lineinfo -Xcompiler=-fPIC -gencode=arch=compute_90a,code=sm_90a '"$defines"' -DNDEBUG -I. -I/tmp/cutlass/include \
   -c {} -o build/gpu/cuda_obj/$(basename {} .cu).o' > "$out/nvcc.log" 2>&1 || { tail -40 "$out/nvcc.log"; exit 1; }
 g++ -shared -o build/gpu/_flash_attention_ops.so "$build"/obj/*.o build/gpu/cuda_obj/*.o \
-  -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2
+  -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2 -l:libtensorflow_cc.so.2
 echo "$stamp" > build/gpu/stamp
 echo "gpu_round: library built in $(( $(date +%s) - start ))s"
 fi
@@ -63,6 +73,8 @@ for step in "${@:-test}"; do
   case $step in
     test) timeout 420 python3 -m pytest -q tests/test_flash_attention.py tests/test_dropout.py tests/test_sparsity.py \
             -m gpu -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu_ops.log" | tail -25 ;;
+    xla) timeout 540 python3 -m pytest -q tests/test_xla.py -p no:cacheprovider 2>&1 \
+            | tee "$out/pytest_gpu_xla.log" | tail -25 ;;
     layers) timeout 300 python3 -m pytest -q tests/test_layers.py tests/test_saving.py -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_layers.log" | tail -15 ;;
     multi) nvidia-smi -L; timeout 300 python3 -m pytest -q tests/test_saving.py -k mirrored -rs -p no:cacheprovider 2>&1 \
@@ -71,5 +83,7 @@ for step in "${@:-test}"; do
             -k "outputs_fully_written or empty or nothing_visible" -p no:cacheprovider 2>&1 \
             | tee "$out/sanitize.log" | tail -8 ;;
     bench) timeout "${BENCH_TIMEOUT:-560}" python3 benchmarks/bench_gpu.py ${BENCH_ARGS:-} 2>&1 | tee "$out/bench_gpu.log" | tail -40 ;;
+    bench_model) timeout "${BENCH_TIMEOUT:-560}" python3 benchmarks/bench_model.py --out-dir "$out" ${BENCH_MODEL_ARGS:-} 2>&1 \
+            | tee "$out/bench_model.log" | tail -60 ;;
   esac
 done

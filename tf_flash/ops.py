@@ -95,6 +95,17 @@ def normalize_block_size(block_size):
                      f"Received: block_size={_describe(block_size)}")
 
 
+def normalize_softcap(softcap):
+    """None or 0 (off), or a positive finite number -> the float the op takes (0.0 = off)."""
+    if softcap is None:
+        return 0.0
+    if (_is_bool(softcap) or not isinstance(softcap, numbers.Real) or not math.isfinite(np.float32(softcap))
+            or softcap < 0):
+        raise ValueError("`softcap` must be None (off) or a positive finite number. "
+                         f"Received: softcap={_describe(softcap)}")
+    return float(softcap)
+
+
 def _check_qkv(query, key, value):
     """Static checks of the shapes the kernels need (the kernels check again at run time: this gives the
     same message under tf.function, where TF's shape inference would otherwise answer first)."""
@@ -286,7 +297,7 @@ def _seed(seed, dropout_rate):
 
 def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
-                    scale=None, return_lse=False):
+                    scale=None, softcap=None, return_lse=False):
     """Exact attention computed in tiles; the [Sq, Sk] score matrix never exists in memory.
 
     Args:
@@ -305,6 +316,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
       seed: int or int64 [2]; same seed and inputs give the same output. None draws one from TF's
         global random state (reproducible under `tf.random.set_seed`).
       scale: score scale, default 1/sqrt(D).
+      softcap: logit soft-capping (Gemma 2): the scaled scores s become softcap * tanh(s / softcap)
+        before the softmax. None (or 0) = off; else a positive finite number.
       return_lse: also return the log-sum-exp [B, H, Sq] float32 (-inf on rows that see nothing).
 
     Returns:
@@ -335,6 +348,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         scale = 1.0 / math.sqrt(head_dim)
     if _is_bool(scale) or not isinstance(scale, numbers.Real) or not math.isfinite(np.float32(scale)):
         raise ValueError(f"`scale` must be a finite Python float (float32 range). Received: scale={_describe(scale)}")
+    softcap = normalize_softcap(softcap)
 
     batch, heads = axis_size(query, 0), axis_size(query, 2)
     seqlen_q, seqlen_k = axis_size(query, 1), axis_size(key, 1)
@@ -349,7 +363,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
                                "[batch, heads, query blocks, key blocks]"),
         seed=_seed(seed, dropout_rate),
         causal=causal, window_left=window_left, window_right=window_right,
-        block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale))
+        block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),
+        softcap=softcap)
     return (output, lse) if return_lse else output
 
 
@@ -362,7 +377,8 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
     if d_lse is None:
         d_lse = tf.zeros_like(lse)
     attrs = {name: op.get_attr(name) for name in (
-        "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale")}
+        "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale",
+        "softcap")}
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,

@@ -146,19 +146,19 @@ def padding_lengths(mask):
     return tf.where(is_prefix, lengths, size), is_prefix
 
 
-def check_not_in_xla():
-    """The op has no XLA lowering: say so in plain words instead of TF's tf2xla conversion error."""
+def check_softcap(softcap):
+    """None (off) or a positive finite number (the check of tf_flash.flash_attention)."""
+    value = _flash_ops.normalize_softcap(softcap)
+    return None if value == 0.0 else value
+
+
+def _in_xla_context():
+    """Whether the call is being traced for XLA (tf.function(jit_compile=True), Keras jit_compile)."""
     try:
         from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
-        in_xla = control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except Exception:  # pylint: disable=broad-except  (private TF API: never fail because of it)
-        return
-    if in_xla:
-        raise ValueError(
-            "tf_flash layers run the TfFlash>FlashAttention op, which has no XLA lowering. Received: a "
-            "call inside an XLA-compiled function (jit_compile=True). Run it without jit_compile; "
-            "Keras' model.compile() default jit_compile='auto' already leaves XLA off for models "
-            "with tf_flash layers.")
+        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except Exception:  # pylint: disable=broad-except  (private TF API: fall back to the static form)
+        return True
 
 
 def _empty_mask():
@@ -167,7 +167,7 @@ def _empty_mask():
 
 def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=None, causal=False,
            window=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None, scale=None,
-           empty_rows="zeros"):
+           softcap=None, empty_rows="zeros"):
     """flash_attention on [B, S, H, D] heads with Keras padding masks.
 
     query_mask [B, Sq] / kv_mask [B, Sk]: prefix masks become q_lengths / kv_lengths (the kernel
@@ -178,7 +178,6 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
     "zeros" (the op's convention) or "mean" (the mean of the values over all keys: what Keras'
     MultiHeadAttention returns there on its default path, a uniform softmax over masked logits).
     """
-    check_not_in_xla()
     q_lengths = kv_lengths = None
     if query_mask is not None:
         q_lengths, _ = padding_lengths(query_mask)
@@ -187,13 +186,17 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
         kv_mask4 = kv_mask[:, None, None, :]
         if attention_mask is not None:
             attention_mask = tf.logical_and(attention_mask, kv_mask4)
+        elif _in_xla_context():
+            # XLA needs static shapes (a cond between an absent and a present mask has none): the mask
+            # goes in always, all True when it is a prefix (then the lengths alone do the work).
+            attention_mask = tf.logical_or(kv_mask4, kv_prefix)
         else:
             # Only a non-prefix padding mask pays for the general path.
             attention_mask = tf.cond(kv_prefix, _empty_mask, lambda: kv_mask4)
     output, lse = _flash_ops.flash_attention(
         query, key, value, causal=causal, window=window, q_lengths=q_lengths, kv_lengths=kv_lengths,
         attention_mask=attention_mask, block_mask=block_mask, block_size=block_size,
-        dropout_rate=dropout_rate, seed=seed, scale=scale, return_lse=True)
+        dropout_rate=dropout_rate, seed=seed, scale=scale, softcap=softcap, return_lse=True)
     # Without masks, a window or a block pattern every row sees key 0 (causal included): no fill.
     may_have_empty_rows = any(arg is not None for arg in (query_mask, kv_mask, attention_mask, window,
                                                           block_mask))
@@ -244,14 +247,17 @@ def dense_visibility(batch, heads, seqlen_q, seqlen_k, *, query_mask=None, kv_ma
     return visible
 
 
-def attention_probabilities(query, key, visible, scale):
-    """Explicit softmax(scale * q k^T) [B, H, Sq, Sk] in float32, masked like Keras' Softmax layer
+def attention_probabilities(query, key, visible, scale, softcap=None):
+    """Explicit softmax(scale * q k^T) [B, H, Sq, Sk] in float32 (soft-capped like the kernel when
+    softcap is given), masked like Keras' Softmax layer
     (masked logits filled with a large negative number, masked probabilities then set to 0, so a
     row with nothing visible is all zeros). O(Sq * Sk) memory: only for return_attention_scores."""
     groups = query.shape[2] // key.shape[2]
     if groups > 1:
         key = tf.repeat(key, groups, axis=2)
     logits = tf.einsum("bqhd,bkhd->bhqk", tf.cast(query, tf.float32), tf.cast(key, tf.float32)) * scale
+    if softcap:
+        logits = softcap * tf.tanh(logits / softcap)
     logits = tf.where(visible, logits, _LARGE_NEGATIVE)
     probs = tf.nn.softmax(logits, axis=-1)
     return tf.where(visible, probs, 0.0)

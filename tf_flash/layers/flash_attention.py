@@ -26,6 +26,8 @@ class FlashAttention(keras.layers.Layer):
             given to `call` replaces it for that call.
         block_size: int or (bq, bk): the blocks `block_mask` describes.
         seed: int seed of the dropout `SeedGenerator`.
+        softcap: logit soft-capping: scaled scores s -> softcap * tanh(s / softcap) before the
+            softmax (Gemma 2); None = off.
 
     Call arguments:
         query: [B, Sq, H, D]. value: [B, Sk, Hkv, Dv]. key: [B, Sk, Hkv, D], default `value`.
@@ -44,12 +46,13 @@ class FlashAttention(keras.layers.Layer):
         [B, Sq, H, Dv] in the layer's compute dtype; its Keras mask is the query mask. A query row
         that sees no key returns 0.
 
-    The op has no XLA lowering: the layer sets `supports_jit = False`, so `model.compile()` with
-    the default `jit_compile="auto"` resolves to no XLA.
+    XLA: the layer sets `supports_jit = True`; under `jit_compile` (Keras' default "auto" on a GPU,
+    or True) the op lowers to custom calls to the same kernels, so XLA fuses the rest of the model
+    around flash attention and never builds the [Sq, Sk] scores.
     """
 
     def __init__(self, causal=False, window=None, dropout=0.0, scale=None, block_mask=None,
-                 block_size=128, seed=None, **kwargs):
+                 block_size=128, seed=None, softcap=None, **kwargs):
         if not isinstance(causal, bool):
             raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
         window = _common.check_window(window)
@@ -60,10 +63,12 @@ class FlashAttention(keras.layers.Layer):
         block_mask = _common.check_block_mask(block_mask)
         block_size = _common.check_block_size(block_size)
         seed = _common.check_seed(seed)
+        softcap = _common.check_softcap(softcap)
         super().__init__(**kwargs)
         self.supports_masking = True
-        self.supports_jit = False
+        self.supports_jit = True  # the op has an XLA lowering (typed-FFI custom calls)
         self.causal = causal
+        self.softcap = softcap
         self.window = window
         self.dropout = dropout
         self.scale = None if scale is None else float(scale)
@@ -109,7 +114,8 @@ class FlashAttention(keras.layers.Layer):
         return _common.attend(
             query, key, value, query_mask=query_mask, kv_mask=kv_mask, attention_mask=attention_mask,
             causal=causal, window=self.window, block_mask=block_mask, block_size=self.block_size,
-            dropout_rate=dropout_rate, seed=seed, scale=self.scale, empty_rows="zeros")
+            dropout_rate=dropout_rate, seed=seed, scale=self.scale, softcap=self.softcap,
+            empty_rows="zeros")
 
     def compute_mask(self, query, previous_mask=None):
         return previous_mask
@@ -134,6 +140,7 @@ class FlashAttention(keras.layers.Layer):
             "block_mask": _common.block_mask_to_config(self.block_mask),
             "block_size": self.block_size,
             "seed": self.seed,
+            "softcap": self.softcap,
         }
         return {**super().get_config(), **config}
 

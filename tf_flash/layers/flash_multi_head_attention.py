@@ -56,6 +56,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             [B, H, nqb, nkb] (see `tf_flash.sparsity`); False blocks are skipped. A `block_mask`
             given to `call` replaces it for that call.
         block_size: int or (bq, bk): the blocks `block_mask` describes.
+        softcap: logit soft-capping: scaled scores s -> softcap * tanh(s / softcap) before the
+            softmax (Gemma 2); None = off. Returned attention scores are capped the same way.
 
     Call arguments: those of Keras' MultiHeadAttention (query, value, key, query_mask, value_mask,
         key_mask, attention_mask, return_attention_scores, training, use_causal_mask) plus
@@ -79,9 +81,10 @@ class FlashMultiHeadAttention(keras.layers.Layer):
           explicit path). Keras propagates the query mask so these rows are normally ignored.
         - Inputs must be [batch, seq, features] (Keras also accepts higher ranks with several
           attention axes).
-        - The op has no XLA lowering: the layer sets `supports_jit = False`, so `compile()` with
-          the default `jit_compile="auto"` runs without XLA (`jit_compile=True` is refused by Keras
-          with a warning and falls back to no XLA).
+        - XLA: the layer sets `supports_jit = True`, so `compile()` with the default
+          `jit_compile="auto"` compiles the model with XLA on a GPU, and `jit_compile=True` works on
+          every device; the attention lowers to custom calls to tf_flash's kernels (never to dense
+          attention), and XLA fuses the projections, norms and optimizer around it.
     """
 
     def __init__(self, num_heads, key_dim, value_dim=None, dropout=0.0, use_bias=True,
@@ -89,7 +92,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
                  kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
                  kernel_constraint=None, bias_constraint=None, use_gate=False, seed=None,
-                 num_key_value_heads=None, window=None, block_mask=None, block_size=128, **kwargs):
+                 num_key_value_heads=None, window=None, block_mask=None, block_size=128, softcap=None,
+                 **kwargs):
         for name, value, optional in (("num_heads", num_heads, False), ("key_dim", key_dim, False),
                                       ("value_dim", value_dim, True),
                                       ("num_key_value_heads", num_key_value_heads, True)):
@@ -137,9 +141,10 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         seed = _common.check_seed(seed)
         block_mask = _common.check_block_mask(block_mask)
         block_size = _common.check_block_size(block_size)
+        softcap = _common.check_softcap(softcap)
         super().__init__(**kwargs)
         self.supports_masking = True
-        self.supports_jit = False
+        self.supports_jit = True  # the op has an XLA lowering (typed-FFI custom calls)
         self._num_heads = num_heads
         self._key_dim = key_dim
         self._value_dim = value_dim if value_dim else key_dim
@@ -153,6 +158,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         self._window = window
         self._block_mask = block_mask
         self._block_size = block_size
+        self._softcap = softcap
         self._kernel_initializer = initializers.get(kernel_initializer)
         self._bias_initializer = initializers.get(bias_initializer)
         self._kernel_regularizer = regularizers.get(kernel_regularizer)
@@ -170,6 +176,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
     value_dim = property(lambda self: self._value_dim)
     num_key_value_heads = property(lambda self: self._num_key_value_heads)
     dropout = property(lambda self: self._dropout)
+    softcap = property(lambda self: self._softcap)
     use_bias = property(lambda self: self._use_bias)
     attention_axes = property(lambda self: self._attention_axes)
     query_dense = property(lambda self: self._query_dense)
@@ -319,13 +326,15 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         # when there is no dropout and no scores are asked for, else its explicit path (zeros).
         empty_rows = "mean" if self._dropout == 0 and not return_attention_scores else "zeros"
         output = _common.attend(query, key, value, dropout_rate=dropout_rate, seed=seed,
-                                scale=self._inverse_sqrt_key_dim, empty_rows=empty_rows, **masks)
+                                scale=self._inverse_sqrt_key_dim, softcap=self._softcap, empty_rows=empty_rows,
+                                **masks)
         scores = None
         if return_attention_scores:
             shape = tf.shape(query)
             visible = _common.dense_visibility(shape[0], self._num_heads, shape[1], tf.shape(key)[1],
                                                **masks)
-            scores = _common.attention_probabilities(query, key, visible, self._inverse_sqrt_key_dim)
+            scores = _common.attention_probabilities(query, key, visible, self._inverse_sqrt_key_dim,
+                                                     self._softcap)
             scores = tf.cast(scores, self.compute_dtype)
         return output, scores
 
@@ -374,6 +383,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             "window": self._window,
             "block_mask": _common.block_mask_to_config(self._block_mask),
             "block_size": self._block_size,
+            "softcap": self._softcap,
         }
         return {**super().get_config(), **config}
 

@@ -64,6 +64,24 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
   for (int64_t r = 0; r < rows; ++r) std::fill(first_row + r * row_stride, first_row + r * row_stride + dim, T(0.f));
 }
 
+// Logit soft-capping, s -> softcap * tanh(s / softcap), in place; the forward and the backward call this
+// one function on identical tiles, so the backward's probabilities are the forward's bit for bit. With
+// d_tanh, also returns d(capped)/d(s) = 1 - tanh^2 for the backward.
+void SoftcapScores(float softcap, Matrix* scores, Matrix* d_tanh) {
+  if (!(softcap > 0.f)) return;
+  scores->array() = (scores->array() * (1.f / softcap)).tanh();
+  if (d_tanh) *d_tanh = 1.f - scores->array().square();
+  scores->array() *= softcap;
+}
+
+// Zeroes the rows of a K or V tile that no query row of the current tile sees (col_seen from
+// MaskScores), so that 0 x NaN from padding never reaches a product.
+void ZeroUnseenRows(const std::vector<uint8_t>& col_seen, Matrix* tile) {
+  for (size_t c = 0; c < col_seen.size(); ++c) {
+    if (!col_seen[c]) tile->row(c).setZero();
+  }
+}
+
 enum class TileCover { kSkip, kPartial, kFull };
 
 // How the block mask covers the tile [row0, row0+rows) x [col0, col0+cols) of (b, h).
@@ -97,13 +115,18 @@ struct HeadContext {
 
   bool has_dropout() const { return p.dropout_rate > 0.f; }
 
-  // Sets the invisible entries of the score tile to -inf; returns false when nothing in it is visible.
-  bool MaskScores(int64_t row0, int64_t col0, TileCover block_cover, Matrix* scores) const {
+  // Sets the invisible entries of the score tile to -inf (by replacement: a NaN score of an invisible key
+  // never survives); returns false when nothing in it is visible. When some key column is invisible to
+  // every row of the tile, *col_seen[c] says which columns some row sees (empty when all are seen).
+  bool MaskScores(int64_t row0, int64_t col0, TileCover block_cover, Matrix* scores,
+                  std::vector<uint8_t>* col_seen) const {
     const int64_t rows = scores->rows(), cols = scores->cols();
+    col_seen->clear();
     const KeyRange first = key_range(p, row0, q_len, kv_len);
     const KeyRange last = key_range(p, row0 + rows - 1, q_len, kv_len);
     const bool structurally_full = last.begin <= col0 && first.end >= col0 + cols;
     if (structurally_full && block_cover == TileCover::kFull && !p.attn_mask.data) return true;
+    col_seen->assign(cols, 0);
     bool any_visible = false;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t row = row0 + r;
@@ -117,9 +140,11 @@ struct HeadContext {
         }
         if (visible && p.attn_mask.data) visible = mask_at(p.attn_mask, b, h, row, col);
         if (!visible) s[c] = kNegInf;
+        (*col_seen)[c] |= visible;
         any_visible |= visible;
       }
     }
+    if (std::all_of(col_seen->begin(), col_seen->end(), [](uint8_t seen) { return seen != 0; })) col_seen->clear();
     return any_visible;
   }
 
@@ -142,7 +167,7 @@ struct HeadContext {
 // ------------------------------------------------------------------------------------------------
 template <typename T>
 void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matrix& q, Matrix& k, Matrix& v,
-                 Matrix& s, Matrix& keep, Matrix& acc) {
+                 Matrix& s, Matrix& keep, Matrix& acc, std::vector<uint8_t>& col_seen) {
   const int64_t num_q_tiles = CeilDiv(p.seqlen_q, tiles.q);
   const int b = static_cast<int>(unit / (int64_t{p.num_heads} * num_q_tiles));
   const int h = static_cast<int>((unit / num_q_tiles) % p.num_heads);
@@ -162,20 +187,25 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
   const T* q_ptr = static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride;
   const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + hkv * p.k_head_stride;
   const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + hkv * p.v_head_stride;
-  LoadRows(q_ptr, p.q_row_stride, valid_rows, p.head_dim, p.scale, &q);  // scale folded into Q
+  // Scale folded into Q; the backward loads Q the same way and multiplies the same tiles, so that it
+  // recomputes every score bit for bit (ScoreTile).
+  LoadRows(q_ptr, p.q_row_stride, valid_rows, p.head_dim, p.scale, &q);
 
   acc.setZero(valid_rows, p.head_dim_v);
   Vector row_max = Vector::Constant(valid_rows, kNegInf);
   Vector row_sum = Vector::Zero(valid_rows);
   const KeyRange range = key_range_of_rows(p, row0, row0 + valid_rows, ctx.q_len, ctx.kv_len);
   for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
-    const int64_t cols = std::min<int64_t>(tiles.k, range.end - col0);
-    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, cols);
+    // The tile spans the valid keys, not only range.end: the backward multiplies the same shapes.
+    const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
+    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
     if (cover == TileCover::kSkip) continue;  // never loaded
     LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
     s.noalias() = q * k.transpose();
-    if (!ctx.MaskScores(row0, col0, cover, &s)) continue;
+    SoftcapScores(p.softcap, &s, nullptr);
+    if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
+    ZeroUnseenRows(col_seen, &v);
 
     // Online softmax: rescale what was accumulated by exp(old max - new max).
     const Vector tile_max = s.rowwise().maxCoeff();
@@ -215,7 +245,8 @@ void Forward(const FlashFwdParams& p, const ParallelFor& parallel_for) {
   const int64_t cost = int64_t{tiles.q} * std::max(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * 2;
   parallel_for(num_units, cost, [&](int64_t begin, int64_t end) {
     Matrix q, k, v, s, keep, acc;
-    for (int64_t unit = begin; unit < end; ++unit) ForwardUnit<T>(p, tiles, unit, q, k, v, s, keep, acc);
+    std::vector<uint8_t> col_seen;
+    for (int64_t unit = begin; unit < end; ++unit) ForwardUnit<T>(p, tiles, unit, q, k, v, s, keep, acc, col_seen);
   });
 }
 
@@ -243,9 +274,9 @@ BwdScratch SplitScratch(const FlashBwdParams& p, int slices) {
 
 template <typename T>
 void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const BwdScratch& scratch,
-                  int64_t unit, std::vector<Matrix>& m) {
+                  int64_t unit, std::vector<Matrix>& m, std::vector<uint8_t>& col_seen) {
   Matrix &q = m[0], &k = m[1], &v = m[2], &d_out = m[3], &s = m[4], &d_p = m[5], &keep = m[6], &d_k = m[7],
-         &d_v = m[8], &d_q = m[9];
+         &d_v = m[8], &d_q = m[9], &d_tanh = m[10], &k_seen = m[11];
   const int slice = static_cast<int>(unit % slices);
   const int hkv = static_cast<int>((unit / slices) % p.num_heads_kv);
   const int b = static_cast<int>(unit / (int64_t{slices} * p.num_heads_kv));
@@ -269,6 +300,8 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
              p.k_row_stride, valid_cols, p.head_dim, 1.f, &k);
     LoadRows(static_cast<const T*>(p.v) + b * p.v_batch_stride + col0 * p.v_row_stride + hkv * p.v_head_stride,
              p.v_row_stride, valid_cols, p.head_dim_v, 1.f, &v);
+    // A non-finite key that some query tile cannot see must not reach that tile's dQ = dS K as 0 x NaN.
+    const bool k_finite = k.allFinite();
     d_k.setZero(valid_cols, p.head_dim);
     d_v.setZero(valid_cols, p.head_dim_v);
 
@@ -280,12 +313,15 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         const int64_t rows = std::min<int64_t>(tiles.q, q_len - row0);
         const KeyRange range = key_range_of_rows(p, row0, row0 + rows, q_len, kv_len);
         if (range.end <= col0 || range.begin >= col0 + valid_cols) continue;
-        const TileCover cover = BlockCover(p, b, h, row0, rows, col0, valid_cols);
+        const TileCover cover =
+            BlockCover(p, b, h, row0, rows, col0, std::min<int64_t>(valid_cols, range.end - col0));
         if (cover == TileCover::kSkip) continue;
+        // The forward's score tile, recomputed with the same operations on the same shapes (ForwardUnit).
         LoadRows(static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride,
-                 p.q_row_stride, rows, p.head_dim, 1.f, &q);
-        s.noalias() = p.scale * (q * k.transpose());
-        if (!ctx.MaskScores(row0, col0, cover, &s)) continue;
+                 p.q_row_stride, rows, p.head_dim, p.scale, &q);
+        s.noalias() = q * k.transpose();
+        SoftcapScores(p.softcap, &s, &d_tanh);
+        if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
         // P = exp(S - lse): the forward's probabilities, rebuilt; rows with lse = -inf see nothing.
         for (int64_t r = 0; r < rows; ++r) {
           const float row_lse = lse[row0 + r];
@@ -306,11 +342,20 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         } else {
           d_v.noalias() += s.transpose() * d_out;
         }
-        // dS = P * (dP - D), overwriting dP.
+        // dS = P * (dP - D), overwriting dP; exactly 0 where P is (an invisible value row may have made
+        // dP NaN there). Through the soft-cap: dS *= 1 - tanh^2.
         for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
-        d_p.array() *= s.array();
-        d_k.noalias() += p.scale * (d_p.transpose() * q);
-        d_q.noalias() = p.scale * (d_p * k);
+        d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
+        if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
+        // Q was loaded scaled, so dK = dS^T (scale Q) needs no further scale.
+        d_k.noalias() += d_p.transpose() * q;
+        const Matrix* k_used = &k;
+        if (!k_finite && !col_seen.empty()) {
+          k_seen = k;
+          ZeroUnseenRows(col_seen, &k_seen);
+          k_used = &k_seen;
+        }
+        d_q.noalias() = p.scale * (d_p * *k_used);
         float* d_q_rows = d_q_batch + row0 * dq_row_stride + int64_t{h} * p.head_dim;
         for (int64_t r = 0; r < rows; ++r) {
           Eigen::Map<Eigen::VectorXf>(d_q_rows + r * dq_row_stride, p.head_dim) += d_q.row(r).transpose();
@@ -360,8 +405,11 @@ void Backward(const FlashBwdParams& p, int num_threads, const ParallelFor& paral
     const int64_t cost = int64_t{p.seqlen_q} * p.seqlen_k / slices * (p.num_heads / p.num_heads_kv) *
                          (2 * p.head_dim + 2 * p.head_dim_v) * 2;
     parallel_for(num_units, std::max<int64_t>(cost, 1), [&](int64_t begin, int64_t end) {
-      std::vector<Matrix> matrices(10);
-      for (int64_t unit = begin; unit < end; ++unit) BackwardUnit<T>(p, tiles, slices, scratch, unit, matrices);
+      std::vector<Matrix> matrices(12);
+      std::vector<uint8_t> col_seen;
+      for (int64_t unit = begin; unit < end; ++unit) {
+        BackwardUnit<T>(p, tiles, slices, scratch, unit, matrices, col_seen);
+      }
     });
   }
 

@@ -38,8 +38,6 @@ namespace bwd {
 
 using namespace cute;
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // Tile shapes and layouts of the dK/dV kernel, derived from (head dim, tiles, warps, dtype).
 //   kAtomMSdP: warps along M for S = Q K^T and dP = dO V^T ([kBlockM, kBlockN]).
 //   kAtomNdKV: warps along N for dK, dV ([kBlockN, kHeadDim]).
@@ -249,7 +247,8 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const FlashBwdParam
     float lse2 = INFINITY, dval = 0.f;
     if (row < q_len) {
       const float lse = p.lse[bh * p.seqlen_q + row];
-      lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      // One rounding from the forward's (max * scale_log2 + log2(sum)) * ln(2) back to base 2 (fwd_kernel.h).
+      lse2 = lse == -INFINITY ? INFINITY : float(double(lse) * 1.4426950408889634);
       dval = acc - (p.d_lse ? p.d_lse[bh * p.seqlen_q + row] : 0.f);
     }
     s.lse2[r] = lse2;
@@ -285,8 +284,10 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
 // kMasks: element-wise attn_mask / block_mask code compiled in; kDropout: Philox dropout. The plain variant
 // has neither (that code alone costs the d128 kernel ~1 KB of register spills) but still skips the tiles of
 // a block_mask whose blocks are multiples of the tiles (each tile then lies in one block).
-template <typename Traits, bool kMasks, bool kDropout>
+// kSoftcap (general variant only): scores soft-capped as in the forward, dS through the tanh.
+template <typename Traits, bool kMasks, bool kDropout, bool kSoftcap = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const FlashBwdParams p, BwdScratch s) {
+  static_assert(kMasks || !kSoftcap, "soft-capping lives in the general variant");
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -458,7 +459,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   Tensor tScS = thr_sdp.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
 
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale_log2 = softmax_scale_log2(p);  // the forward's factor (mask.h)
+  const float softcap_in = kSoftcap ? p.scale / p.softcap : 0.f;
   const bool has_attn_mask = kMasks && p.attn_mask.data != nullptr;
   const uint32_t threshold2 = kDropout ? dropout_threshold(p.dropout_rate) * 0x10001u : 0u;
   const float keep_scale = kDropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
@@ -496,7 +498,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     clear(acc_s);
     gemm_ss(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
             thr_b_sdp);
+    // Soft-capping: the forward's operations (fwd_kernel.h); d(capped)/d(raw) = scale (1 - tanh^2), the
+    // scale applied with dK's and dQ's.
+    Tensor acc_dtanh = make_tensor_like(acc_s);
+    if constexpr (kSoftcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        const float t = tanhf(acc_s(i) * softcap_in);
+        acc_s(i) = p.softcap * t;
+        acc_dtanh(i) = 1.f - t * t;
+      }
+    }
     Tensor S = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    Tensor dTanh = make_tensor(acc_dtanh.data(), acc_rowcol(acc_dtanh.layout()));
     const bool need_mask = has_attn_mask || (kMasks && has_block_mask && !(tile_in_one_kblock &&
                                                                  m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
                            n0 + kBlockN > kv_len || (right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + right) ||
@@ -577,7 +591,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
           const int idx = mi * size<1>(S) + ni;
           dpv = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? dpv * keep_scale : 0.f;
         }
-        dP(mi, ni) = S(mi, ni) * (dpv - dv);
+        // Exactly 0 where P is: a value row this query cannot see may have made dP NaN there.
+        float ds = S(mi, ni) == 0.f ? 0.f : S(mi, ni) * (dpv - dv);
+        if constexpr (kSoftcap) ds *= dTanh(mi, ni);
+        dP(mi, ni) = ds;
       }
     }
     Tensor rdS = to_element<Element>(acc_dp);
@@ -717,10 +734,13 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                        (p.block_mask.data != nullptr &&
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
-    cudaError_t e = masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
-                                     : launch(bwd_dkdv_kernel<Traits, true, false>))
-                          : (dropout ? launch(bwd_dkdv_kernel<Traits, false, true>)
-                                     : launch(bwd_dkdv_kernel<Traits, false, false>));
+    const bool softcap = p.softcap > 0.f;
+    cudaError_t e = softcap ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true, true>)
+                                       : launch(bwd_dkdv_kernel<Traits, true, false, true>))
+                    : masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
+                                       : launch(bwd_dkdv_kernel<Traits, true, false>))
+                            : (dropout ? launch(bwd_dkdv_kernel<Traits, false, true>)
+                                       : launch(bwd_dkdv_kernel<Traits, false, false>));
     if (e != cudaSuccess) return e;
   }
   if (p.seqlen_q > 0) {

@@ -265,7 +265,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     row_sum[i] = 0.f;
   }
   // Scores are scaled in the exponent: p = 2^(s * scale * log2(e) - max * scale * log2(e)).
-  const float scale_log2 = fmaxf(p.scale * float(M_LOG2E), 1e-30f);
+  const float scale_log2 = softmax_scale_log2(p);
+  // Soft-capping (general variant only): s -> softcap * tanh(s * scale / softcap), then unscaled.
+  const bool has_softcap = kMasks && p.softcap > 0.f;
+  const float softcap_in = has_softcap ? p.scale / p.softcap : 0.f;
   const uint32_t drop_threshold = kDropout ? dropout_threshold(p.dropout_rate) : 0u;
   const bool has_dropout = kDropout && p.dropout_rate > 0.f;
   const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
@@ -288,6 +291,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
                    smem_thr_copy_k);
 
     const int n_next = next_visible(n_block);
+    if constexpr (kMasks) {
+      if (has_softcap) {  // the same operations as the backward's (bwd_kernel.h)
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = p.softcap * tanhf(acc_s(i) * softcap_in);
+      }
+    }
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
 
     // Element masks (attn_mask, and block_mask on tiles it covers only in part) are evaluated once per
@@ -499,7 +508,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) = valid ? acc_o_rc(mi, ni) * inv : 0.f;
     if (p.lse != nullptr && get<1>(tScS_rc(0, 0)) == 0 && row < p.seqlen_q) {
-      p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? row_max[mi] * p.scale + logf(sum) : -INFINITY;
+      // lse = (max * scale_log2 + log2(sum)) * ln(2), rounded once: the backward rebuilds the exponents'
+      // reference max * scale_log2 + log2(sum) from it with one more rounding (bwd_preprocess_kernel).
+      const double lse2 = double(row_max[mi] * scale_log2) + double(log2f(sum));
+      p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? float(lse2 * 0.6931471805599453) : -INFINITY;
     }
   }
 

@@ -1,0 +1,381 @@
+// Attributes and shapes -> FlashFwdParams/FlashBwdParams, and the kernels' runners (staging on the GPU),
+// shared by the TF OpKernels and the XLA FFI handlers.
+#include "cc/kernels/flash_attention_params.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_flash {
+
+namespace tf = ::tensorflow;
+
+namespace {
+constexpr int kMaxHeadDim = 256;
+
+// One `name = value : type` entry of the MLIR attribute dictionary XLA parses for a typed-FFI call.
+void AppendFfiAttr(std::string* out, const char* name, bool value) {
+  *out += std::string(name) + (value ? " = true" : " = false");
+}
+void AppendFfiAttr(std::string* out, const char* name, int64_t value) {
+  *out += std::string(name) + " = " + std::to_string(value) + " : i64";
+}
+void AppendFfiAttr(std::string* out, const char* name, float value) {
+  char text[64];
+  // %.9g round-trips every finite float32 exactly (Validate() rejects non-finite values).
+  std::snprintf(text, sizeof(text), "%.9g", value);
+  std::string number(text);
+  if (number.find_first_of(".eE") == std::string::npos) number += ".0";  // MLIR needs a float literal
+  *out += std::string(name) + " = " + number + " : f32";
+}
+
+// Strides of a contiguous [B, S, H, D] tensor, in elements.
+void SetBshdStrides(const tf::TensorShape& t, int64_t* batch, int64_t* row, int64_t* head) {
+  *head = t.dim_size(3);
+  *row = t.dim_size(2) * t.dim_size(3);
+  *batch = t.dim_size(1) * *row;
+}
+
+bool IsAbsentMask(const tf::TensorShape& mask) { return mask.num_elements() == 0 && mask.dim_size(0) == 0; }
+
+// A rank-4 bool mask whose every dim is 1 (broadcast) or the full size; shape [0,0,0,0] = absent.
+tf::Status SetBroadcastMaskStrides(const tf::TensorShape& mask, const char* name, const int64_t (&full)[4],
+                                   BroadcastBoolMask* out) {
+  if (mask.dims() != 4) {
+    return tf::errors::InvalidArgument(name, " must have rank 4 (after broadcasting). Received: ", name,
+                                       " with shape ", mask.DebugString());
+  }
+  *out = BroadcastBoolMask();
+  if (IsAbsentMask(mask)) return tf::Status();
+  int64_t strides[4];
+  int64_t stride = 1;
+  for (int axis = 3; axis >= 0; --axis) {
+    const int64_t size = mask.dim_size(axis);
+    if (size != 1 && size != full[axis]) {
+      return tf::errors::InvalidArgument(name, " must be broadcastable to [", full[0], ", ", full[1], ", ",
+                                         full[2], ", ", full[3], "]. Received: ", name, " with shape ",
+                                         mask.DebugString());
+    }
+    strides[axis] = size == 1 ? 0 : stride;
+    stride *= size;
+  }
+  out->batch_stride = strides[0];
+  out->head_stride = strides[1];
+  out->row_stride = strides[2];
+  out->col_stride = strides[3];
+  return tf::Status();
+}
+
+tf::Status CheckLengthsShape(const tf::TensorShape& lengths, const char* name, int64_t batch) {
+  if (lengths.dims() != 1 || (lengths.dim_size(0) != 0 && lengths.dim_size(0) != batch)) {
+    return tf::errors::InvalidArgument(name, " must have shape [batch] = [", batch, "] (or [0] for none). Received: ",
+                                       name, " with shape ", lengths.DebugString());
+  }
+  return tf::Status();
+}
+
+tf::Status CheckLengthValues(const int32_t* values, const char* name, int batch, int seqlen) {
+  if (values == nullptr) return tf::Status();
+  for (int b = 0; b < batch; ++b) {
+    if (values[b] < 0 || values[b] > seqlen) {
+      return tf::errors::InvalidArgument(name, "[", b, "] must be in [0, ", seqlen, "]. Received: ", name, "[", b,
+                                         "]=", values[b]);
+    }
+  }
+  return tf::Status();
+}
+}  // namespace
+
+tf::Status FlashAttrs::Validate() const {
+  if (window_left < -1 || window_left > INT32_MAX || window_right < -1 || window_right > INT32_MAX) {
+    return tf::errors::InvalidArgument("window must be (left, right) with each side >= 0, or -1 for unlimited. "
+                                       "Received: window=(", window_left, ", ", window_right, ")");
+  }
+  if (block_q <= 0 || block_k <= 0 || block_q > INT32_MAX || block_k > INT32_MAX) {
+    return tf::errors::InvalidArgument("block_size must be positive. Received: block_size=(", block_q, ", ", block_k,
+                                       ")");
+  }
+  if (!(dropout_rate >= 0.f && dropout_rate < 1.f)) {
+    return tf::errors::InvalidArgument("dropout_rate must be in [0, 1). Received: dropout_rate=", dropout_rate);
+  }
+  if (!std::isfinite(scale)) return tf::errors::InvalidArgument("scale must be finite. Received: scale=", scale);
+  if (!(std::isfinite(softcap) && softcap >= 0.f)) {
+    return tf::errors::InvalidArgument("softcap must be finite and >= 0 (0 = off). Received: softcap=", softcap);
+  }
+  return tf::Status();
+}
+
+tf::Status ReadFlashAttrs(tf::OpKernelConstruction* ctx, FlashAttrs* attrs) {
+#define TF_FLASH_GET_ATTR(type, name) TF_RETURN_IF_ERROR(ctx->GetAttr(#name, &attrs->name));
+  TF_FLASH_ATTRS(TF_FLASH_GET_ATTR)
+#undef TF_FLASH_GET_ATTR
+  return attrs->Validate();
+}
+
+std::string FlashAttrsToFfiDictionary(const FlashAttrs& attrs) {
+  std::string out = "{";
+#define TF_FLASH_FFI_ATTR(type, name) \
+  if (out.size() > 1) out += ", ";    \
+  AppendFfiAttr(&out, #name, attrs.name);
+  TF_FLASH_ATTRS(TF_FLASH_FFI_ATTR)
+#undef TF_FLASH_FFI_ATTR
+  return out + "}";
+}
+
+tf::TensorShape OutputShape(const FlashInputShapes& s) {
+  return tf::TensorShape({s.q.dim_size(0), s.q.dim_size(1), s.q.dim_size(2), s.v.dim_size(3)});
+}
+
+tf::TensorShape LseShape(const FlashInputShapes& s) {
+  return tf::TensorShape({s.q.dim_size(0), s.q.dim_size(2), s.q.dim_size(1)});
+}
+
+tf::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& s, FlashFwdParams* p) {
+  const tf::TensorShape &q = s.q, &k = s.k, &v = s.v;
+  for (const auto& [name, t] : {std::pair<const char*, const tf::TensorShape*>{"query", &q}, {"key", &k},
+                                {"value", &v}}) {
+    if (t->dims() != 4) {
+      return tf::errors::InvalidArgument(name, " must have rank 4 [batch, seq, heads, dim]. Received: ", name,
+                                         " with shape ", t->DebugString());
+    }
+  }
+  if (k.dim_size(0) != q.dim_size(0) || v.dim_size(0) != q.dim_size(0)) {
+    return tf::errors::InvalidArgument("query, key and value must have the same batch size. Received: query ",
+                                       q.DebugString(), ", key ", k.DebugString(), ", value ", v.DebugString());
+  }
+  if (k.dim_size(1) != v.dim_size(1) || k.dim_size(2) != v.dim_size(2)) {
+    return tf::errors::InvalidArgument("key and value must have the same sequence length and heads. Received: "
+                                       "key ", k.DebugString(), ", value ", v.DebugString());
+  }
+  if (k.dim_size(3) != q.dim_size(3)) {
+    return tf::errors::InvalidArgument("query and key must have the same head dim. Received: query ",
+                                       q.DebugString(), ", key ", k.DebugString());
+  }
+  const int64_t heads = q.dim_size(2), heads_kv = k.dim_size(2);
+  if (heads_kv == 0 || heads % heads_kv != 0) {
+    return tf::errors::InvalidArgument("the number of key/value heads must divide the number of query heads. "
+                                       "Received: query heads=", heads, ", key heads=", heads_kv);
+  }
+  for (const auto& [name, dim] : {std::pair<const char*, int64_t>{"query/key head dim", q.dim_size(3)},
+                                  {"value head dim", v.dim_size(3)}}) {
+    if (dim < 1 || dim > kMaxHeadDim) {
+      return tf::errors::InvalidArgument(name, " must be in [1, ", kMaxHeadDim, "]. Received: ", dim);
+    }
+  }
+  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"query batch", q.dim_size(0)},
+                                   {"query length", q.dim_size(1)}, {"key length", k.dim_size(1)},
+                                   {"query heads", heads}}) {
+    if (size > INT32_MAX) return tf::errors::InvalidArgument(name, " must be below 2^31. Received: ", size);
+  }
+  if (s.seed.dims() != 1 || s.seed.dim_size(0) != 2) {
+    return tf::errors::InvalidArgument("seed must be an int64 tensor of shape [2]. Received: seed with shape ",
+                                       s.seed.DebugString());
+  }
+  const int64_t batch = q.dim_size(0), seqlen_q = q.dim_size(1), seqlen_k = k.dim_size(1);
+  TF_RETURN_IF_ERROR(CheckLengthsShape(s.q_lengths, "q_lengths", batch));
+  TF_RETURN_IF_ERROR(CheckLengthsShape(s.kv_lengths, "kv_lengths", batch));
+
+  // Attributes land in the params fields of the same names.
+#define TF_FLASH_SET_PARAM(type, name) p->name = static_cast<decltype(p->name)>(attrs.name);
+  TF_FLASH_ATTRS(TF_FLASH_SET_PARAM)
+#undef TF_FLASH_SET_PARAM
+  p->batch = static_cast<int>(batch);
+  p->seqlen_q = static_cast<int>(seqlen_q);
+  p->seqlen_k = static_cast<int>(seqlen_k);
+  p->num_heads = static_cast<int>(heads);
+  p->num_heads_kv = static_cast<int>(heads_kv);
+  p->head_dim = static_cast<int>(q.dim_size(3));
+  p->head_dim_v = static_cast<int>(v.dim_size(3));
+  p->num_q_blocks = static_cast<int>((seqlen_q + attrs.block_q - 1) / attrs.block_q);
+  p->num_k_blocks = static_cast<int>((seqlen_k + attrs.block_k - 1) / attrs.block_k);
+  SetBshdStrides(q, &p->q_batch_stride, &p->q_row_stride, &p->q_head_stride);
+  SetBshdStrides(k, &p->k_batch_stride, &p->k_row_stride, &p->k_head_stride);
+  SetBshdStrides(v, &p->v_batch_stride, &p->v_row_stride, &p->v_head_stride);
+  SetBshdStrides(OutputShape(s), &p->o_batch_stride, &p->o_row_stride, &p->o_head_stride);
+  TF_RETURN_IF_ERROR(SetBroadcastMaskStrides(s.attn_mask, "attention_mask", {batch, heads, seqlen_q, seqlen_k},
+                                             &p->attn_mask));
+  TF_RETURN_IF_ERROR(SetBroadcastMaskStrides(s.block_mask, "block_mask",
+                                             {batch, heads, p->num_q_blocks, p->num_k_blocks}, &p->block_mask));
+  return tf::Status();
+}
+
+tf::Status CheckGradShapes(const FlashInputShapes& s, const tf::TensorShape& d_out, const tf::TensorShape& out,
+                           const tf::TensorShape& lse, const tf::TensorShape& d_lse) {
+  const tf::TensorShape out_shape = OutputShape(s), lse_shape = LseShape(s);
+  if (d_out != out_shape || out != out_shape) {
+    return tf::errors::InvalidArgument("d_output and output must have shape ", out_shape.DebugString(),
+                                       ". Received: d_output ", d_out.DebugString(), ", output ", out.DebugString());
+  }
+  if (lse != lse_shape || d_lse != lse_shape) {
+    return tf::errors::InvalidArgument("lse and d_lse must have shape ", lse_shape.DebugString(), ". Received: lse ",
+                                       lse.DebugString(), ", d_lse ", d_lse.DebugString());
+  }
+  return tf::Status();
+}
+
+void SetInputPointers(const FlashInputShapes& s, const FlashInputData& data, FlashFwdParams* p) {
+  p->q = data.q;
+  p->k = data.k;
+  p->v = data.v;
+  p->q_lengths = s.q_lengths.num_elements() ? data.q_lengths : nullptr;
+  p->kv_lengths = s.kv_lengths.num_elements() ? data.kv_lengths : nullptr;
+  p->attn_mask.data = IsAbsentMask(s.attn_mask) ? nullptr : data.attn_mask;
+  p->block_mask.data = IsAbsentMask(s.block_mask) ? nullptr : data.block_mask;
+}
+
+tf::Status CheckLengthValues(const FlashFwdParams& p) {
+  TF_RETURN_IF_ERROR(CheckLengthValues(p.q_lengths, "q_lengths", p.batch, p.seqlen_q));
+  return CheckLengthValues(p.kv_lengths, "kv_lengths", p.batch, p.seqlen_k);
+}
+
+// ---- CPU ----
+tf::Status RunFlashFwdCpu(const FlashFwdParams& p, DType dtype, const ParallelFor& parallel_for) {
+  flash_fwd_cpu(p, dtype, parallel_for);
+  return tf::Status();
+}
+
+tf::Status RunFlashBwdCpu(const FlashBwdParams& params, DType dtype, int num_threads,
+                          const ParallelFor& parallel_for, const FlashAllocate& allocate) {
+  FlashBwdParams p = params;
+  void* scratch = nullptr;
+  TF_RETURN_IF_ERROR(allocate(flash_bwd_cpu_scratch_bytes(p, num_threads), &scratch));
+  p.scratch = static_cast<float*>(scratch);
+  flash_bwd_cpu(p, dtype, num_threads, parallel_for);
+  return tf::Status();
+}
+
+// ---- CUDA ----
+#if TF_FLASH_WITH_CUDA
+namespace {
+// The CUDA kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are staged:
+// float32 is computed on float16 tensor-core operands with float32 accumulation (the 10-bit mantissa of
+// the TF32 that TF itself uses for float32 matmuls on Ampere and later; values must fit float16's range),
+// and head dims are zero-padded to a multiple of 8 (padding changes no score and is cropped away).
+int RoundUp8(int x) { return (x + 7) / 8 * 8; }
+int64_t ElementBytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+tf::Status CudaStatus(int error) {
+  if (error == 0) return tf::Status();
+  return tf::errors::Internal("tf_flash CUDA kernel failed: ", flash_cuda_error_string(error));
+}
+
+tf::Status CheckCudaSupport(const FlashFwdParams& p, DType dtype, bool backward) {
+  const std::string reason = flash_cuda_unsupported(p, dtype, backward);
+  if (!reason.empty()) return tf::errors::InvalidArgument("tf_flash GPU kernel: ", reason);
+  return tf::Status();
+}
+
+// Strides of contiguous [B, S, H, D] staged copies.
+void SetContiguousStrides(FlashFwdParams* p) {
+  p->q_head_stride = p->head_dim;
+  p->q_row_stride = int64_t{p->num_heads} * p->head_dim;
+  p->q_batch_stride = p->seqlen_q * p->q_row_stride;
+  p->k_head_stride = p->head_dim;
+  p->k_row_stride = int64_t{p->num_heads_kv} * p->head_dim;
+  p->k_batch_stride = p->seqlen_k * p->k_row_stride;
+  p->v_head_stride = p->head_dim_v;
+  p->v_row_stride = int64_t{p->num_heads_kv} * p->head_dim_v;
+  p->v_batch_stride = p->seqlen_k * p->v_row_stride;
+  p->o_head_stride = p->head_dim_v;
+  p->o_row_stride = int64_t{p->num_heads} * p->head_dim_v;
+  p->o_batch_stride = p->seqlen_q * p->o_row_stride;
+}
+
+// One tensor of a launch: the params field that points at it (an input or an output of the kernel).
+template <typename Params>
+struct Staged {
+  bool is_input;
+  const void* Params::*const_field;  // inputs declared const void* (q, k, v, d_out)
+  void* Params::*field;              // outputs, and the backward's input `out` (declared void*)
+  bool value_dims;                   // rows of head_dim_v (v, out, d_out, d_v) rather than head_dim
+  bool kv_rows;                      // B*Sk*Hkv rows (k, v, d_k, d_v) rather than B*Sq*H
+};
+
+// Runs `launch(params, compute dtype)` on the kernels' native layout: when the inputs need staging,
+// copies the inputs into float16/bfloat16 rows of a padded head dim, points the params at the copies,
+// launches, then copies the outputs back. One plan for forward and backward; all on `stream`.
+template <typename Params, typename Launch>
+tf::Status RunStaged(const Params& in, DType dtype, bool backward, void* stream, const FlashAllocate& allocate,
+                     std::initializer_list<Staged<Params>> tensors, const Launch& launch) {
+  const DType compute = dtype == DType::kFloat32 ? DType::kFloat16 : dtype;
+  const int d = RoundUp8(in.head_dim), dv = RoundUp8(in.head_dim_v);
+  if (compute == dtype && d == in.head_dim && dv == in.head_dim_v) {
+    TF_RETURN_IF_ERROR(CheckCudaSupport(in, dtype, backward));
+    return launch(in, dtype);
+  }
+  Params p = in;
+  p.head_dim = d;
+  p.head_dim_v = dv;
+  SetContiguousStrides(&p);
+  TF_RETURN_IF_ERROR(CheckCudaSupport(p, compute, backward));
+  const int64_t q_rows = int64_t{p.batch} * p.seqlen_q * p.num_heads;
+  const int64_t kv_rows = int64_t{p.batch} * p.seqlen_k * p.num_heads_kv;
+  struct Unstage {
+    const void* staged;
+    void* original;
+    int staged_dim, original_dim;
+    int64_t rows;
+  };
+  std::vector<Unstage> outputs;
+  for (const Staged<Params>& t : tensors) {
+    const int64_t rows = t.kv_rows ? kv_rows : q_rows;
+    const int original_dim = t.value_dims ? in.head_dim_v : in.head_dim;
+    const int staged_dim = t.value_dims ? dv : d;
+    void* staged = nullptr;
+    TF_RETURN_IF_ERROR(allocate(rows * staged_dim * ElementBytes(compute), &staged));
+    if (t.is_input) {
+      const void* original = t.const_field ? in.*t.const_field : in.*t.field;
+      TF_RETURN_IF_ERROR(CudaStatus(
+          flash_cuda_stage_rows(original, dtype, original_dim, staged, compute, staged_dim, rows, stream)));
+    } else {
+      outputs.push_back({staged, in.*t.field, staged_dim, original_dim, rows});
+    }
+    if (t.const_field) {
+      p.*t.const_field = staged;
+    } else {
+      p.*t.field = staged;
+    }
+  }
+  TF_RETURN_IF_ERROR(launch(p, compute));
+  for (const Unstage& u : outputs) {
+    TF_RETURN_IF_ERROR(CudaStatus(
+        flash_cuda_stage_rows(u.staged, compute, u.staged_dim, u.original, dtype, u.original_dim, u.rows, stream)));
+  }
+  return tf::Status();
+}
+}  // namespace
+
+tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, const FlashAllocate& allocate) {
+  using S = Staged<FlashFwdParams>;
+  using P = FlashFwdParams;
+  return RunStaged(p, dtype, /*backward=*/false, stream, allocate,
+                   {S{true, &P::q, nullptr, false, false}, S{true, &P::k, nullptr, false, true},
+                    S{true, &P::v, nullptr, true, true}, S{false, nullptr, &P::out, true, false}},
+                   [&](const FlashFwdParams& launch, DType compute) {
+                     return CudaStatus(flash_fwd_cuda(launch, compute, stream));
+                   });
+}
+
+tf::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream, const FlashAllocate& allocate) {
+  using S = Staged<FlashBwdParams>;
+  using P = FlashBwdParams;
+  return RunStaged(p, dtype, /*backward=*/true, stream, allocate,
+                   {S{true, &P::q, nullptr, false, false}, S{true, &P::k, nullptr, false, true},
+                    S{true, &P::v, nullptr, true, true}, S{true, nullptr, &P::out, true, false},
+                    S{true, &P::d_out, nullptr, true, false}, S{false, nullptr, &P::d_q, false, false},
+                    S{false, nullptr, &P::d_k, false, true}, S{false, nullptr, &P::d_v, true, true}},
+                   [&](const FlashBwdParams& params, DType compute) {
+                     FlashBwdParams launch = params;
+                     void* scratch = nullptr;
+                     TF_RETURN_IF_ERROR(allocate(flash_bwd_cuda_scratch_bytes(launch), &scratch));
+                     launch.scratch = static_cast<float*>(scratch);
+                     return CudaStatus(flash_bwd_cuda(launch, compute, stream));
+                   });
+}
+#endif  // TF_FLASH_WITH_CUDA
+
+}  // namespace tf_flash

@@ -1,0 +1,105 @@
+// The one place that turns the ops' attributes and input shapes into the kernels' params struct. Both
+// front doors call it: the TF OpKernels (flash_attention_kernels.cc) and the XLA lowering plus its FFI
+// handlers (flash_attention_xla.cc), so a shape XLA knows at compile time fails with the op's message.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/params.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/status.h"
+
+namespace tensorflow {
+class OpKernelConstruction;
+}
+
+namespace tf_flash {
+
+// Every attribute the two ops share: (C++ type, name). Adding one is one line here (plus the params
+// field of the same name and the REGISTER_OP attr): the OpKernels read it with GetAttr, the XLA
+// lowering writes it into the custom call's FFI attributes and the FFI handlers read it back by name.
+#define TF_FLASH_ATTRS(X)       \
+  X(bool, causal)               \
+  X(int64_t, window_left)       \
+  X(int64_t, window_right)      \
+  X(int64_t, block_q)           \
+  X(int64_t, block_k)           \
+  X(float, dropout_rate)        \
+  X(float, scale)               \
+  X(float, softcap)
+
+struct FlashAttrs {
+#define TF_FLASH_ATTR_FIELD(type, name) type name{};
+  TF_FLASH_ATTRS(TF_FLASH_ATTR_FIELD)
+#undef TF_FLASH_ATTR_FIELD
+
+  // Ranges, with the op's messages ("Received: ...").
+  ::tensorflow::Status Validate() const;
+};
+
+// Reads and validates the attributes of a TfFlash op (OpKernel or XlaOpKernel construction).
+::tensorflow::Status ReadFlashAttrs(::tensorflow::OpKernelConstruction* ctx, FlashAttrs* attrs);
+
+// The attributes as an MLIR dictionary, the backend_config of a typed-FFI custom call.
+std::string FlashAttrsToFfiDictionary(const FlashAttrs& attrs);
+
+// The forward op's inputs: query, key, value, q_lengths, kv_lengths, attention_mask, block_mask, seed.
+// The gradient op's: d_output, query, key, value, output, lse, d_lse, q_lengths, kv_lengths,
+// attention_mask, block_mask, rng_state. Where the forward's inputs sit in each:
+constexpr int kNumFwdInputs = 8;
+constexpr int kNumBwdInputs = 12;
+constexpr int kFwdInputs[kNumFwdInputs] = {0, 1, 2, 3, 4, 5, 6, 7};
+constexpr int kBwdForwardInputs[kNumFwdInputs] = {1, 2, 3, 7, 8, 9, 10, 11};
+
+// The shapes of the forward inputs (the gradient op's inputs of the same names).
+struct FlashInputShapes {
+  ::tensorflow::TensorShape q, k, v, q_lengths, kv_lengths, attn_mask, block_mask, seed;
+};
+
+// Validates the shapes and fills every field of the forward params that does not point at data: sizes,
+// strides (contiguous [B, S, H, D]), attributes, block counts and the masks' broadcast strides. Data
+// pointers are set by SetInputPointers once the buffers exist.
+::tensorflow::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& shapes, FlashFwdParams* p);
+
+// The gradient op's extra inputs: d_output and output [B, Sq, H, Dv], lse and d_lse [B, H, Sq].
+::tensorflow::Status CheckGradShapes(const FlashInputShapes& shapes, const ::tensorflow::TensorShape& d_out,
+                                     const ::tensorflow::TensorShape& out, const ::tensorflow::TensorShape& lse,
+                                     const ::tensorflow::TensorShape& d_lse);
+
+// Output shapes of the forward: [B, Sq, H, Dv] and lse [B, H, Sq].
+::tensorflow::TensorShape OutputShape(const FlashInputShapes& shapes);
+::tensorflow::TensorShape LseShape(const FlashInputShapes& shapes);
+
+// Points the params at the input buffers; empty lengths/masks (the ops' "absent") become nullptr.
+struct FlashInputData {
+  const void *q, *k, *v;
+  const int32_t *q_lengths, *kv_lengths;
+  const bool *attn_mask, *block_mask;
+};
+void SetInputPointers(const FlashInputShapes& shapes, const FlashInputData& data, FlashFwdParams* p);
+
+// Lengths in [0, seqlen]: checked where their values are on the host (CPU); the GPU kernels clamp.
+::tensorflow::Status CheckLengthValues(const FlashFwdParams& p);
+
+// ---- Running the kernels, shared by the OpKernels and the FFI handlers ----
+// Scratch and staging memory come from the caller's allocator (TF's allocate_temp, XLA's scratch
+// allocator, or the heap on the host); it stays valid until the launch's work has finished.
+using FlashAllocate = std::function<::tensorflow::Status(int64_t bytes, void** ptr)>;
+
+::tensorflow::Status RunFlashFwdCpu(const FlashFwdParams& p, DType dtype, const ParallelFor& parallel_for);
+::tensorflow::Status RunFlashBwdCpu(const FlashBwdParams& p, DType dtype, int num_threads,
+                                    const ParallelFor& parallel_for, const FlashAllocate& allocate);
+
+#if TF_FLASH_WITH_CUDA
+// On `stream` (a cudaStream_t), no host synchronization. float32 and head dims that are not multiples
+// of 8 are staged through float16 / zero-padded copies (see the .cc).
+::tensorflow::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream,
+                                     const FlashAllocate& allocate);
+::tensorflow::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream,
+                                     const FlashAllocate& allocate);
+#endif
+
+}  // namespace tf_flash

@@ -1,0 +1,490 @@
+// The XLA front door of TfFlash>FlashAttention and TfFlash>FlashAttentionGrad.
+//
+// Under tf.function(jit_compile=True) (and Keras' jit_compile), TF lowers each op with the XlaOpKernels
+// below: they validate the shapes XLA knows at compile time with the ops' own messages (FillParams) and
+// emit one typed-FFI custom call whose attributes are the ops' attributes. At run time XLA calls our FFI
+// handlers, which fill the same params struct and run the same kernels as the OpKernels: the CPU kernels
+// on platform "Host" (XLA's intra-op thread pool), the CUDA kernels on platform "CUDA" (XLA's stream and
+// scratch allocator). XLA never sees the attention as dense math, so the [Sq, Sk] scores never exist.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash_attention_params.h"
+#include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
+#include "tensorflow/compiler/tf2xla/xla_op_registry.h"
+#include "tensorflow/core/framework/kernel_def.pb.h"
+#include "tensorflow/core/framework/node_def.pb.h"
+#include "tensorflow/core/framework/node_def_builder.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "xla/ffi/api/c_api.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla/hlo/builder/xla_builder.h"
+#include "xla/shape_util.h"
+
+#if TF_FLASH_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+// The FFI API of the running TensorFlow (exported by libtensorflow_framework.so.2): handlers must be
+// registered in the registry its XLA looks up, not in a copy of our own.
+extern "C" const XLA_FFI_Api* XLA_FFI_GetApi();
+
+namespace tf_flash {
+namespace {
+
+namespace tf = ::tensorflow;
+namespace ffi = ::xla::ffi;
+
+constexpr char kFwdTarget[] = "tf_flash_attention_fwd";
+constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
+
+FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int (&index)[kNumFwdInputs]) {
+  FlashInputShapes s;
+  tf::TensorShape* fields[] = {&s.q, &s.k, &s.v, &s.q_lengths, &s.kv_lengths, &s.attn_mask, &s.block_mask, &s.seed};
+  for (int i = 0; i < kNumFwdInputs; ++i) *fields[i] = shapes[index[i]];
+  return s;
+}
+
+// ---- Compile time: the XLA kernels ----
+
+xla::Shape RowMajor(xla::PrimitiveType type, const tf::TensorShape& shape) {
+  return xla::ShapeUtil::MakeShapeWithDescendingLayout(type, shape.dim_sizes());
+}
+
+// One typed-FFI custom call over all the op's inputs, in row-major layout (the kernels' strides).
+xla::XlaOp EmitFlashCall(tf::XlaOpKernelContext* ctx, const char* target, int num_inputs,
+                         const std::vector<xla::Shape>& results, const FlashAttrs& attrs) {
+  std::vector<xla::XlaOp> operands;
+  std::vector<xla::Shape> operand_shapes;
+  for (int i = 0; i < num_inputs; ++i) {
+    operands.push_back(ctx->Input(i));
+    operand_shapes.push_back(RowMajor(ctx->input_xla_type(i), ctx->InputShape(i)));
+  }
+  return xla::CustomCallWithLayout(ctx->builder(), target, operands, xla::ShapeUtil::MakeTupleShape(results),
+                                   operand_shapes, FlashAttrsToFfiDictionary(attrs), /*has_side_effect=*/false,
+                                   /*output_operand_aliasing=*/{}, /*literal=*/nullptr,
+                                   xla::CustomCallSchedule::SCHEDULE_NONE,
+                                   xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+}
+
+// The kernels take static shapes. XLA gives an operand a dynamic (bounded) dimension when its size
+// depends on run-time values, e.g. a tf.cond choosing between an absent mask ([0, 0, 0, 0]) and a
+// present one: say which input, instead of XLA's generic custom-call error.
+tf::Status InputShapes(tf::XlaOpKernelContext* ctx, const char* const* names, int num_inputs,
+                       std::vector<tf::TensorShape>* shapes) {
+  for (int i = 0; i < num_inputs; ++i) {
+    absl::StatusOr<xla::Shape> shape = ctx->InputXlaShape(i);
+    TF_RETURN_IF_ERROR(shape.status());
+    if (shape->is_dynamic()) {
+      return tf::errors::InvalidArgument("tf_flash under XLA needs static shapes. Received: ", names[i],
+                                         " with the dynamic shape ", shape->ToString(),
+                                         " (its size depends on run-time values, e.g. a tf.cond between "
+                                         "tensors of different shapes)");
+    }
+    shapes->push_back(ctx->InputShape(i));
+  }
+  return tf::Status();
+}
+
+constexpr const char* kFwdInputNames[kNumFwdInputs] = {
+    "query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask", "seed"};
+constexpr const char* kBwdInputNames[kNumBwdInputs] = {
+    "d_output",  "query",      "key",            "value",      "output", "lse", "d_lse",
+    "q_lengths", "kv_lengths", "attention_mask", "block_mask", "rng_state"};
+
+class FlashAttentionXlaOp : public tf::XlaOpKernel {
+ public:
+  explicit FlashAttentionXlaOp(tf::OpKernelConstruction* ctx) : tf::XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadFlashAttrs(ctx, &attrs_));
+  }
+
+  void Compile(tf::XlaOpKernelContext* ctx) override {
+    std::vector<tf::TensorShape> all;
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, kFwdInputNames, kNumFwdInputs, &all));
+    const FlashInputShapes shapes = ShapesAt(all, kFwdInputs);
+    FlashFwdParams p;
+    OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
+    const xla::XlaOp call = EmitFlashCall(
+        ctx, kFwdTarget, kNumFwdInputs,
+        {RowMajor(ctx->input_xla_type(0), OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))}, attrs_);
+    ctx->SetOutput(0, xla::GetTupleElement(call, 0));
+    ctx->SetOutput(1, xla::GetTupleElement(call, 1));
+    ctx->SetOutput(2, ctx->Input(7));  // rng_state: the seed itself, as in the OpKernel
+  }
+
+ private:
+  FlashAttrs attrs_;
+};
+
+class FlashAttentionGradXlaOp : public tf::XlaOpKernel {
+ public:
+  explicit FlashAttentionGradXlaOp(tf::OpKernelConstruction* ctx) : tf::XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadFlashAttrs(ctx, &attrs_));
+  }
+
+  void Compile(tf::XlaOpKernelContext* ctx) override {
+    std::vector<tf::TensorShape> all;
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, kBwdInputNames, kNumBwdInputs, &all));
+    const FlashInputShapes shapes = ShapesAt(all, kBwdForwardInputs);
+    FlashBwdParams p;
+    OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
+    OP_REQUIRES_OK(ctx, CheckGradShapes(shapes, all[0], all[4], all[5], all[6]));
+    const xla::PrimitiveType type = ctx->input_xla_type(1);
+    const xla::XlaOp call = EmitFlashCall(
+        ctx, kBwdTarget, kNumBwdInputs,
+        {RowMajor(type, shapes.q), RowMajor(type, shapes.k), RowMajor(type, shapes.v)}, attrs_);
+    for (int i = 0; i < 3; ++i) ctx->SetOutput(i, xla::GetTupleElement(call, i));
+  }
+
+ private:
+  FlashAttrs attrs_;
+};
+
+constexpr tf::DataType kFlashTypes[] = {tf::DT_FLOAT, tf::DT_HALF, tf::DT_BFLOAT16};
+
+REGISTER_XLA_OP(Name("TfFlash>FlashAttention").TypeConstraint("T", kFlashTypes), FlashAttentionXlaOp);
+REGISTER_XLA_OP(Name("TfFlash>FlashAttentionGrad").TypeConstraint("T", kFlashTypes), FlashAttentionGradXlaOp);
+
+// XlaOpRegistry turns registrations into kernels on the XLA_*_JIT devices once, the first time anything is
+// compiled (RegisterCompilationKernels); a registration made later is stored but never becomes a kernel,
+// and jit_compile then fails with "no registered kernel" for our ops. When this library is loaded after
+// that point (some jit_compile function ran before `import tf_flash`), register the kernels on each XLA
+// backend ourselves, with the KernelDef RegisterCompilationKernels would have built.
+bool CompilationKernelsBuilt(const std::string& backend) {
+  // Identity has an XLA kernel on every backend: present iff the registry has been built.
+  tf::NodeDef identity;
+  if (!tf::NodeDefBuilder("probe", "Identity").Input("x", 0, tf::DT_FLOAT).Finalize(&identity).ok()) return false;
+  return tf::FindKernelDef(tf::DeviceType(backend), identity, nullptr, nullptr).ok();
+}
+
+bool HasOurKernel(const std::string& backend, const char* op) {
+  tf::NodeDef node;
+  node.set_name("probe");
+  node.set_op(op);
+  (*node.mutable_attr())["T"].set_type(tf::DT_FLOAT);
+  // FindKernelDef needs every attr of the OpDef only for matching constraints; T is the only one.
+  return tf::FindKernelDef(tf::DeviceType(backend), node, nullptr, nullptr).ok();
+}
+
+template <typename Kernel>
+void RegisterLateKernel(const std::string& backend, const char* op) {
+  auto* def = new tf::KernelDef;
+  def->set_op(op);
+  def->set_device_type(backend);
+  auto* allowed = def->add_constraint();
+  allowed->set_name("T");
+  for (tf::DataType type : kFlashTypes) allowed->mutable_allowed_values()->mutable_list()->add_type(type);
+  // Lives as long as the process, like the registrars RegisterCompilationKernels keeps.
+  new tf::kernel_factory::OpKernelRegistrar(
+      def, "XlaJitOp", [](tf::OpKernelConstruction* ctx) -> tf::OpKernel* { return new Kernel(ctx); });
+}
+
+const bool kLateKernelsRegistered = [] {
+  for (const std::string& backend : tf::XlaOpRegistry::BackendNames()) {
+    if (!CompilationKernelsBuilt(backend)) continue;  // built later, from our REGISTER_XLA_OP above
+    if (!HasOurKernel(backend, "TfFlash>FlashAttention")) {
+      RegisterLateKernel<FlashAttentionXlaOp>(backend, "TfFlash>FlashAttention");
+    }
+    if (!HasOurKernel(backend, "TfFlash>FlashAttentionGrad")) {
+      RegisterLateKernel<FlashAttentionGradXlaOp>(backend, "TfFlash>FlashAttentionGrad");
+    }
+  }
+  return true;
+}();
+
+// ---- Run time: the FFI handlers ----
+
+ffi::Error ToFfiError(const tf::Status& status) {
+  if (status.ok()) return ffi::Error::Success();
+  return ffi::Error(static_cast<ffi::ErrorCode>(status.code()), std::string(status.message()));
+}
+
+tf::Status ToDType(ffi::DataType type, DType* dtype) {
+  switch (type) {
+    case ffi::DataType::F32: *dtype = DType::kFloat32; return tf::Status();
+    case ffi::DataType::F16: *dtype = DType::kFloat16; return tf::Status();
+    case ffi::DataType::BF16: *dtype = DType::kBFloat16; return tf::Status();
+    default:
+      return tf::errors::InvalidArgument("tf_flash: query must be float32, float16 or bfloat16. Received: XLA type ",
+                                         static_cast<int>(type));
+  }
+}
+
+// The buffers of one call: data pointers and shapes, inputs then results.
+struct CallBuffers {
+  std::vector<void*> data;
+  std::vector<tf::TensorShape> shapes;
+  std::vector<ffi::DataType> types;
+
+  tf::Status Add(const ffi::AnyBuffer& buffer) {
+    tf::TensorShape shape;
+    const auto dims = buffer.dimensions();
+    TF_RETURN_IF_ERROR(tf::TensorShape::BuildTensorShape(std::vector<int64_t>(dims.begin(), dims.end()), &shape));
+    data.push_back(buffer.untyped_data());
+    shapes.push_back(shape);
+    types.push_back(buffer.element_type());
+    return tf::Status();
+  }
+};
+
+tf::Status ReadBuffers(const ffi::RemainingArgs& args, int num_args, const ffi::RemainingRets& rets, int num_rets,
+                       CallBuffers* in, CallBuffers* out) {
+  if (args.size() != static_cast<size_t>(num_args) || rets.size() != static_cast<size_t>(num_rets)) {
+    return tf::errors::Internal("tf_flash FFI call with ", args.size(), " operands and ", rets.size(),
+                                " results; expected ", num_args, " and ", num_rets);
+  }
+  for (int i = 0; i < num_args; ++i) {
+    auto buffer = args.get<ffi::AnyBuffer>(i);
+    if (!buffer.has_value()) return tf::errors::Internal("tf_flash FFI operand ", i, ": ", buffer.error().message());
+    TF_RETURN_IF_ERROR(in->Add(*buffer));
+  }
+  for (int i = 0; i < num_rets; ++i) {
+    auto buffer = rets.get<ffi::AnyBuffer>(i);
+    if (!buffer.has_value()) return tf::errors::Internal("tf_flash FFI result ", i, ": ", buffer.error().message());
+    TF_RETURN_IF_ERROR(out->Add(**buffer));
+  }
+  return tf::Status();
+}
+
+tf::Status ReadAttrs(const ffi::Dictionary& dict, FlashAttrs* attrs) {
+#define TF_FLASH_FFI_GET(type, name)                                                                   \
+  {                                                                                                   \
+    auto value = dict.get<type>(#name);                                                               \
+    if (!value.has_value()) {                                                                         \
+      return tf::errors::Internal("tf_flash FFI attribute " #name ": ", value.error().message());     \
+    }                                                                                                 \
+    attrs->name = *value;                                                                             \
+  }
+  TF_FLASH_ATTRS(TF_FLASH_FFI_GET)
+#undef TF_FLASH_FFI_GET
+  return attrs->Validate();
+}
+
+// Everything of a call but the seed (which lives on the host or the device): validated params with
+// every data pointer set, as the OpKernels build them.
+struct ForwardCall {
+  FlashFwdParams params;
+  DType dtype;
+  bool empty;
+};
+
+tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
+                          ForwardCall* call, CallBuffers* in) {
+  FlashAttrs attrs;
+  TF_RETURN_IF_ERROR(ReadAttrs(dict, &attrs));
+  CallBuffers out;
+  TF_RETURN_IF_ERROR(ReadBuffers(args, kNumFwdInputs, rets, 2, in, &out));
+  const FlashInputShapes shapes = ShapesAt(in->shapes, kFwdInputs);
+  FlashFwdParams& p = call->params;
+  TF_RETURN_IF_ERROR(FillParams(attrs, shapes, &p));
+  TF_RETURN_IF_ERROR(ToDType(in->types[0], &call->dtype));
+  const auto& d = in->data;
+  SetInputPointers(shapes,
+                   {d[0], d[1], d[2], static_cast<const int32_t*>(d[3]), static_cast<const int32_t*>(d[4]),
+                    static_cast<const bool*>(d[5]), static_cast<const bool*>(d[6])},
+                   &p);
+  p.out = out.data[0];
+  p.lse = static_cast<float*>(out.data[1]);
+  call->empty = out.shapes[0].num_elements() == 0 && out.shapes[1].num_elements() == 0;
+  return tf::Status();
+}
+
+struct BackwardCall {
+  FlashBwdParams params;
+  DType dtype;
+  bool empty;
+};
+
+tf::Status PrepareBackward(const ffi::Dictionary& dict, const ffi::RemainingArgs& args,
+                           const ffi::RemainingRets& rets, BackwardCall* call, CallBuffers* in) {
+  FlashAttrs attrs;
+  TF_RETURN_IF_ERROR(ReadAttrs(dict, &attrs));
+  CallBuffers out;
+  TF_RETURN_IF_ERROR(ReadBuffers(args, kNumBwdInputs, rets, 3, in, &out));
+  const FlashInputShapes shapes = ShapesAt(in->shapes, kBwdForwardInputs);
+  FlashBwdParams& p = call->params;
+  TF_RETURN_IF_ERROR(FillParams(attrs, shapes, &p));
+  TF_RETURN_IF_ERROR(CheckGradShapes(shapes, in->shapes[0], in->shapes[4], in->shapes[5], in->shapes[6]));
+  TF_RETURN_IF_ERROR(ToDType(in->types[1], &call->dtype));
+  const auto& d = in->data;
+  SetInputPointers(shapes,
+                   {d[1], d[2], d[3], static_cast<const int32_t*>(d[7]), static_cast<const int32_t*>(d[8]),
+                    static_cast<const bool*>(d[9]), static_cast<const bool*>(d[10])},
+                   &p);
+  p.d_out = d[0];
+  p.out = d[4];
+  p.lse = static_cast<float*>(d[5]);
+  p.d_lse = static_cast<const float*>(d[6]);
+  p.d_q = out.data[0];
+  p.d_k = out.data[1];
+  p.d_v = out.data[2];
+  call->empty = shapes.q.num_elements() == 0 && shapes.k.num_elements() == 0 && shapes.v.num_elements() == 0;
+  return tf::Status();
+}
+
+void SetSeed(const int64_t* seed, FlashFwdParams* p) {
+  p->seed = static_cast<uint64_t>(seed[0]);
+  p->seed_offset = static_cast<uint64_t>(seed[1]);
+}
+
+// ---- Host ----
+
+// ParallelFor on XLA's intra-op thread pool. The caller and up to num_threads - 1 pool tasks claim
+// shards from a shared counter; the caller waits only for shards already claimed, so it never waits on a
+// task that has not started (the pool may be busy, or be the caller's own). Tasks that start after the
+// work is done find nothing to claim; the shared state outlives them.
+ParallelFor PoolParallelFor(ffi::ThreadPool* pool, int num_threads) {
+  return [pool, num_threads](int64_t total, int64_t /*cost*/, const std::function<void(int64_t, int64_t)>& work) {
+    if (total <= 0) return;
+    const int64_t shards = std::min<int64_t>(total, num_threads <= 1 ? 1 : 4 * int64_t{num_threads});
+    if (shards == 1) return work(0, total);
+    const int64_t per_shard = (total + shards - 1) / shards;
+    struct State {
+      std::atomic<int64_t> next{0};
+      std::mutex mutex;
+      std::condition_variable all_done;
+      int64_t done = 0;
+    };
+    auto state = std::make_shared<State>();
+    // `work` is only touched while a shard is claimed, i.e. before the caller returns.
+    auto run = [state, shards, per_shard, total, work_ptr = &work] {
+      for (int64_t shard; (shard = state->next.fetch_add(1)) < shards;) {
+        (*work_ptr)(shard * per_shard, std::min(total, (shard + 1) * per_shard));
+        std::lock_guard<std::mutex> lock(state->mutex);
+        if (++state->done == shards) state->all_done.notify_all();
+      }
+    };
+    for (int i = 1; i < std::min<int64_t>(num_threads, shards); ++i) pool->Schedule(decltype(run)(run));
+    run();
+    std::unique_lock<std::mutex> lock(state->mutex);
+    state->all_done.wait(lock, [&] { return state->done == shards; });
+  };
+}
+
+ffi::Error FlashFwdHost(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        ffi::Dictionary attrs) {
+  ForwardCall call;
+  CallBuffers in;
+  tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
+  if (status.ok()) status = CheckLengthValues(call.params);
+  if (!status.ok() || call.empty) return ToFfiError(status);
+  SetSeed(static_cast<const int64_t*>(in.data[7]), &call.params);
+  const int num_threads = static_cast<int>(std::max<int64_t>(pool.num_threads(), 1));
+  return ToFfiError(RunFlashFwdCpu(call.params, call.dtype, PoolParallelFor(&pool, num_threads)));
+}
+
+ffi::Error FlashBwdHost(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                        ffi::Dictionary attrs) {
+  BackwardCall call;
+  CallBuffers in;
+  tf::Status status = PrepareBackward(attrs, args, rets, &call, &in);
+  if (status.ok()) status = CheckLengthValues(call.params);
+  if (!status.ok() || call.empty) return ToFfiError(status);
+  SetSeed(static_cast<const int64_t*>(in.data[11]), &call.params);
+  const int num_threads = static_cast<int>(std::max<int64_t>(pool.num_threads(), 1));
+  std::vector<std::unique_ptr<char[]>> held;
+  const FlashAllocate allocate = [&held](int64_t bytes, void** ptr) {
+    // new[] of char is aligned for any fundamental type (the scratch holds floats).
+    held.emplace_back(new char[std::max<int64_t>(bytes, 1)]);
+    *ptr = held.back().get();
+    return tf::Status();
+  };
+  return ToFfiError(RunFlashBwdCpu(call.params, call.dtype, num_threads, PoolParallelFor(&pool, num_threads),
+                                   allocate));
+}
+
+XLA_FFI_DEFINE_HANDLER(kFlashFwdHost, FlashFwdHost,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER(kFlashBwdHost, FlashBwdHost,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs<ffi::Dictionary>());
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "Host", kFlashFwdHost);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "Host", kFlashBwdHost);
+
+// ---- CUDA ----
+#if TF_FLASH_WITH_CUDA
+
+// Scratch and staging memory from XLA's allocator, valid until the handler's work on the stream ends.
+FlashAllocate XlaScratch(ffi::ScratchAllocator* scratch) {
+  return [scratch](int64_t bytes, void** ptr) {
+    // XLA's FFI refuses alignments above 16 ("Unsupported alignment"); its device allocator (TF's BFC
+    // allocator) hands out 256-byte aligned blocks anyway, which the kernels' vector loads need.
+    std::optional<void*> memory = scratch->Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 1)), 16);
+    if (!memory.has_value()) {
+      return tf::errors::ResourceExhausted("tf_flash: XLA's scratch allocator could not provide ", bytes, " bytes");
+    }
+    *ptr = *memory;
+    return tf::Status();
+  };
+}
+
+// The seed is an XLA operand in device memory. The kernels take it by value in the params, so it is
+// copied to the host; only calls with dropout need it (a 16-byte copy that waits for the stream).
+tf::Status ReadDeviceSeed(const void* seed, cudaStream_t stream, FlashFwdParams* p) {
+  if (p->dropout_rate == 0.f) return tf::Status();
+  int64_t host[2];
+  cudaError_t error = cudaMemcpyAsync(host, seed, sizeof(host), cudaMemcpyDeviceToHost, stream);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+  if (error != cudaSuccess) {
+    return tf::errors::Internal("tf_flash: reading the dropout seed failed: ", cudaGetErrorString(error));
+  }
+  SetSeed(host, p);
+  return tf::Status();
+}
+
+ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  ForwardCall call;
+  CallBuffers in;
+  tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
+  if (!status.ok() || call.empty) return ToFfiError(status);
+  status = ReadDeviceSeed(in.data[7], stream, &call.params);
+  if (status.ok()) status = RunFlashFwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
+  return ToFfiError(status);
+}
+
+ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  BackwardCall call;
+  CallBuffers in;
+  tf::Status status = PrepareBackward(attrs, args, rets, &call, &in);
+  if (!status.ok() || call.empty) return ToFfiError(status);
+  status = ReadDeviceSeed(in.data[11], stream, &call.params);
+  if (status.ok()) status = RunFlashBwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
+  return ToFfiError(status);
+}
+
+XLA_FFI_DEFINE_HANDLER(kFlashFwdCuda, FlashFwdCuda,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Ctx<ffi::ScratchAllocator>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER(kFlashBwdCuda, FlashBwdCuda,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Ctx<ffi::ScratchAllocator>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs<ffi::Dictionary>());
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "CUDA", kFlashFwdCuda);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "CUDA", kFlashBwdCuda);
+#endif  // TF_FLASH_WITH_CUDA
+
+}  // namespace
+}  // namespace tf_flash

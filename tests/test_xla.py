@@ -1,0 +1,478 @@
+"""tf_flash under XLA: tf.function(jit_compile=True) and Keras jit_compile lower the op to typed-FFI custom
+calls to our own kernels (cc/kernels/flash_attention_xla.cc). Every feature against the float64
+reference and against the op without XLA, dropout masks, the compiled HLO, linear memory, Keras fit,
+saving, import order and compile-time errors."""
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import philox_ref
+import tf_flash
+from device_util import on_device
+from reference import reference_attention, reference_attention_grad, to_numpy
+
+DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
+DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
+MODES = ["eager", "function", "xla"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# Relative error bounds vs float64 (output, gradient): as tests/test_flash_attention.py.
+TOLERANCE = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2), "bfloat16": (3e-2, 8e-2)}
+# XLA vs the op without XLA: the same kernels; only the CPU backward's split over threads may differ.
+SAME_KERNEL_TOLERANCE = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def _rng(*key):
+    """A generator seeded from the test's parameters (stable across processes, unlike hash())."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def _random(rng, shape, dtype=tf.float32):
+    return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
+
+
+def _rel_err(x, ref):
+    x, ref = to_numpy(x), to_numpy(ref)
+    assert not np.isnan(x).any(), "NaN in the result"
+    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _tolerance(device, dtype, table=TOLERANCE):
+    name = dtype
+    if "GPU" in device and name == "float32":
+        name = tf_flash.build_info().get("gpu_float32_compute", "float32")
+    return table[name]
+
+
+def _wrap(fn, mode):
+    if mode == "eager":
+        return fn
+    return tf.function(fn, jit_compile=(mode == "xla"))
+
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v) and the features: lengths not
+# multiples of the tiles, GQA, Dv != D.
+FEATURES = {
+    "plain": ((2, 77, 77, 4, 4, 32, 32), {}),
+    "causal": ((1, 130, 67, 4, 2, 64, 64), {"causal": True}),
+    "window": ((2, 90, 150, 2, 1, 16, 24), {"window": (13, 5)}),
+    "lengths": ((3, 70, 90, 2, 2, 32, 32), {"q_lengths": "q", "kv_lengths": "kv"}),
+    "mask_full": ((2, 45, 60, 2, 2, 16, 16), {"attention_mask": "full"}),
+    "mask_broadcast": ((2, 45, 200, 6, 1, 16, 24), {"attention_mask": "rows"}),
+    "block_mask": ((1, 150, 170, 4, 2, 32, 32), {"block_mask": "heads", "block_size": (32, 64)}),
+    "gqa_dv": ((1, 100, 120, 6, 2, 40, 72), {"causal": True}),
+    "scale": ((1, 33, 50, 2, 2, 8, 8), {"scale": 0.3}),
+    "all": ((2, 140, 160, 4, 2, 32, 48), {"causal": True, "window": (40, None), "q_lengths": "q",
+                                           "kv_lengths": "kv", "attention_mask": "full",
+                                           "block_mask": "heads", "block_size": 64}),
+}
+
+
+def _features(rng, kwargs, batch, seqlen_q, seqlen_k, heads):
+    kwargs = dict(kwargs)
+    if kwargs.get("q_lengths") == "q":
+        kwargs["q_lengths"] = rng.integers(0, seqlen_q + 1, size=batch).astype(np.int32)
+        kwargs["q_lengths"][0] = seqlen_q
+    if kwargs.get("kv_lengths") == "kv":
+        kwargs["kv_lengths"] = rng.integers(1, seqlen_k + 1, size=batch).astype(np.int32)
+    if kwargs.get("attention_mask") == "full":
+        kwargs["attention_mask"] = rng.random((batch, heads, seqlen_q, seqlen_k)) < 0.7
+    elif kwargs.get("attention_mask") == "rows":  # [B, 1, 1, Sk]: key padding, broadcast over heads and rows
+        kwargs["attention_mask"] = rng.random((batch, 1, 1, seqlen_k)) < 0.8
+    if kwargs.get("block_mask") == "heads":
+        bq, bk = kwargs["block_size"] if isinstance(kwargs["block_size"], tuple) else (kwargs["block_size"],) * 2
+        blocks = (heads, -(-seqlen_q // bq), -(-seqlen_k // bk))
+        kwargs["block_mask"] = rng.random(blocks) < 0.6
+    return kwargs
+
+
+def _forward_backward(q, k, v, d_out, d_lse, kwargs):
+    """out, lse and the gradients of sum(out * d_out) + sum(finite lse * d_lse)."""
+    with tf.GradientTape() as tape:
+        tape.watch([q, k, v])
+        out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
+        loss = (tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(d_out, tf.float32))
+                + tf.reduce_sum(tf.where(tf.math.is_inf(lse), 0.0, lse) * d_lse))
+    return (out, lse) + tuple(tape.gradient(loss, [q, k, v]))
+
+
+def _case(feature, dtype):
+    shape, feature_kwargs = FEATURES[feature]
+    rng = _rng("xla", feature, dtype)
+    batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v = shape
+    tf_dtype = DTYPES[dtype]
+    q = _random(rng, (batch, seqlen_q, heads, head_dim), tf_dtype)
+    k = _random(rng, (batch, seqlen_k, heads_kv, head_dim), tf_dtype)
+    v = _random(rng, (batch, seqlen_k, heads_kv, head_dim_v), tf_dtype)
+    kwargs = _features(rng, feature_kwargs, batch, seqlen_q, seqlen_k, heads)
+    d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
+    d_lse = _random(rng, (batch, heads, seqlen_q))
+    return q, k, v, d_out, d_lse, kwargs
+
+
+def _run(mode, device, q, k, v, d_out, d_lse, kwargs):
+    # Masks and lengths are tensors (inputs of the compiled function), the rest Python values.
+    tensor_kwargs = {name: tf.constant(value) for name, value in kwargs.items()
+                     if name in ("q_lengths", "kv_lengths", "attention_mask", "block_mask")}
+    static_kwargs = {name: value for name, value in kwargs.items() if name not in tensor_kwargs}
+
+    def fn(q, k, v, d_out, d_lse, tensors):
+        return _forward_backward(q, k, v, d_out, d_lse, dict(static_kwargs, **tensors))
+
+    with on_device(device):
+        return _wrap(fn, mode)(q, k, v, d_out, d_lse, tensor_kwargs)
+
+
+def _cases():
+    for feature in FEATURES:
+        yield feature, "float32"
+    for feature in ("plain", "all"):
+        yield feature, "float16"
+        yield feature, "bfloat16"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("feature,dtype", list(_cases()))
+def test_every_feature_matches_reference_in_every_mode(device, mode, feature, dtype):
+    q, k, v, d_out, d_lse, kwargs = _case(feature, dtype)
+    out, lse, *grads = _run(mode, device, q, k, v, d_out, d_lse, kwargs)
+    ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
+    finite = np.isfinite(ref_lse)
+    ref_grads = reference_attention_grad(q, k, v, d_out, d_lse=np.where(finite, to_numpy(d_lse), 0.0), **kwargs)
+    out_tol, grad_tol = _tolerance(device, dtype)
+    assert out.dtype == DTYPES[dtype] and lse.dtype == tf.float32
+    assert _rel_err(out, ref_out) < out_tol
+    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], rtol=out_tol, atol=out_tol)
+    for name, grad, ref in zip("qkv", grads, ref_grads):
+        assert grad.dtype == DTYPES[dtype]
+        assert _rel_err(grad, ref) < grad_tol, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("feature,dtype", list(_cases()))
+def test_xla_equals_the_op_without_xla(device, feature, dtype):
+    case = _case(feature, dtype)
+    eager = _run("eager", device, *case)
+    compiled = _run("xla", device, *case)
+    tol = _tolerance(device, dtype, SAME_KERNEL_TOLERANCE)
+    for name, got, want in zip(["out", "lse", "dq", "dk", "dv"], compiled, eager):
+        got, want = to_numpy(got), to_numpy(want)
+        np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want), err_msg=name)
+        finite = np.isfinite(want)
+        assert _rel_err(got[finite], want[finite]) <= tol, name
+
+
+def _dropout_case(dtype="float32"):
+    rng = _rng("xla-dropout", dtype)
+    q = _random(rng, (2, 70, 4, 32), DTYPES[dtype])
+    k = _random(rng, (2, 90, 2, 32), DTYPES[dtype])
+    v = _random(rng, (2, 90, 2, 24), DTYPES[dtype])
+    d_out = _random(rng, (2, 70, 4, 24), DTYPES[dtype])
+    return q, k, v, d_out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_dropout_same_mask_with_and_without_xla(device, dtype):
+    q, k, v, d_out = _dropout_case(dtype)
+    rate = 0.2
+
+    def fn(q, k, v, d_out, seed):  # the seed is a run-time input of the compiled function
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = tf_flash.flash_attention(q, k, v, causal=True, dropout_rate=rate, seed=seed)
+        return (out,) + tuple(tape.gradient(out, [q, k, v], output_gradients=d_out))
+
+    compiled = tf.function(fn, jit_compile=True)
+    tol = _tolerance(device, dtype, SAME_KERNEL_TOLERANCE)
+    with on_device(device):
+        results = {}
+        for seed in ([7, 0], [123456789012, 5]):
+            seed_tensor = tf.constant(seed, tf.int64)
+            results[tuple(seed)] = with_xla = compiled(q, k, v, d_out, seed_tensor)
+            without = fn(q, k, v, d_out, seed_tensor)
+            for name, got, want in zip(["out", "dq", "dk", "dv"], with_xla, without):
+                assert _rel_err(got, want) <= tol, (seed, name)
+    # Different seeds drop different entries; both match the float64 reference with philox_ref's mask.
+    first, second = results.values()
+    assert _rel_err(first[0], second[0]) > 1e-2
+    out_tol, grad_tol = _tolerance(device, dtype)
+    for (seed, offset), (out, *grads) in results.items():
+        keep = philox_ref.keep_mask(seed, offset, 2, 4, 70, 90, rate)
+        kwargs = dict(causal=True, dropout_rate=rate, keep_mask=keep)
+        assert _rel_err(out, reference_attention(q, k, v, **kwargs)[0]) < out_tol
+        for name, grad, ref in zip("qkv", grads, reference_attention_grad(q, k, v, d_out, **kwargs)):
+            assert _rel_err(grad, ref) < grad_tol, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dropout_without_seed_under_xla_backward_uses_the_forward_mask(device):
+    # seed=None draws the seed inside the compiled function; the gradient must regenerate that draw's
+    # mask. With value = I, out = P_dropped, and with d_out = I, d_value = P_dropped^T: equal iff the
+    # forward and backward dropped the same entries.
+    seqlen_q, seqlen_k = 40, 48
+    q = _random(_rng("xla-seedless"), (1, seqlen_q, 1, 16))
+    k = _random(_rng("xla-seedless", "k"), (1, seqlen_k, 1, 16))
+    v = tf.eye(seqlen_k)[None, :, None, :]
+    d_out = tf.eye(seqlen_q, seqlen_k)[None, :, None, :]
+
+    @tf.function(jit_compile=True)
+    def fn():
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            out = tf_flash.flash_attention(q, k, v, dropout_rate=0.3)
+        return out, tape.gradient(out, v, output_gradients=d_out)
+
+    with on_device(device):
+        (out, d_v), (other, _) = fn(), fn()
+    probs = to_numpy(out)[0, :, 0, :]
+    tol = 1e-5 if "CPU" in device else 4e-3  # the GPU computes float32 on float16 operands
+    np.testing.assert_allclose(to_numpy(d_v)[0, :seqlen_k, 0, :seqlen_q].T, probs, rtol=tol, atol=tol / 10)
+    assert (probs == 0).mean() > 0.1  # dropout happened
+    assert _rel_err(other, out) > 1e-2  # and each call draws a new seed
+
+
+def _hlo(fn, *args):
+    return fn.experimental_get_compiler_ir(*args)(stage="hlo")
+
+
+def test_hlo_calls_our_kernels_and_never_builds_scores():
+    seqlen = 384  # a size no other dim has: an [.., 384, 384] value would be the score matrix
+    rng = _rng("xla-hlo")
+    q, k, v = (_random(rng, (1, seqlen, 2, 32)) for _ in range(3))
+
+    @tf.function(jit_compile=True)
+    def fn(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = tf_flash.flash_attention(q, k, v, causal=True, dropout_rate=0.1, seed=1)
+        return out, tape.gradient(out, [q, k, v])
+
+    hlo = _hlo(fn, q, k, v)
+    assert 'custom_call_target="tf_flash_attention_fwd"' in hlo
+    assert 'custom_call_target="tf_flash_attention_bwd"' in hlo
+    assert "api_version=API_VERSION_TYPED_FFI" in hlo
+    assert not re.search(rf"\[[0-9,]*{seqlen},{seqlen}\]", hlo), "an [S, S] value in the HLO"
+    assert " dot(" not in hlo
+
+
+MEMORY_SCRIPT = textwrap.dedent("""
+    import json, resource, sys
+    sys.path.insert(0, {repo!r})
+    import numpy as np, tensorflow as tf, tf_flash
+    b, s, h, d = 1, 16384, 1, 64
+    rng = np.random.default_rng(0)
+    q, k, v = (tf.constant(rng.standard_normal((b, s, h, d)).astype(np.float32)) for _ in range(3))
+
+    @tf.function(jit_compile=True)
+    def step(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = tf_flash.flash_attention(q, k, v, causal=True)
+            loss = tf.reduce_sum(out)
+        return loss, tape.gradient(loss, [q, k, v])
+
+    hlo = step.experimental_get_compiler_ir(q, k, v)(stage="hlo")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    loss, grads = step(q, k, v)
+    finite = bool(np.isfinite(loss.numpy())) and all(np.isfinite(g.numpy()).all() for g in grads)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({{"growth_mb": (peak - before) / 1024, "finite": finite,
+                      "custom_call": "tf_flash_attention_bwd" in hlo}}))
+""")
+
+
+def test_memory_stays_linear_at_16k_under_xla_on_cpu():
+    # One [16384, 16384] float32 score matrix is 1 GiB; dense attention's forward and backward hold
+    # several. Our custom calls need O(s * d): q, k, v, out and their gradients are 4 MiB each.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT.format(repo=REPO)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["finite"] and result["custom_call"], result
+    assert result["growth_mb"] < 256, result
+
+
+def test_static_shape_errors_are_the_ops_messages_at_compile_time():
+    rng = _rng("xla-errors")
+    q, k, v = (_random(rng, (2, 40, 2, 16)) for _ in range(3))
+    cases = [
+        (dict(q_lengths=tf.constant([3, 4, 5])), r"q_lengths must have shape \[batch\] = \[2\].*Received: q_lengths "
+                                                  r"with shape \[3\]"),
+        (dict(attention_mask=tf.ones([2, 3, 40, 40], tf.bool)), r"attention_mask must be broadcastable to "
+                                                               r"\[2, 2, 40, 40\]. Received: attention_mask"),
+        (dict(block_mask=tf.ones([2, 2], tf.bool), block_size=16), r"block_mask must be broadcastable to "
+                                                                   r"\[2, 2, 3, 3\]. Received: block_mask"),
+    ]
+    for kwargs, message in cases:
+        fn = tf.function(lambda q, k, v, kwargs=kwargs: tf_flash.flash_attention(q, k, v, **kwargs),
+                         jit_compile=True)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            fn(q, k, v)
+    big = _random(rng, (1, 8, 1, 300))
+    fn = tf.function(lambda q: tf_flash.flash_attention(q, q, q), jit_compile=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"head dim must be in \[1, 256\]. Received: 300"):
+        fn(big)
+
+
+def test_dynamic_shapes_get_a_clear_error():
+    q = _random(_rng("xla-dynamic"), (1, 40, 2, 16))
+
+    @tf.function(jit_compile=True)
+    def fn(q, present):  # a mask absent or present at run time: XLA gives it a dynamic shape
+        mask = tf.cond(present, lambda: tf.ones([1, 1, 1, 40], tf.bool), lambda: tf.zeros([0, 0, 0, 0], tf.bool))
+        return tf_flash.flash_attention(q, q, q, attention_mask=mask)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"needs static shapes. Received: attention_mask"):
+        fn(q, tf.constant(True))
+
+
+def test_length_values_are_checked_at_run_time_on_cpu():
+    rng = _rng("xla-lengths")
+    q, k, v = (_random(rng, (2, 40, 2, 16)) for _ in range(3))
+    fn = tf.function(lambda q, k, v, lengths: tf_flash.flash_attention(q, k, v, kv_lengths=lengths),
+                     jit_compile=True)
+    with tf.device("/CPU:0"):
+        fn(q, k, v, tf.constant([40, 3]))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"kv_lengths\[1\] must be in \[0, 40\]. "
+                                                                 r"Received: kv_lengths\[1\]=41"):
+            fn(q, k, v, tf.constant([40, 41]))
+
+
+IMPORT_ORDER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {repo!r})
+    import numpy as np, tensorflow as tf
+    # XLA builds its kernel registry the first time anything is compiled: do that before tf_flash loads.
+    assert float(tf.function(lambda x: x * 2.0 + 1.0, jit_compile=True)(tf.constant(1.0))) == 3.0
+    import tf_flash
+    rng = np.random.default_rng(0)
+    q, k, v = (tf.constant(rng.standard_normal((1, 50, 2, 16)).astype(np.float32)) for _ in range(3))
+
+    def fn(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch(q)
+            out = tf_flash.flash_attention(q, k, v, causal=True)
+        return out, tape.gradient(out, q)
+
+    compiled = tf.function(fn, jit_compile=True)
+    hlo = compiled.experimental_get_compiler_ir(q, k, v)(stage="hlo")
+    (out, dq), (ref, dq_ref) = compiled(q, k, v), fn(q, k, v)
+    print(json.dumps({{"diff": float(np.abs(out - ref).max()), "grad_diff": float(np.abs(dq - dq_ref).max()),
+                      "custom_call": "tf_flash_attention_fwd" in hlo and "tf_flash_attention_bwd" in hlo}}))
+""")
+
+
+def test_registration_is_seen_when_xla_compiled_before_import():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", IMPORT_ORDER_SCRIPT.format(repo=REPO)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["custom_call"] and result["diff"] < 1e-5 and result["grad_diff"] < 1e-4, result
+
+
+# ---- Keras ----
+
+def _keras_model(seed=0):
+    import keras
+    from tf_flash.layers import FlashAttention, FlashMultiHeadAttention
+
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(30, 16, mask_zero=True)(tokens)
+    x = FlashMultiHeadAttention(2, 8, name="mha")(x, x, use_causal_mask=True)
+    heads = keras.layers.Reshape((-1, 2, 8))(x)
+    heads = FlashAttention(window=(3, 1), name="flash")(heads, heads)
+    x = keras.layers.Add()([x, keras.layers.Reshape((-1, 16))(heads)])
+    x = keras.layers.LayerNormalization()(keras.layers.GlobalAveragePooling1D()(x))
+    return keras.Model(tokens, keras.layers.Dense(3)(x))
+
+
+def _keras_data():
+    rng = _rng("xla-keras")
+    tokens = rng.integers(1, 30, size=(16, 12)).astype("int32")
+    tokens[::3, 9:] = 0  # Keras padding masks, as prefixes: the lengths fast path
+    return tokens, rng.integers(0, 3, size=(16,)).astype("int32")
+
+
+def test_layers_declare_xla_support():
+    from keras.src.trainers.trainer import model_supports_jit
+
+    from tf_flash.layers import FlashAttention, FlashMultiHeadAttention
+
+    assert FlashAttention().supports_jit and FlashMultiHeadAttention(2, 4).supports_jit
+    assert model_supports_jit(_keras_model())
+
+
+@pytest.mark.gpu
+def test_compile_default_auto_turns_xla_on_on_the_gpu():
+    import keras
+
+    model = _keras_model()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    tokens, labels = _keras_data()
+    model.fit(tokens, labels, epochs=1, batch_size=8, verbose=0)
+    assert model.jit_compile is True
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_keras_fit_with_xla_equals_fit_without(device):
+    import keras
+
+    tokens, labels = _keras_data()
+    weights = {}
+    with tf.device(device):
+        for jit in (False, True):
+            model = _keras_model()
+            model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit)
+            model.fit(tokens, labels, epochs=2, batch_size=8, shuffle=False, verbose=0)
+            weights[jit] = model.get_weights()
+    tol = 2e-3 if "GPU" in device else 2e-5  # XLA fuses the surrounding float32 math differently
+    for without, with_xla in zip(weights[False], weights[True]):
+        np.testing.assert_allclose(with_xla, without, rtol=tol, atol=tol)
+
+
+def test_model_trained_under_xla_saves_and_reloads_in_a_fresh_process(tmp_path):
+    import keras
+
+    sys.path.insert(0, TESTS)
+    import saving_helper
+
+    keras.utils.set_random_seed(0)
+    model = saving_helper.build_model(dropout=0.1)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
+    tokens, labels = saving_helper.data()
+    model.fit(tokens, labels, epochs=2, batch_size=4, verbose=0)
+    logits = model.predict(tokens, verbose=0)
+    model.save(tmp_path / "model.keras")
+    model.export(str(tmp_path / "exported"), verbose=False)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="tokens")])
+    def serve(tokens):
+        return {"logits": model(tokens, training=False)}
+
+    tf.saved_model.save(model, str(tmp_path / "saved_model"), signatures={"serving_default": serve})
+    np.savez(tmp_path / "expected.npz", tokens=tokens, labels=labels, logits=logits)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, os.path.join(TESTS, "saving_helper.py"), "reload", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    tol = 1e-3 if tf.config.list_physical_devices("GPU") else 1e-5
+    for key in ("keras_max_diff", "export_max_diff", "tfsm_max_diff", "signature_max_diff"):
+        assert result[key] < tol, (key, result)
+    assert np.all(np.isfinite(result["keras_continued_loss"])) and result["keras_weights_changed"], result
