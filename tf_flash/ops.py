@@ -41,9 +41,20 @@ def _to_tensor(value, name, dtype_hint=None):
                          f"({err})") from err
 
 
+def _in_xla_context():
+    try:
+        from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
+        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    except Exception:  # pylint: disable=broad-except  (private TF API: never fail because of it)
+        return False
+
+
 def _checked(tensor, condition, *message):
     """`tensor`, after a run-time check of `condition` (graph mode, for what the static shapes cannot
-    decide); the error names the argument through `message`. Eager: raises at once."""
+    decide); the error names the argument through `message`. Eager: raises at once. Under XLA, where
+    Assert compiles to nothing, the op's XLA kernel checks the shapes itself: nothing is added."""
+    if not tf.executing_eagerly() and _in_xla_context():
+        return tensor
     assertion = tf.debugging.Assert(condition, list(message), summarize=16)
     if tf.executing_eagerly():
         return tensor
@@ -251,8 +262,10 @@ def check_dims(tensor, name, expected, what, received_shape=None, broadcast=Fals
         if size is None or full.static is None:
             decided = decided and broadcast and size == 1
         elif size != full.static and not (broadcast and size == 1):
-            raise ValueError(f"`{name}` must have shape {what} = {[f.static for f in expected]} (each axis "
-                             f"{allowed}that size). Received: {name}.shape={received_shape}")
+            sizes = [f.static for f in expected]
+            requirement = (f"be broadcastable to {sizes} ({what}, each axis 1 or that size)" if broadcast
+                           else f"have shape {what} = {sizes}")
+            raise ValueError(f"`{name}` must {requirement}. Received: {name}.shape={received_shape}")
     if decided:
         return tensor
     full_dynamic = tf.stack([f.tensor() for f in expected])
