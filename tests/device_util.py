@@ -1,31 +1,98 @@
-"""Device helpers shared by the op tests."""
+"""Device helpers shared by the op tests: what the GPU declares unsupported, and GPU tolerances.
+
+"Not supported on the GPU" is a declared list (GPU_UNSUPPORTED below, read from
+cc/kernels/cuda/cuda_entry.cu and flash_bwd_api.cu), never inferred from an error: a test names its
+configuration, `gpu_unsupported` says whether the list covers it (the test then skips), and any other
+"tf_flash GPU kernel: ..." refusal fails the test. test_flash_attention.py checks both directions: every
+declared entry is refused, and every other configuration runs.
+"""
 import contextlib
 
 import pytest
 import tensorflow as tf
 
+import tf_flash
+
+
+def _round8(dim):
+    return (dim + 7) // 8 * 8
+
+
+def _reduced_build():
+    return tf_flash.build_info().get("cuda_reduced") == "1"
+
+
+# (name, predicate(config) -> bool). config keys: head_dim, head_dim_v, heads, batch, scale (any may be
+# missing: a missing key never matches). The CUDA build stages float32 and head dims that are not
+# multiples of 8 (zero-padded), so neither is on the list.
+GPU_UNSUPPORTED = [
+    # TF_FLASH_CUDA_REDUCED builds (cuda_reduced=1 in build_info) compile head dims 64 and 128 only.
+    ("reduced build: head dims above 128",
+     lambda c: _reduced_build() and max(_round8(c.get("head_dim", 0)), _round8(c.get("head_dim_v", 0))) > 128),
+    # The forward grid puts heads and batch on the y/z axes of the launch (at most 65535 each).
+    ("more than 65535 heads or batch entries",
+     lambda c: c.get("heads", 0) > 65535 or c.get("batch", 0) > 65535),
+    # cuda_entry.cu: "the CUDA forward needs a finite scale >= 0" (the CPU takes any finite scale).
+    ("a negative scale", lambda c: c.get("scale") is not None and c["scale"] < 0),
+]
+
+
+def gpu_unsupported(**config):
+    """The name of the GPU_UNSUPPORTED entry that covers `config`, or None."""
+    for name, covers in GPU_UNSUPPORTED:
+        if covers(config):
+            return name
+    return None
+
+
+def _is_gpu(device):
+    return "GPU" in str(device).upper()
+
 
 @contextlib.contextmanager
-def on_device(device):
-    """tf.device(device); a configuration the CUDA build does not cover (its error names the GPU kernel)
-    skips the GPU variant instead of failing it."""
+def on_device(device, **config):
+    """tf.device(device). On the GPU, a `config` (head_dim=..., head_dim_v=..., heads=..., batch=...,
+    scale=...) that GPU_UNSUPPORTED covers skips the test before anything runs; a GPU refusal of any
+    other configuration fails it, saying that the refusal is not declared."""
+    if _is_gpu(device):
+        reason = gpu_unsupported(**config)
+        if reason is not None:
+            pytest.skip(f"declared unsupported on the GPU: {reason}")
     with tf.device(device):
         try:
             yield
         except tf.errors.InvalidArgumentError as err:
-            if "GPU kernel" in str(err):
-                pytest.skip(f"not covered by the GPU kernels: {str(err).splitlines()[0][:200]}")
+            if _is_gpu(device) and "GPU kernel" in str(err):
+                pytest.fail("the GPU refused a configuration that tests/device_util.py GPU_UNSUPPORTED does not "
+                            f"declare unsupported ({config or 'no configuration given'}): {str(err)[:400]}")
             raise
 
 
+# float32 on the GPU: the CUDA build computes it on float16 operands (build_info()["gpu_float32_compute"]
+# == "float16"), so GPU float32 is held to the float16 bounds. This is the one place that says so: when
+# the GPU computes float32 at float32 range (TF32 or split operands), map that compute name here to the
+# bound table it earns, e.g. {"float16": "float16", "tf32": "float32"}.
+GPU_FLOAT32_BOUNDS_OF = {"float16": "float16", "float32": "float32"}
+
+
+def gpu_float32_bound_dtype():
+    """The dtype whose tolerances GPU float32 results are held to ("float16" today, see above)."""
+    compute = tf_flash.build_info().get("gpu_float32_compute", "float32")
+    return GPU_FLOAT32_BOUNDS_OF.get(compute, "float16")
+
+
 def hold_gpu_float32_to_float16(request, monkeypatch, tables, float32_bounds=()):
-    """float32 on the GPU computes on float16 operands (tf_flash.build_info()["gpu_float32_compute"]): in a
-    test parametrized on the GPU, each {dtype: bound} table gives float32 the float16 bound, or the bound
-    given in float32_bounds, pairs (table, bound) for what the rounding of float32 inputs moves further
-    (float16 inputs carry no such rounding)."""
+    """In a test parametrized on the GPU, each {dtype: bound} table gives float32 the bound of the dtype
+    gpu_float32_bound_dtype() names (float16 today), or the bound given in float32_bounds, pairs
+    (table, bound) for what the rounding of float32 inputs moves further (float16 inputs carry no such
+    rounding). Tables are keyed by tf.DType."""
     callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "GPU" in str(callspec.params.get("device", "")).upper():
-        for table in tables:
-            monkeypatch.setitem(table, tf.float32, table[tf.float16])
-        for table, bound in float32_bounds:
-            monkeypatch.setitem(table, tf.float32, bound)
+    if callspec is None or not _is_gpu(callspec.params.get("device", "")):
+        return
+    bound_dtype = tf.as_dtype(gpu_float32_bound_dtype())
+    if bound_dtype == tf.float32:
+        return
+    for table in tables:
+        monkeypatch.setitem(table, tf.float32, table[bound_dtype])
+    for table, bound in float32_bounds:
+        monkeypatch.setitem(table, tf.float32, bound)

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
-from device_util import on_device
+from conftest import seed_of
+from device_util import GPU_UNSUPPORTED, gpu_float32_bound_dtype, gpu_unsupported, on_device
 from reference import reference_attention, reference_attention_grad, standard_attention, to_numpy
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
@@ -38,10 +39,10 @@ def _run(fn, mode):
 
 
 def _tolerance(device, dtype):
-    """(output, gradient) relative error bounds; float32 on the GPU computes on float16 operands."""
+    """(output, gradient) relative error bounds; GPU float32 takes the bounds device_util names for it."""
     name = dtype.name if hasattr(dtype, "name") else dtype
     if "GPU" in device and name == "float32":
-        name = tf_flash.build_info().get("gpu_float32_compute", "float32")
+        name = gpu_float32_bound_dtype()
     return TOLERANCE[name]
 
 
@@ -93,17 +94,16 @@ TOLERANCE = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2), "bfloat16": (3e
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_forward_and_gradients(device, dtype, shape, feature):
+def test_forward_and_gradients(device, dtype, shape, feature, rng):
     if dtype != "float32" and "GPU" not in device and feature not in ("plain", "all"):
         pytest.skip("the CPU half-precision paths share the float32 code after conversion: two features suffice")
-    rng = np.random.default_rng(abs(hash((shape, feature))) % 2**32)
     batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v = shape
     tf_dtype = DTYPES[dtype]
     q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v, dtype=tf_dtype)
     kwargs = _features(rng, feature, batch, seqlen_q, seqlen_k, heads)
     d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
     d_lse = _random(rng, (batch, heads, seqlen_q))
-    with on_device(device):  # a reduced CUDA build skips head dim 256
+    with on_device(device, head_dim=head_dim, head_dim_v=head_dim_v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
@@ -131,12 +131,11 @@ def test_forward_and_gradients(device, dtype, shape, feature):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, head_dim, causal):
-    rng = np.random.default_rng(head_dim + 7 * causal)
+def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, head_dim, causal, rng):
     tf_dtype = DTYPES[dtype]
     q, k, v = _qkv(rng, 2, 200, 333, 4, 2, head_dim, dtype=tf_dtype)
     d_out = _random(rng, (2, 200, 4, head_dim), tf_dtype)
-    with on_device(device):
+    with on_device(device, head_dim=head_dim, head_dim_v=head_dim):
         def fn():
             with tf.GradientTape() as tape:
                 tape.watch([q, k, v])
@@ -157,11 +156,10 @@ def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, h
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_dim", [8, 24, 40, 96, 160, 192, 256])
-def test_head_dims(device, head_dim):
-    rng = np.random.default_rng(head_dim)
+def test_head_dims(device, head_dim, rng):
     q, k, v = _qkv(rng, 1, 70, 90, 2, 1, head_dim)
-    # On the GPU 160 and 192 run the backward's head dim 256 kernels, zero-padded (a reduced build skips).
-    with on_device(device):
+    # On the GPU 160 and 192 run the backward's head dim 256 kernels, zero-padded.
+    with on_device(device, head_dim=head_dim, head_dim_v=head_dim):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             out = tf_flash.flash_attention(q, k, v, causal=True)
@@ -210,6 +208,68 @@ def test_empty_sequences(device):
     with tf.device(device):
         out = tf_flash.flash_attention(tf.zeros([2, 0, 2, 16], dtype), q, q)
     assert out.shape == (2, 0, 2, 16)
+
+
+# Every configuration the GPU must run: all dtypes, head dims 1..256 (multiples of 8 or not, key and value
+# head dims apart) with every masking feature and dropout. Only GPU_UNSUPPORTED may refuse one.
+GPU_COVERAGE_HEAD_DIMS = [(1, 1), (8, 8), (24, 40), (32, 32), (45, 45), (64, 64), (64, 128), (80, 80), (96, 96),
+                          (100, 100), (128, 128), (128, 64), (160, 160), (192, 192), (200, 136), (256, 256)]
+GPU_COVERAGE_FEATURES = {
+    "plain": {},
+    "causal_gqa": {"causal": True, "gqa": True},
+    "window_lengths": {"window": (7, 3), "q_lengths": [33, 17], "kv_lengths": [50, 9]},
+    "masks": {"attention_mask": "random", "block_mask": "random", "block_size": 16},
+    "dropout": {"dropout_rate": 0.25, "seed": 3},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("head_dims", GPU_COVERAGE_HEAD_DIMS, ids=lambda d: f"d{d[0]}_dv{d[1]}")
+def test_gpu_runs_every_configuration_not_declared_unsupported(dtype, head_dims, rng):
+    """A GPU refusal ("tf_flash GPU kernel: ...") of any configuration GPU_UNSUPPORTED does not declare
+    fails here: a regression cannot hide as a skip."""
+    head_dim, head_dim_v = head_dims
+    expected = gpu_unsupported(head_dim=head_dim, head_dim_v=head_dim_v, heads=4, batch=2)
+    for name, features in GPU_COVERAGE_FEATURES.items():
+        kwargs = dict(features)
+        heads_kv = 2 if kwargs.pop("gqa", False) else 4
+        if kwargs.get("attention_mask") == "random":
+            kwargs["attention_mask"] = rng.random((2, 4, 40, 50)) < 0.8
+            kwargs["block_mask"] = rng.random((4, 3, 4)) < 0.7
+        q, k, v = _qkv(rng, 2, 40, 50, 4, heads_kv, head_dim, head_dim_v, dtype=DTYPES[dtype])
+        try:
+            with tf.device("/GPU:0"):
+                with tf.GradientTape() as tape:
+                    tape.watch([q, k, v])
+                    out = tf_flash.flash_attention(q, k, v, **kwargs)
+                grads = tape.gradient(out, [q, k, v])
+            [t.numpy() for t in (out, *grads)]
+        except tf.errors.InvalidArgumentError as err:
+            assert expected is not None and "GPU kernel" in str(err), (
+                f"{name}: the GPU refused a configuration not declared unsupported: {err}")
+            continue
+        assert expected is None, f"{name}: declared unsupported ({expected}) but the GPU ran it"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [dict(heads=65536, batch=1, head_dim=8, scale=None),
+                                    dict(heads=2, batch=65536, head_dim=8, scale=None),
+                                    dict(heads=2, batch=1, head_dim=8, scale=-0.5),
+                                    dict(heads=2, batch=1, head_dim=256, scale=None)],
+                         ids=["heads", "batch", "negative_scale", "head_dim_256"])
+def test_gpu_refuses_what_it_declares_unsupported(config):
+    """Each GPU_UNSUPPORTED entry is real: the GPU refuses it with an InvalidArgumentError naming the GPU
+    kernel (the head dim 256 case is declared only in a reduced build; otherwise it must run)."""
+    assert len(GPU_UNSUPPORTED) == 3  # a new entry needs a case here
+    q = tf.zeros([config["batch"], 3, config["heads"], config["head_dim"]], tf.float16)
+    declared = gpu_unsupported(**config)
+    with tf.device("/GPU:0"):
+        if declared is None:
+            assert tf_flash.flash_attention(q, q, q, scale=config["scale"]).shape == q.shape
+            return
+        with pytest.raises(tf.errors.InvalidArgumentError, match="GPU kernel"):
+            tf_flash.flash_attention(q, q, q, scale=config["scale"]).numpy()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -330,7 +390,9 @@ def test_memory_is_linear_in_sequence_length():
         _ = [g.numpy() for g in grads]
         print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ,
+    # A CPU expectation (the CPU backward's scratch): the helper process sees no GPU.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     grown_mb = float(result.stdout.strip().splitlines()[-1])

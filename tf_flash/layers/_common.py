@@ -13,6 +13,7 @@ _LARGE_NEGATIVE = -1e9
 
 # An int that is not a bool: the op module's test, so the layers and the op accept the same values.
 is_int = _flash_ops._is_int
+Size = _flash_ops.Size
 
 
 def check_dropout(dropout):
@@ -56,34 +57,80 @@ def block_mask_to_config(block_mask):
     return None if block_mask is None else block_mask.tolist()
 
 
-def to_bool(mask):
-    mask = tf.convert_to_tensor(mask)
-    return mask if mask.dtype == tf.bool else tf.cast(mask, tf.bool)
+def to_bool(mask, name="mask"):
+    """A Keras mask (bool, or numbers where nonzero = keep) as a bool tensor; anything else is refused."""
+    original = mask
+    mask = _flash_ops._to_tensor(mask, name)
+    if mask.dtype == tf.bool:
+        return mask
+    if not (mask.dtype.is_integer or mask.dtype.is_floating):
+        raise ValueError(f"`{name}` must be a bool (or numeric, nonzero = keep) tensor. Received: {name} of "
+                         f"dtype {mask.dtype.name} ({name}={_flash_ops._describe(original)})")
+    return tf.cast(mask, tf.bool)
 
 
 def and_masks(first, second):
-    """AND of two optional masks (None = absent)."""
+    """AND of two optional bool masks (None = absent)."""
     if first is None:
-        return None if second is None else to_bool(second)
+        return second
     if second is None:
-        return to_bool(first)
-    return tf.logical_and(to_bool(first), to_bool(second))
+        return first
+    return tf.logical_and(first, second)
 
 
-def expand_attention_mask(mask):
-    """A Keras-style attention mask ([Sq, Sk], [B, Sq, Sk] or [B, H, Sq, Sk]) as rank 4.
+def check_padding_mask(mask, name, batch, seqlen):
+    """A Keras padding mask [batch, seq] (None passes) as bool, its shape checked: its errors name it,
+    not the lengths or attention_mask it becomes. batch, seqlen: Sizes (dim())."""
+    if mask is None:
+        return None
+    mask = to_bool(mask, name)
+    if mask.shape.rank is not None and mask.shape.rank != 2:
+        raise ValueError(f"`{name}` must have shape [batch, seq] (a Keras padding mask). "
+                         f"Received: {name}.shape={mask.shape}")
+    if mask.shape.rank is None:
+        mask = tf.ensure_shape(
+            _flash_ops._checked(mask, tf.equal(tf.rank(mask), 2),
+                                f"`{name}` must have shape [batch, seq] (a Keras padding mask). Received: "
+                                f"{name}.shape=", tf.shape(mask)), [None, None])
+    return _flash_ops.check_dims(mask, name, (batch, seqlen), "[batch, seq]")
+
+
+def expand_attention_mask(mask, batch, heads, seqlen_q, seqlen_k):
+    """A Keras-style attention mask ([Sq, Sk], [B, Sq, Sk] or [B, H, Sq, Sk]) as rank 4, its shape checked
+    (each axis the full size or 1). batch, heads, seqlen_q, seqlen_k: Sizes (dim()).
 
     Missing axes are inserted before the query axis, as Keras' MultiHeadAttention broadcasts them
     (a rank-3 mask is [B, Sq, Sk], not [H, Sq, Sk]).
     """
-    mask = to_bool(mask)
+    mask = to_bool(mask, "attention_mask")
     rank = mask.shape.rank
     if rank is None or not 2 <= rank <= 4:
         raise ValueError("`attention_mask` must have rank 2 ([Sq, Sk]), 3 ([B, Sq, Sk]) or 4 "
-                         f"([B, H, Sq, Sk]). Received: attention_mask with shape {mask.shape}")
+                         f"([B, H, Sq, Sk]). Received: attention_mask.shape={mask.shape}")
+    layout = {2: ("[seq_q, seq_k]", (seqlen_q, seqlen_k)), 3: ("[batch, seq_q, seq_k]", (batch, seqlen_q, seqlen_k)),
+              4: ("[batch, heads, seq_q, seq_k]", (batch, heads, seqlen_q, seqlen_k))}
+    what, expected = layout[rank]
+    mask = _flash_ops.check_dims(mask, "attention_mask", expected, what, broadcast=True)
     while mask.shape.rank < 4:
         mask = tf.expand_dims(mask, axis=-3)
     return mask
+
+
+def check_lengths(lengths, name, batch, seqlen):
+    """User lengths [batch] in [0, seq] as int32, checked at run time too: the layer turns them into masks,
+    which no kernel checks."""
+    return _flash_ops.check_lengths(lengths, name, batch, seqlen, runtime_range_check=True)
+
+
+def dim(tensor, axis):
+    """The Size (static int or None, tensor() on demand) of one axis of `tensor`."""
+    return _flash_ops.axis_size(tensor, axis)
+
+
+def check_bool_or_none(value, name):
+    if value is not None and not _flash_ops._is_bool(value):
+        raise ValueError(f"`{name}` must be a bool or None. Received: {name}={_flash_ops._describe(value)}")
+    return None if value is None else bool(value)
 
 
 def padding_lengths(mask):
@@ -139,10 +186,8 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
     """
     q_lengths = kv_lengths = None
     if query_mask is not None:
-        query_mask = to_bool(query_mask)
         q_lengths, _ = padding_lengths(query_mask)
     if kv_mask is not None:
-        kv_mask = to_bool(kv_mask)
         kv_lengths, kv_prefix = padding_lengths(kv_mask)
         kv_mask4 = kv_mask[:, None, None, :]
         if attention_mask is not None:

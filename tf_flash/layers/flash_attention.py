@@ -92,14 +92,23 @@ class FlashAttention(keras.layers.Layer):
             key_mask = None
         dtype = self.compute_dtype
         query, key, value = (tf.cast(t, dtype) for t in (query, key, value))
-        kv_mask = _common.and_masks(value_mask, key_mask)
+        # Every mask and length is checked against the inputs here, under its own name (the op would
+        # report what they become: lengths, attention_mask).
+        batch, heads = _common.dim(query, 0), _common.dim(query, 2)
+        seqlen_q, seqlen_k = _common.dim(query, 1), _common.dim(key, 1)
+        query_mask = _common.check_padding_mask(query_mask, "query_mask", batch, seqlen_q)
+        kv_mask = _common.and_masks(_common.check_padding_mask(value_mask, "value_mask", batch, seqlen_k),
+                                    _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k))
         if attention_mask is not None:
-            attention_mask = _common.expand_attention_mask(attention_mask)
+            attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
         if q_lengths is not None:
-            query_mask = _common.and_masks(query_mask, tf.sequence_mask(q_lengths, tf.shape(query)[1]))
+            q_lengths = _common.check_lengths(q_lengths, "q_lengths", batch, seqlen_q)
+            query_mask = _common.and_masks(query_mask, tf.sequence_mask(q_lengths, seqlen_q.tensor()))
         if kv_lengths is not None:
-            kv_mask = _common.and_masks(kv_mask, tf.sequence_mask(kv_lengths, tf.shape(key)[1]))
-        causal = self.causal if use_causal_mask is None else bool(use_causal_mask)
+            kv_lengths = _common.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k)
+            kv_mask = _common.and_masks(kv_mask, tf.sequence_mask(kv_lengths, seqlen_k.tensor()))
+        use_causal_mask = _common.check_bool_or_none(use_causal_mask, "use_causal_mask")
+        causal = self.causal if use_causal_mask is None else use_causal_mask
         dropout_rate, seed = 0.0, None
         if training and self.dropout > 0:
             dropout_rate = self.dropout

@@ -127,8 +127,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
                     "is not supported; flatten them into one sequence axis first). "
                     f"Received: attention_axes={attention_axes!r}")
             attention_axes = (1,)
-        if sliding_window is not None and not (_common.is_int(sliding_window) and sliding_window > 0):
-            raise ValueError("`sliding_window` must be None or a positive int. "
+        if sliding_window is not None and not (_common.is_int(sliding_window) and 0 < sliding_window <= 2**31):
+            raise ValueError("`sliding_window` must be None or an int in [1, 2**31]. "
                              f"Received: sliding_window={sliding_window!r}")
         window = _common.check_window(window)
         if sliding_window is not None and window is not None:
@@ -273,6 +273,17 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             key = value
         if query_mask is None:
             query_mask = _get_keras_mask(query)
+        return_attention_scores = _common.check_bool_or_none(return_attention_scores, "return_attention_scores")
+        use_causal_mask = bool(_common.check_bool_or_none(use_causal_mask, "use_causal_mask"))
+        # Masks are checked against the inputs here, under their own names (the op would report what they
+        # become: lengths, attention_mask).
+        batch, seqlen_q, seqlen_k = _common.dim(query, 0), _common.dim(query, 1), _common.dim(key, 1)
+        heads = _common.Size(self._num_heads, None)
+        query_mask = _common.check_padding_mask(query_mask, "query_mask", batch, seqlen_q)
+        value_mask = _common.check_padding_mask(value_mask, "value_mask", batch, seqlen_k)
+        key_mask = _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k)
+        if attention_mask is not None:
+            attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
         # The masks are handled here; keep them from reaching the projections (which do not
         # support masking), as Keras' MultiHeadAttention does.
         for tensor in (query, value, key):
@@ -284,8 +295,6 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         key = self._key_dense(key)
         value = self._value_dense(value)
         kv_mask = _common.and_masks(value_mask, key_mask)
-        if attention_mask is not None:
-            attention_mask = _common.expand_attention_mask(attention_mask)
         attention_output, attention_scores = self._compute_attention(
             query, key, value, query_mask=query_mask, kv_mask=kv_mask,
             attention_mask=attention_mask, training=training,
