@@ -98,6 +98,10 @@ def disable():
     while _patches:
         owner, name, original, _ = _patches.pop()
         setattr(owner, name, original)
+    # keras_hub modules imported while enabled bound the patched gate themselves: give them KerasHub's.
+    if "hub_gate" in _ORIGINALS:
+        for module in _modules_holding("keras_hub", _KERAS_HUB_GATE, _fused_attention_op_available):
+            setattr(module, _KERAS_HUB_GATE, _ORIGINALS["hub_gate"])
 
 
 @contextlib.contextmanager
@@ -386,7 +390,7 @@ def _mha_compute_attention(self, query, key, value, attention_mask=None, trainin
 def _fused_attention_op_available():
     """keras_hub's gate: True on the TensorFlow backend while the hook is in force."""
     import keras  # pylint: disable=import-outside-toplevel
-    if keras.config.backend() == "tensorflow":
+    if _patches and keras.config.backend() == "tensorflow":
         return True
     return _ORIGINALS["hub_gate"]()
 
