@@ -211,7 +211,7 @@ with tf.GradientTape() as tape:
     loss = tf.reduce_mean(out ** 2)
 grads = tape.gradient(loss, model.trainable_weights)
 finite = bool(np.isfinite(out.numpy()).all()) and all(bool(np.isfinite(tf.convert_to_tensor(g).numpy()).all())
-                                                      for g in grads)
+                                                      for g in grads if g is not None)
 print(json.dumps({{"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "finite": finite}}))
 """
