@@ -169,6 +169,33 @@ def test_gradients_match_keras(rng, device, mask_name):
         np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=5e-5, rtol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("prefix", [True, False])
+def test_key_padding_mask_becomes_lengths(rng, monkeypatch, device, mode, prefix):
+    """A [B, 1, 1, S] padding mask (KerasHub's encoders) that is a prefix runs as kv lengths (the kernel
+    skips the padding); a row of length 0 and a non-prefix mask keep Keras' results."""
+    q, k, v = _qkv(rng, 3, 21, 45, 4, 2, 16)
+    lengths = np.array([45, 17, 0])
+    mask = (np.arange(45)[None, :] < lengths[:, None])[:, None, None, :]
+    if not prefix:
+        mask = mask.copy()
+        mask[1, 0, 0, 3] = False
+    seen = []
+    original = tf_flash.ops.flash_attention
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("kv_lengths") is not None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
+    with tf.device(device), flash_keras.enabled():
+        got = _run(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True), mode)
+    assert seen == [True]
+    np.testing.assert_allclose(to_numpy(got), keras_reference(q, k, v, mask=mask, is_causal=True),
+                               atol=2e-5, rtol=1e-4)
+
+
 def test_multi_query_attention_served(rng):
     """One kv head: Keras' own TF path fails (einsum shapes); the hook serves it."""
     q, k, v = _qkv(rng, 2, 17, 23, 4, 1, 16)

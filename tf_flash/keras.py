@@ -286,8 +286,12 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
         return None, "the call is XLA-compiled (jit_compile=True) and this tf_flash build has no XLA kernel"
 
     query, key, value = (tf.cast(x, compute_dtype) for x in (query, key, value))
+    kv_lengths = None
+    if mask is not None and mask.shape.rank == 4 and mask.shape[1] == 1 and mask.shape[2] == 1 \
+            and not _in_xla_context():
+        mask, kv_lengths = _key_padding_as_lengths(mask, tf.shape(key)[0])
     output, lse = _flash_ops.flash_attention(
-        query, key, value, causal=bool(is_causal), attention_mask=mask, scale=scale,
+        query, key, value, causal=bool(is_causal), attention_mask=mask, kv_lengths=kv_lengths, scale=scale,
         dropout_rate=dropout_rate, seed=seed, return_lse=True, **soft_cap_kwargs)
     if mask is not None:
         # Keras masks with a large negative logit, not -inf: a query row that sees no key gets a
@@ -298,6 +302,19 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
             fill = tf.repeat(fill, heads // heads_kv, axis=2)
         output = tf.where(empty, tf.cast(fill, output.dtype), output)
     return output, None
+
+
+def _key_padding_as_lengths(mask, batch):
+    """A [B, 1, 1, S] key mask (KerasHub's padding masks) that is a prefix per batch row becomes kv
+    lengths, so the kernel skips the padding instead of reading the mask; any other pattern is kept."""
+    keys = mask[:, 0, 0, :]
+    size = tf.shape(keys)[1]
+    lengths = tf.reduce_sum(tf.cast(keys, tf.int32), axis=1)
+    is_prefix = tf.reduce_all(tf.equal(keys, tf.sequence_mask(lengths, size)))
+    lengths = tf.broadcast_to(tf.where(is_prefix, lengths, size), [batch])
+    # The op reads an empty [0, 0, 0, 0] mask as "no mask" (the shape tf_flash.ops passes for None).
+    mask = tf.cond(is_prefix, lambda: tf.zeros([0, 0, 0, 0], tf.bool), lambda: mask)
+    return mask, lengths
 
 
 def _python_scale(scale, head_dim):
