@@ -13,6 +13,7 @@ the shapes small. Semantics follow docs/architecture.md:
 - dropout given as an explicit keep mask [B, H, Sq, Sk] bool: kept probabilities scaled by
   philox_ref.keep_scale(p) (1 / the keep probability of the rate in steps of 1/256);
   lse is the log-sum-exp of the (undropped) scaled scores;
+- softcap: the scaled scores s become softcap * tanh(s / softcap) before masking and the softmax;
 - a row with nothing visible: output 0, lse -inf, zero gradients.
 """
 import numpy as np
@@ -87,7 +88,7 @@ def element_mask(batch, heads, seqlen_q, seqlen_k, *, causal=False, window=None,
 
 
 def _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, block_mask, block_size,
-             scale, keep_mask, dropout_rate):
+             scale, keep_mask, dropout_rate, softcap=None):
     q, k, v = to_numpy(q), to_numpy(k), to_numpy(v)
     batch, seqlen_q, heads, head_dim = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
@@ -104,6 +105,11 @@ def _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, blo
                         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask,
                         block_mask=block_mask, block_size=block_size)
     scores = scale * np.einsum("bhqd,bhkd->bhqk", qh, kh)
+    d_capped = None  # d(capped score) / d(score)
+    if softcap:
+        tanh = np.tanh(scores / softcap)
+        scores = softcap * tanh
+        d_capped = 1.0 - tanh ** 2
     scores = np.where(mask, scores, -np.inf)
     row_max = scores.max(axis=-1, keepdims=True)
     empty = ~mask.any(axis=-1, keepdims=True)
@@ -123,15 +129,15 @@ def _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, blo
     else:
         drop_scale = None
     return dict(qh=qh, kh=kh, vh=vh, scale=scale, probs=probs, lse=lse, drop_scale=drop_scale,
-                group=group, heads_kv=heads_kv)
+                group=group, heads_kv=heads_kv, d_capped=d_capped)
 
 
 def reference_attention(q, k, v, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                         attention_mask=None, block_mask=None, block_size=128, scale=None, keep_mask=None,
-                        dropout_rate=0.0):
+                        dropout_rate=0.0, softcap=None):
     """Returns (out [B, Sq, H, Dv], lse [B, H, Sq]) in float64."""
     c = _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, block_mask, block_size,
-                 scale, keep_mask, dropout_rate)
+                 scale, keep_mask, dropout_rate, softcap)
     probs = c["probs"] if c["drop_scale"] is None else c["probs"] * c["drop_scale"]
     out = np.einsum("bhqk,bhkd->bqhd", probs, c["vh"])
     return out, c["lse"]
@@ -145,10 +151,10 @@ def _sum_groups(x, heads_kv, group):
 
 def reference_attention_grad(q, k, v, dout, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                              attention_mask=None, block_mask=None, block_size=128, scale=None, keep_mask=None,
-                             dropout_rate=0.0, d_lse=None):
+                             dropout_rate=0.0, d_lse=None, softcap=None):
     """Gradients (dq, dk, dv) of sum(out * dout) [+ sum(lse * d_lse)] in float64."""
     c = _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, block_mask, block_size,
-                 scale, keep_mask, dropout_rate)
+                 scale, keep_mask, dropout_rate, softcap)
     probs, qh, kh, vh, scale = c["probs"], c["qh"], c["kh"], c["vh"], c["scale"]
     do = to_numpy(dout).transpose(0, 2, 1, 3)  # [B, H, Sq, Dv]
     dropped = probs if c["drop_scale"] is None else probs * c["drop_scale"]
@@ -161,6 +167,8 @@ def reference_attention_grad(q, k, v, dout, *, causal=False, window=None, q_leng
     if d_lse is not None:
         delta = delta - to_numpy(d_lse)[..., None]
     ds = probs * (dp - delta)
+    if c["d_capped"] is not None:
+        ds = ds * c["d_capped"]
     dq = scale * np.einsum("bhqk,bhkd->bqhd", ds, kh)
     dk = scale * np.einsum("bhqk,bhqd->bhkd", ds, qh)
     return dq, _sum_groups(dk, c["heads_kv"], c["group"]), _sum_groups(dv, c["heads_kv"], c["group"])
@@ -184,11 +192,14 @@ def standard_attention(q, k, v, *, dtype=None, **kwargs):
     scale = np.float32(1.0 / np.sqrt(head_dim) if scale is None else scale)
     keep_mask = kwargs.pop("keep_mask", None)
     rate = kwargs.pop("dropout_rate", 0.0)
+    softcap = kwargs.pop("softcap", None)
     mask = element_mask(batch, heads, seqlen_q, seqlen_k, **kwargs)
     qh = q32.transpose(0, 2, 1, 3)
     kh = np.repeat(k32.transpose(0, 2, 1, 3), group, axis=1)
     vh = np.repeat(v32.transpose(0, 2, 1, 3), group, axis=1)
     scores = rnd(np.einsum("bhqd,bhkd->bhqk", qh, kh) * scale)
+    if softcap:
+        scores = rnd(np.float32(softcap) * np.tanh(scores / np.float32(softcap)))
     scores = np.where(mask, scores, -np.inf)
     empty = ~mask.any(axis=-1, keepdims=True)
     row_max = np.where(empty, 0, scores.max(axis=-1, keepdims=True))

@@ -1,4 +1,5 @@
 """`tf_flash.flash_attention`: the public op, its argument checks and its registered gradient."""
+import math
 import numbers
 
 import tensorflow as tf
@@ -36,6 +37,17 @@ def normalize_block_size(block_size):
         return int(block_size[0]), int(block_size[1])
     raise ValueError("`block_size` must be a positive int or a pair of positive ints. "
                      f"Received: block_size={block_size!r}")
+
+
+def normalize_softcap(softcap):
+    """None or 0 (off), or a positive finite number -> the float the op takes (0.0 = off)."""
+    if softcap is None:
+        return 0.0
+    if (isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or not math.isfinite(softcap)
+            or softcap < 0):
+        raise ValueError("`softcap` must be None (off) or a positive finite number. "
+                         f"Received: softcap={softcap!r}")
+    return float(softcap)
 
 
 def _lengths(lengths, name):
@@ -81,7 +93,7 @@ def _seed(seed, dropout_rate):
 
 def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
-                    scale=None, return_lse=False):
+                    scale=None, softcap=None, deterministic=None, return_lse=False):
     """Exact attention computed in tiles; the [Sq, Sk] score matrix never exists in memory.
 
     Args:
@@ -100,6 +112,12 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
       seed: int or int64 [2]; same seed and inputs give the same output. None draws one from TF's
         global random state (reproducible under `tf.random.set_seed`).
       scale: score scale, default 1/sqrt(D).
+      softcap: logit soft-capping (Gemma 2): the scaled scores s become softcap * tanh(s / softcap)
+        before the softmax. None (or 0) = off; else a positive finite number.
+      deterministic: True: the backward gives bit-identical gradients for identical inputs on one device
+        (the GPU then sums dQ in a fixed order instead of by float atomics; the CPU always does). None
+        follows `tf.config.experimental.enable_op_determinism()` (read when the gradient runs); False
+        is the fast GPU path unless op determinism is enabled.
       return_lse: also return the log-sum-exp [B, H, Sq] float32 (-inf on rows that see nothing).
 
     Returns:
@@ -133,6 +151,9 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         scale = 1.0 / float(head_dim) ** 0.5
     if not isinstance(scale, numbers.Real):
         raise ValueError(f"`scale` must be a Python float. Received: scale={scale!r}")
+    softcap = normalize_softcap(softcap)
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise ValueError(f"`deterministic` must be None or a bool. Received: deterministic={deterministic!r}")
 
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,
@@ -141,7 +162,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         block_mask=_rank4_mask(block_mask, "block_mask", 4),
         seed=_seed(seed, dropout_rate),
         causal=bool(causal), window_left=window_left, window_right=window_right,
-        block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale))
+        block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),
+        softcap=softcap, deterministic=bool(deterministic))
     return (output, lse) if return_lse else output
 
 
@@ -154,7 +176,8 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
     if d_lse is None:
         d_lse = tf.zeros_like(lse)
     attrs = {name: op.get_attr(name) for name in (
-        "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale")}
+        "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale",
+        "softcap", "deterministic")}
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,

@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/util/determinism.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 #ifndef TF_FLASH_BUILD_INFO
@@ -42,6 +43,8 @@ struct FlashAttrs {
   int block_q = 128, block_k = 128;
   float dropout_rate = 0.f;
   float scale = 1.f;
+  float softcap = 0.f;
+  bool deterministic = false;  // the backward's; tf.config.experimental.enable_op_determinism() also sets it
 
   explicit FlashAttrs(tf::OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("causal", &causal));
@@ -52,6 +55,8 @@ struct FlashAttrs {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("block_k", &bk));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dropout_rate", &dropout_rate));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("scale", &scale));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("softcap", &softcap));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("deterministic", &deterministic));
     OP_REQUIRES(ctx, left >= -1 && left <= INT32_MAX && right >= -1 && right <= INT32_MAX,
                 tf::errors::InvalidArgument("window must be (left, right) with each side >= 0, or -1 for "
                                             "unlimited. Received: window=(", left, ", ", right, ")"));
@@ -63,6 +68,9 @@ struct FlashAttrs {
                                             dropout_rate));
     OP_REQUIRES(ctx, std::isfinite(scale),
                 tf::errors::InvalidArgument("scale must be finite. Received: scale=", scale));
+    OP_REQUIRES(ctx, std::isfinite(softcap) && softcap >= 0.f,
+                tf::errors::InvalidArgument("softcap must be finite and >= 0 (0 = off). Received: softcap=",
+                                            softcap));
     window_left = static_cast<int>(left);
     window_right = static_cast<int>(right);
     block_q = static_cast<int>(bq);
@@ -182,6 +190,7 @@ tf::Status FillParams(const FlashAttrs& attrs, const tf::Tensor& q, const tf::Te
   p->head_dim = static_cast<int>(q.dim_size(3));
   p->head_dim_v = static_cast<int>(v.dim_size(3));
   p->scale = attrs.scale;
+  p->softcap = attrs.softcap;
   p->causal = attrs.causal;
   p->window_left = attrs.window_left;
   p->window_right = attrs.window_right;
@@ -442,6 +451,7 @@ class FlashAttentionGradOp : public tf::OpKernel {
     p.d_q = d_q->data();
     p.d_k = d_k->data();
     p.d_v = d_v->data();
+    p.deterministic = attrs_.deterministic || tf::OpDeterminismRequired();
     OP_REQUIRES_OK(ctx, Launcher<Device>::Backward(ctx, p, DTypeOf<T>::value));
   }
 

@@ -67,7 +67,9 @@ Status FlashAttentionGradShape(InferenceContext* c) {
       .Attr("block_q: int = 128")                             \
       .Attr("block_k: int = 128")                             \
       .Attr("dropout_rate: float = 0.0")                      \
-      .Attr("scale: float")
+      .Attr("scale: float")                                   \
+      .Attr("softcap: float = 0.0")                           \
+      .Attr("deterministic: bool = false")
 
 REGISTER_OP("TfFlash>FlashAttention")
     .Input("query: T")

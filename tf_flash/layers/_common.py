@@ -114,13 +114,25 @@ def check_not_in_xla():
             "with tf_flash layers.")
 
 
+def check_softcap(softcap):
+    """None (off) or a positive finite number (the check of tf_flash.flash_attention)."""
+    value = _flash_ops.normalize_softcap(softcap)
+    return None if value == 0.0 else value
+
+
+def check_deterministic(deterministic):
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise ValueError(f"`deterministic` must be None or a bool. Received: deterministic={deterministic!r}")
+    return deterministic
+
+
 def _empty_mask():
     return tf.zeros([0, 0, 0, 0], tf.bool)
 
 
 def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=None, causal=False,
            window=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None, scale=None,
-           empty_rows="zeros"):
+           softcap=None, deterministic=None, empty_rows="zeros"):
     """flash_attention on [B, S, H, D] heads with Keras padding masks.
 
     query_mask [B, Sq] / kv_mask [B, Sk]: prefix masks become q_lengths / kv_lengths (the kernel
@@ -148,7 +160,8 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=N
     output, lse = _flash_ops.flash_attention(
         query, key, value, causal=causal, window=window, q_lengths=q_lengths, kv_lengths=kv_lengths,
         attention_mask=attention_mask, block_mask=block_mask, block_size=block_size,
-        dropout_rate=dropout_rate, seed=seed, scale=scale, return_lse=True)
+        dropout_rate=dropout_rate, seed=seed, scale=scale, softcap=softcap, deterministic=deterministic,
+        return_lse=True)
     # Without masks, a window or a block pattern every row sees key 0 (causal included): no fill.
     may_have_empty_rows = any(arg is not None for arg in (query_mask, kv_mask, attention_mask, window,
                                                           block_mask))
@@ -199,14 +212,17 @@ def dense_visibility(batch, heads, seqlen_q, seqlen_k, *, query_mask=None, kv_ma
     return visible
 
 
-def attention_probabilities(query, key, visible, scale):
-    """Explicit softmax(scale * q k^T) [B, H, Sq, Sk] in float32, masked like Keras' Softmax layer
+def attention_probabilities(query, key, visible, scale, softcap=None):
+    """Explicit softmax(scale * q k^T) [B, H, Sq, Sk] in float32 (soft-capped like the kernel when
+    softcap is given), masked like Keras' Softmax layer
     (masked logits filled with a large negative number, masked probabilities then set to 0, so a
     row with nothing visible is all zeros). O(Sq * Sk) memory: only for return_attention_scores."""
     groups = query.shape[2] // key.shape[2]
     if groups > 1:
         key = tf.repeat(key, groups, axis=2)
     logits = tf.einsum("bqhd,bkhd->bhqk", tf.cast(query, tf.float32), tf.cast(key, tf.float32)) * scale
+    if softcap:
+        logits = softcap * tf.tanh(logits / softcap)
     logits = tf.where(visible, logits, _LARGE_NEGATIVE)
     probs = tf.nn.softmax(logits, axis=-1)
     return tf.where(visible, probs, 0.0)

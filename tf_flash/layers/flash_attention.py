@@ -26,6 +26,10 @@ class FlashAttention(keras.layers.Layer):
             given to `call` replaces it for that call.
         block_size: int or (bq, bk): the blocks `block_mask` describes.
         seed: int seed of the dropout `SeedGenerator`.
+        softcap: logit soft-capping: scaled scores s -> softcap * tanh(s / softcap) before the
+            softmax (Gemma 2); None = off.
+        deterministic: bit-identical gradients for identical inputs (GPU: dQ summed in a fixed
+            order); None follows `tf.config.experimental.enable_op_determinism()`.
 
     Call arguments:
         query: [B, Sq, H, D]. value: [B, Sk, Hkv, Dv]. key: [B, Sk, Hkv, D], default `value`.
@@ -49,7 +53,7 @@ class FlashAttention(keras.layers.Layer):
     """
 
     def __init__(self, causal=False, window=None, dropout=0.0, scale=None, block_mask=None,
-                 block_size=128, seed=None, **kwargs):
+                 block_size=128, seed=None, softcap=None, deterministic=None, **kwargs):
         if not isinstance(causal, bool):
             raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
         window = _common.check_window(window)
@@ -60,10 +64,14 @@ class FlashAttention(keras.layers.Layer):
         block_mask = _common.check_block_mask(block_mask)
         block_size = _common.check_block_size(block_size)
         seed = _common.check_seed(seed)
+        softcap = _common.check_softcap(softcap)
+        deterministic = _common.check_deterministic(deterministic)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.supports_jit = False
         self.causal = causal
+        self.softcap = softcap
+        self.deterministic = deterministic
         self.window = window
         self.dropout = dropout
         self.scale = None if scale is None else float(scale)
@@ -100,7 +108,8 @@ class FlashAttention(keras.layers.Layer):
         return _common.attend(
             query, key, value, query_mask=query_mask, kv_mask=kv_mask, attention_mask=attention_mask,
             causal=causal, window=self.window, block_mask=block_mask, block_size=self.block_size,
-            dropout_rate=dropout_rate, seed=seed, scale=self.scale, empty_rows="zeros")
+            dropout_rate=dropout_rate, seed=seed, scale=self.scale, softcap=self.softcap,
+            deterministic=self.deterministic, empty_rows="zeros")
 
     def compute_mask(self, query, previous_mask=None):
         return previous_mask
@@ -125,6 +134,8 @@ class FlashAttention(keras.layers.Layer):
             "block_mask": _common.block_mask_to_config(self.block_mask),
             "block_size": self.block_size,
             "seed": self.seed,
+            "softcap": self.softcap,
+            "deterministic": self.deterministic,
         }
         return {**super().get_config(), **config}
 

@@ -56,6 +56,10 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             [B, H, nqb, nkb] (see `tf_flash.sparsity`); False blocks are skipped. A `block_mask`
             given to `call` replaces it for that call.
         block_size: int or (bq, bk): the blocks `block_mask` describes.
+        softcap: logit soft-capping: scaled scores s -> softcap * tanh(s / softcap) before the
+            softmax (Gemma 2); None = off. Returned attention scores are capped the same way.
+        deterministic: bit-identical gradients for identical inputs (GPU: dQ summed in a fixed
+            order); None follows `tf.config.experimental.enable_op_determinism()`.
 
     Call arguments: those of Keras' MultiHeadAttention (query, value, key, query_mask, value_mask,
         key_mask, attention_mask, return_attention_scores, training, use_causal_mask) plus
@@ -89,7 +93,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
                  kernel_initializer="glorot_uniform", bias_initializer="zeros",
                  kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
                  kernel_constraint=None, bias_constraint=None, use_gate=False, seed=None,
-                 num_key_value_heads=None, window=None, block_mask=None, block_size=128, **kwargs):
+                 num_key_value_heads=None, window=None, block_mask=None, block_size=128, softcap=None,
+                 deterministic=None, **kwargs):
         for name, value, optional in (("num_heads", num_heads, False), ("key_dim", key_dim, False),
                                       ("value_dim", value_dim, True),
                                       ("num_key_value_heads", num_key_value_heads, True)):
@@ -137,6 +142,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         seed = _common.check_seed(seed)
         block_mask = _common.check_block_mask(block_mask)
         block_size = _common.check_block_size(block_size)
+        softcap = _common.check_softcap(softcap)
+        deterministic = _common.check_deterministic(deterministic)
         super().__init__(**kwargs)
         self.supports_masking = True
         self.supports_jit = False
@@ -153,6 +160,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         self._window = window
         self._block_mask = block_mask
         self._block_size = block_size
+        self._softcap = softcap
+        self._deterministic = deterministic
         self._kernel_initializer = initializers.get(kernel_initializer)
         self._bias_initializer = initializers.get(bias_initializer)
         self._kernel_regularizer = regularizers.get(kernel_regularizer)
@@ -170,6 +179,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
     value_dim = property(lambda self: self._value_dim)
     num_key_value_heads = property(lambda self: self._num_key_value_heads)
     dropout = property(lambda self: self._dropout)
+    softcap = property(lambda self: self._softcap)
+    deterministic = property(lambda self: self._deterministic)
     use_bias = property(lambda self: self._use_bias)
     attention_axes = property(lambda self: self._attention_axes)
     query_dense = property(lambda self: self._query_dense)
@@ -310,13 +321,15 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         # when there is no dropout and no scores are asked for, else its explicit path (zeros).
         empty_rows = "mean" if self._dropout == 0 and not return_attention_scores else "zeros"
         output = _common.attend(query, key, value, dropout_rate=dropout_rate, seed=seed,
-                                scale=self._inverse_sqrt_key_dim, empty_rows=empty_rows, **masks)
+                                scale=self._inverse_sqrt_key_dim, softcap=self._softcap,
+                                deterministic=self._deterministic, empty_rows=empty_rows, **masks)
         scores = None
         if return_attention_scores:
             shape = tf.shape(query)
             visible = _common.dense_visibility(shape[0], self._num_heads, shape[1], tf.shape(key)[1],
                                                **masks)
-            scores = _common.attention_probabilities(query, key, visible, self._inverse_sqrt_key_dim)
+            scores = _common.attention_probabilities(query, key, visible, self._inverse_sqrt_key_dim,
+                                                     self._softcap)
             scores = tf.cast(scores, self.compute_dtype)
         return output, scores
 
@@ -365,6 +378,8 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             "window": self._window,
             "block_mask": _common.block_mask_to_config(self._block_mask),
             "block_size": self._block_size,
+            "softcap": self._softcap,
+            "deterministic": self._deterministic,
         }
         return {**super().get_config(), **config}
 

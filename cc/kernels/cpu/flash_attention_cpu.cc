@@ -64,6 +64,32 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
   for (int64_t r = 0; r < rows; ++r) std::fill(first_row + r * row_stride, first_row + r * row_stride + dim, T(0.f));
 }
 
+// The score tile S = scale * (Q K^T) (scaled after the product, as dense attention does: no rounding of
+// scale * Q). The forward, RowNormalizers and the backward all call this on identical tiles (same shapes,
+// same data), so the backward's scores are the forward's bit for bit.
+void ScoreTile(const FlashFwdParams& p, const Matrix& q, const Matrix& k, Matrix* scores) {
+  scores->noalias() = q * k.transpose();
+  *scores *= p.scale;
+}
+
+// Logit soft-capping, s -> softcap * tanh(s / softcap), in place; the forward and the backward call this
+// one function on identical tiles, so the backward's probabilities are the forward's bit for bit. With
+// d_tanh, also returns d(capped)/d(s) = 1 - tanh^2 for the backward.
+void SoftcapScores(float softcap, Matrix* scores, Matrix* d_tanh) {
+  if (!(softcap > 0.f)) return;
+  scores->array() = (scores->array() * (1.f / softcap)).tanh();
+  if (d_tanh) *d_tanh = 1.f - scores->array().square();
+  scores->array() *= softcap;
+}
+
+// Zeroes the rows of a K or V tile that no query row of the current tile sees (col_seen from
+// MaskScores), so that 0 x NaN from padding never reaches a product.
+void ZeroUnseenRows(const std::vector<uint8_t>& col_seen, Matrix* tile) {
+  for (size_t c = 0; c < col_seen.size(); ++c) {
+    if (!col_seen[c]) tile->row(c).setZero();
+  }
+}
+
 enum class TileCover { kSkip, kPartial, kFull };
 
 // How the block mask covers the tile [row0, row0+rows) x [col0, col0+cols) of (b, h).
@@ -97,13 +123,18 @@ struct HeadContext {
 
   bool has_dropout() const { return p.dropout_rate > 0.f; }
 
-  // Sets the invisible entries of the score tile to -inf; returns false when nothing in it is visible.
-  bool MaskScores(int64_t row0, int64_t col0, TileCover block_cover, Matrix* scores) const {
+  // Sets the invisible entries of the score tile to -inf (by replacement: a NaN score of an invisible key
+  // never survives); returns false when nothing in it is visible. When some key column is invisible to
+  // every row of the tile, *col_seen[c] says which columns some row sees (empty when all are seen).
+  bool MaskScores(int64_t row0, int64_t col0, TileCover block_cover, Matrix* scores,
+                  std::vector<uint8_t>* col_seen) const {
     const int64_t rows = scores->rows(), cols = scores->cols();
+    col_seen->clear();
     const KeyRange first = key_range(p, row0, q_len, kv_len);
     const KeyRange last = key_range(p, row0 + rows - 1, q_len, kv_len);
     const bool structurally_full = last.begin <= col0 && first.end >= col0 + cols;
     if (structurally_full && block_cover == TileCover::kFull && !p.attn_mask.data) return true;
+    col_seen->assign(cols, 0);
     bool any_visible = false;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t row = row0 + r;
@@ -117,9 +148,11 @@ struct HeadContext {
         }
         if (visible && p.attn_mask.data) visible = mask_at(p.attn_mask, b, h, row, col);
         if (!visible) s[c] = kNegInf;
+        (*col_seen)[c] |= visible;
         any_visible |= visible;
       }
     }
+    if (std::all_of(col_seen->begin(), col_seen->end(), [](uint8_t seen) { return seen != 0; })) col_seen->clear();
     return any_visible;
   }
 
@@ -142,7 +175,7 @@ struct HeadContext {
 // ------------------------------------------------------------------------------------------------
 template <typename T>
 void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matrix& q, Matrix& k, Matrix& v,
-                 Matrix& s, Matrix& keep, Matrix& acc) {
+                 Matrix& s, Matrix& keep, Matrix& acc, std::vector<uint8_t>& col_seen) {
   const int64_t num_q_tiles = CeilDiv(p.seqlen_q, tiles.q);
   const int b = static_cast<int>(unit / (int64_t{p.num_heads} * num_q_tiles));
   const int h = static_cast<int>((unit / num_q_tiles) % p.num_heads);
@@ -162,20 +195,23 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
   const T* q_ptr = static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride;
   const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + hkv * p.k_head_stride;
   const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + hkv * p.v_head_stride;
-  LoadRows(q_ptr, p.q_row_stride, valid_rows, p.head_dim, p.scale, &q);  // scale folded into Q
+  LoadRows(q_ptr, p.q_row_stride, valid_rows, p.head_dim, 1.f, &q);
 
   acc.setZero(valid_rows, p.head_dim_v);
   Vector row_max = Vector::Constant(valid_rows, kNegInf);
   Vector row_sum = Vector::Zero(valid_rows);
   const KeyRange range = key_range_of_rows(p, row0, row0 + valid_rows, ctx.q_len, ctx.kv_len);
   for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
-    const int64_t cols = std::min<int64_t>(tiles.k, range.end - col0);
-    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, cols);
+    // The tile spans the valid keys, not only range.end: the backward multiplies the same shapes.
+    const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
+    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
     if (cover == TileCover::kSkip) continue;  // never loaded
     LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-    s.noalias() = q * k.transpose();
-    if (!ctx.MaskScores(row0, col0, cover, &s)) continue;
+    ScoreTile(p, q, k, &s);
+    SoftcapScores(p.softcap, &s, nullptr);
+    if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
+    ZeroUnseenRows(col_seen, &v);
 
     // Online softmax: rescale what was accumulated by exp(old max - new max).
     const Vector tile_max = s.rowwise().maxCoeff();
@@ -215,7 +251,8 @@ void Forward(const FlashFwdParams& p, const ParallelFor& parallel_for) {
   const int64_t cost = int64_t{tiles.q} * std::max(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * 2;
   parallel_for(num_units, cost, [&](int64_t begin, int64_t end) {
     Matrix q, k, v, s, keep, acc;
-    for (int64_t unit = begin; unit < end; ++unit) ForwardUnit<T>(p, tiles, unit, q, k, v, s, keep, acc);
+    std::vector<uint8_t> col_seen;
+    for (int64_t unit = begin; unit < end; ++unit) ForwardUnit<T>(p, tiles, unit, q, k, v, s, keep, acc, col_seen);
   });
 }
 
@@ -224,28 +261,102 @@ void Forward(const FlashFwdParams& p, const ParallelFor& parallel_for) {
 // dK and dV of its key tiles accumulate locally over the group's query heads and all query tiles; dQ
 // goes to the unit's own float32 partial buffer (slices interleave key tiles), summed at the end.
 // ------------------------------------------------------------------------------------------------
+// The dQ partial sums take at most this much scratch (unless one copy of dQ is larger), whatever the
+// thread count: slices buy parallelism only when there are few (batch, kv head) units.
+constexpr int64_t kMaxDqPartialBytes = int64_t{256} << 20;
+
 int NumKeySlices(const FlashBwdParams& p, int num_threads) {
   const int64_t kv_units = int64_t{p.batch} * p.num_heads_kv;
   const int64_t num_k_tiles = CeilDiv(std::max(p.seqlen_k, 1), ChooseTiles(p).k);
   if (kv_units == 0 || kv_units >= 4 * num_threads) return 1;
-  return static_cast<int>(std::min<int64_t>(num_k_tiles, CeilDiv(4 * num_threads, kv_units)));
+  const int64_t d_q_bytes = int64_t{p.batch} * p.seqlen_q * p.num_heads * p.head_dim * int64_t{sizeof(float)};
+  const int64_t by_budget = std::max<int64_t>(1, kMaxDqPartialBytes / std::max<int64_t>(d_q_bytes, 1));
+  return static_cast<int>(std::min({num_k_tiles, CeilDiv(4 * num_threads, kv_units), by_budget}));
 }
 
 struct BwdScratch {
   float* d_q_partial;  // [slices, B, Sq, H, D]
   float* delta;        // [B, H, Sq]
+  // P = exp(S - row_ref) * row_inv_sum: row_ref = lse and row_inv_sum = 1, or, where lse is too large
+  // for its float32 rounding to be negligible, the forward's own row max and 1 / row sum (RowNormalizers).
+  float* row_ref;      // [B, H, Sq]
+  float* row_inv_sum;  // [B, H, Sq]
 };
 
 BwdScratch SplitScratch(const FlashBwdParams& p, int slices) {
   const int64_t d_q_size = int64_t{slices} * p.batch * p.seqlen_q * p.num_heads * p.head_dim;
-  return {p.scratch, p.scratch + d_q_size};
+  const int64_t rows = int64_t{p.batch} * p.num_heads * p.seqlen_q;
+  return {p.scratch, p.scratch + d_q_size, p.scratch + d_q_size + rows, p.scratch + d_q_size + 2 * rows};
+}
+
+// Above this |lse|, half an ulp of the float32 lse (3.8e-6 at 64, 4.9e-4 at 1e4) would be the largest
+// error of the recomputed probabilities (dense float32 attention has none of it): such query tiles get
+// their row max and sum recomputed exactly as the forward computed them, an extra Q K^T pass over
+// their visible keys that ordinary logits never pay.
+constexpr float kExactNormalizerLse = 64.f;
+
+// One (batch, head, query tile): row_ref / row_inv_sum for its rows (see BwdScratch).
+template <typename T>
+void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratch& scratch, int64_t unit,
+                    Matrix& q, Matrix& k, Matrix& s, std::vector<uint8_t>& col_seen) {
+  const int64_t num_q_tiles = CeilDiv(p.seqlen_q, tiles.q);
+  const int b = static_cast<int>(unit / (int64_t{p.num_heads} * num_q_tiles));
+  const int h = static_cast<int>((unit / num_q_tiles) % p.num_heads);
+  const int hkv = h / (p.num_heads / p.num_heads_kv);
+  const int64_t row0 = (unit % num_q_tiles) * tiles.q;
+  const int64_t rows = std::min<int64_t>(tiles.q, p.seqlen_q - row0);
+  const HeadContext ctx(p, b, h);
+  const int64_t offset = (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
+  const float* lse = p.lse + offset;
+  float* row_ref = scratch.row_ref + offset;
+  float* row_inv_sum = scratch.row_inv_sum + offset;
+  bool exact = false;
+  for (int64_t r = 0; r < rows; ++r) {
+    row_ref[r] = lse[r];
+    row_inv_sum[r] = 1.f;
+    exact |= std::isfinite(lse[r]) && std::abs(lse[r]) > kExactNormalizerLse;
+  }
+  const int64_t valid_rows = std::clamp<int64_t>(ctx.q_len - row0, 0, rows);
+  if (!exact || valid_rows == 0) return;
+  // The forward's loop (ForwardUnit) without V: the same tiles, scores and online max / sum.
+  LoadRows(static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride,
+           p.q_row_stride, valid_rows, p.head_dim, 1.f, &q);
+  const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + hkv * p.k_head_stride;
+  Vector row_max = Vector::Constant(valid_rows, kNegInf);
+  Vector row_sum = Vector::Zero(valid_rows);
+  const KeyRange range = key_range_of_rows(p, row0, row0 + valid_rows, ctx.q_len, ctx.kv_len);
+  for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
+    const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
+    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
+    if (cover == TileCover::kSkip) continue;
+    LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
+    ScoreTile(p, q, k, &s);
+    SoftcapScores(p.softcap, &s, nullptr);
+    if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
+    const Vector tile_max = s.rowwise().maxCoeff();
+    for (int64_t r = 0; r < valid_rows; ++r) {
+      const float new_max = std::max(row_max[r], tile_max[r]);
+      const float safe_max = new_max == kNegInf ? 0.f : new_max;
+      row_sum[r] *= std::exp(row_max[r] - safe_max);
+      row_max[r] = new_max;
+      s.row(r).array() -= safe_max;
+    }
+    s = s.array().exp().matrix();
+    row_sum += s.rowwise().sum();
+  }
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    if (row_sum[r] > 0.f && std::isfinite(lse[r]) && std::abs(lse[r]) > kExactNormalizerLse) {
+      row_ref[r] = row_max[r];
+      row_inv_sum[r] = 1.f / row_sum[r];
+    }
+  }
 }
 
 template <typename T>
 void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const BwdScratch& scratch,
-                  int64_t unit, std::vector<Matrix>& m) {
+                  int64_t unit, std::vector<Matrix>& m, std::vector<uint8_t>& col_seen) {
   Matrix &q = m[0], &k = m[1], &v = m[2], &d_out = m[3], &s = m[4], &d_p = m[5], &keep = m[6], &d_k = m[7],
-         &d_v = m[8], &d_q = m[9];
+         &d_v = m[8], &d_q = m[9], &d_tanh = m[10], &k_seen = m[11];
   const int slice = static_cast<int>(unit % slices);
   const int hkv = static_cast<int>((unit / slices) % p.num_heads_kv);
   const int b = static_cast<int>(unit / (int64_t{slices} * p.num_heads_kv));
@@ -269,30 +380,38 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
              p.k_row_stride, valid_cols, p.head_dim, 1.f, &k);
     LoadRows(static_cast<const T*>(p.v) + b * p.v_batch_stride + col0 * p.v_row_stride + hkv * p.v_head_stride,
              p.v_row_stride, valid_cols, p.head_dim_v, 1.f, &v);
+    // A non-finite key that some query tile cannot see must not reach that tile's dQ = dS K as 0 x NaN.
+    const bool k_finite = k.allFinite();
     d_k.setZero(valid_cols, p.head_dim);
     d_v.setZero(valid_cols, p.head_dim_v);
 
     for (int h = hkv * group; h < (hkv + 1) * group; ++h) {
       const HeadContext ctx(p, b, h);
-      const float* lse = p.lse + (int64_t{b} * p.num_heads + h) * p.seqlen_q;
+      const float* row_ref = scratch.row_ref + (int64_t{b} * p.num_heads + h) * p.seqlen_q;
+      const float* row_inv_sum = scratch.row_inv_sum + (int64_t{b} * p.num_heads + h) * p.seqlen_q;
       const float* delta = scratch.delta + (int64_t{b} * p.num_heads + h) * p.seqlen_q;
       for (int64_t row0 = 0; row0 < q_len; row0 += tiles.q) {
         const int64_t rows = std::min<int64_t>(tiles.q, q_len - row0);
         const KeyRange range = key_range_of_rows(p, row0, row0 + rows, q_len, kv_len);
         if (range.end <= col0 || range.begin >= col0 + valid_cols) continue;
-        const TileCover cover = BlockCover(p, b, h, row0, rows, col0, valid_cols);
+        const TileCover cover =
+            BlockCover(p, b, h, row0, rows, col0, std::min<int64_t>(valid_cols, range.end - col0));
         if (cover == TileCover::kSkip) continue;
+        // The forward's score tile, recomputed with the same operations on the same shapes (ForwardUnit).
         LoadRows(static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride,
                  p.q_row_stride, rows, p.head_dim, 1.f, &q);
-        s.noalias() = p.scale * (q * k.transpose());
-        if (!ctx.MaskScores(row0, col0, cover, &s)) continue;
+        ScoreTile(p, q, k, &s);
+        SoftcapScores(p.softcap, &s, &d_tanh);
+        if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
         // P = exp(S - lse): the forward's probabilities, rebuilt; rows with lse = -inf see nothing.
         for (int64_t r = 0; r < rows; ++r) {
-          const float row_lse = lse[row0 + r];
-          if (row_lse == kNegInf) {
+          const float ref = row_ref[row0 + r];
+          if (ref == kNegInf) {
             s.row(r).setZero();
+          } else if (row_inv_sum[row0 + r] == 1.f) {
+            s.row(r) = (s.row(r).array() - ref).exp().matrix();
           } else {
-            s.row(r) = (s.row(r).array() - row_lse).exp().matrix();
+            s.row(r) = ((s.row(r).array() - ref).exp() * row_inv_sum[row0 + r]).matrix();
           }
         }
         LoadRows(static_cast<const T*>(p.d_out) + b * p.o_batch_stride + row0 * p.o_row_stride +
@@ -306,11 +425,19 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         } else {
           d_v.noalias() += s.transpose() * d_out;
         }
-        // dS = P * (dP - D), overwriting dP.
+        // dS = P * (dP - D), overwriting dP; exactly 0 where P is (an invisible value row may have made
+        // dP NaN there). Through the soft-cap: dS *= 1 - tanh^2.
         for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
-        d_p.array() *= s.array();
+        d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
+        if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
         d_k.noalias() += p.scale * (d_p.transpose() * q);
-        d_q.noalias() = p.scale * (d_p * k);
+        const Matrix* k_used = &k;
+        if (!k_finite && !col_seen.empty()) {
+          k_seen = k;
+          ZeroUnseenRows(col_seen, &k_seen);
+          k_used = &k_seen;
+        }
+        d_q.noalias() = p.scale * (d_p * *k_used);
         float* d_q_rows = d_q_batch + row0 * dq_row_stride + int64_t{h} * p.head_dim;
         for (int64_t r = 0; r < rows; ++r) {
           Eigen::Map<Eigen::VectorXf>(d_q_rows + r * dq_row_stride, p.head_dim) += d_q.row(r).transpose();
@@ -354,14 +481,30 @@ void Backward(const FlashBwdParams& p, int num_threads, const ParallelFor& paral
                  }
                });
 
+  // Pass 1b, per (batch, head, query tile): the rows' probability normalizers (RowNormalizers).
+  {
+    const int64_t num_units = int64_t{p.batch} * p.num_heads * CeilDiv(p.seqlen_q, tiles.q);
+    parallel_for(num_units, int64_t{tiles.q} * std::max(p.seqlen_k, 1) * p.head_dim,
+                 [&](int64_t begin, int64_t end) {
+                   Matrix q, k, s;
+                   std::vector<uint8_t> col_seen;
+                   for (int64_t unit = begin; unit < end; ++unit) {
+                     RowNormalizers<T>(p, tiles, scratch, unit, q, k, s, col_seen);
+                   }
+                 });
+  }
+
   // Pass 2: dK, dV per key tile; dQ partials.
   if (p.seqlen_k > 0) {
     const int64_t num_units = int64_t{p.batch} * p.num_heads_kv * slices;
     const int64_t cost = int64_t{p.seqlen_q} * p.seqlen_k / slices * (p.num_heads / p.num_heads_kv) *
                          (2 * p.head_dim + 2 * p.head_dim_v) * 2;
     parallel_for(num_units, std::max<int64_t>(cost, 1), [&](int64_t begin, int64_t end) {
-      std::vector<Matrix> matrices(10);
-      for (int64_t unit = begin; unit < end; ++unit) BackwardUnit<T>(p, tiles, slices, scratch, unit, matrices);
+      std::vector<Matrix> matrices(12);
+      std::vector<uint8_t> col_seen;
+      for (int64_t unit = begin; unit < end; ++unit) {
+        BackwardUnit<T>(p, tiles, slices, scratch, unit, matrices, col_seen);
+      }
     });
   }
 
@@ -397,7 +540,7 @@ int64_t flash_bwd_cpu_scratch_bytes(const FlashBwdParams& params, int num_thread
   const int64_t d_q_size = int64_t{NumKeySlices(params, num_threads)} * params.batch * params.seqlen_q *
                            params.num_heads * params.head_dim;
   const int64_t delta_size = int64_t{params.batch} * params.num_heads * params.seqlen_q;
-  return (d_q_size + delta_size) * static_cast<int64_t>(sizeof(float));
+  return (d_q_size + 3 * delta_size) * static_cast<int64_t>(sizeof(float));
 }
 
 void flash_bwd_cpu(const FlashBwdParams& params, DType dtype, int num_threads, const ParallelFor& parallel_for) {

@@ -38,8 +38,6 @@ namespace bwd {
 
 using namespace cute;
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // Tile shapes and layouts of the dK/dV kernel, derived from (head dim, tiles, warps, dtype).
 //   kAtomMSdP: warps along M for S = Q K^T and dP = dO V^T ([kBlockM, kBlockN]).
 //   kAtomNdKV: warps along N for dK, dV ([kBlockN, kHeadDim]).
@@ -196,11 +194,14 @@ CUTE_DEVICE void load_rows(TiledCopy const& tiled_copy, ThrCopy const& thr, G co
 }
 
 struct BwdScratch {
-  float* dq_accum;  // [B, H, Sq_pad, dq_cols]
+  float* dq_accum;  // [dq_splits, B, H, Sq_pad, dq_cols]: one dQ accumulator per split (bwd_dq_splits)
   float* lse2;      // [B, H, Sq_pad]  lse * log2(e); +inf where P must be 0
   float* dvec;      // [B, H, Sq_pad]  rowsum(dO * O) - d_lse
   int64_t sq_pad;
   int dq_cols;      // the kernel's head dim: max(head_dim, head_dim_v) rounded up to a compiled one
+  bool deterministic;  // one dQ accumulator per CTA (dq_splits CTAs per (kv head, batch)), no race
+  int dq_splits;       // 1 unless deterministic
+  int64_t dq_split_stride;
 };
 
 inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
@@ -208,8 +209,11 @@ inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
   const int64_t rows = int64_t(p.batch) * p.num_heads * sq_pad;
   BwdScratch s;
   s.dq_cols = bwd_headdim(p);
+  s.deterministic = p.deterministic;
+  s.dq_splits = bwd_dq_splits(p);
+  s.dq_split_stride = rows * s.dq_cols;
   s.dq_accum = p.scratch;
-  s.lse2 = p.scratch + rows * s.dq_cols;
+  s.lse2 = p.scratch + s.dq_splits * s.dq_split_stride;
   s.dvec = s.lse2 + rows;
   s.sq_pad = sq_pad;
   return s;
@@ -249,17 +253,21 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const FlashBwdParam
     float lse2 = INFINITY, dval = 0.f;
     if (row < q_len) {
       const float lse = p.lse[bh * p.seqlen_q + row];
-      lse2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      // One rounding from the forward's (max * scale_log2 + log2(sum)) * ln(2) back to base 2 (fwd_kernel.h).
+      lse2 = lse == -INFINITY ? INFINITY : float(double(lse) * 1.4426950408889634);
       dval = acc - (p.d_lse ? p.d_lse[bh * p.seqlen_q + row] : 0.f);
     }
     s.lse2[r] = lse2;
     s.dvec[r] = dval;
   }
-  float4* dq = reinterpret_cast<float4*>(s.dq_accum + r * s.dq_cols);
-  for (int c = lane8; c < s.dq_cols / 4; c += 8) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int split = 0; split < s.dq_splits; ++split) {
+    float4* dq = reinterpret_cast<float4*>(s.dq_accum + split * s.dq_split_stride + r * s.dq_cols);
+    for (int c = lane8; c < s.dq_cols / 4; c += 8) dq[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
-// ---- Kernel 3: dQ = scale * accumulator, in the output dtype. 8 elements per thread. ----
+// ---- Kernel 3: dQ = scale * (sum of the split accumulators, in split order), in the output dtype. 8
+// elements per thread. ----
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParams p, BwdScratch s) {
   constexpr int kThreadsPerRow = kHeadDim / 8;
@@ -269,8 +277,14 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
   const int h = blockIdx.y, b = blockIdx.z;
   if (row >= p.seqlen_q || c >= p.head_dim) return;
   const float* src = s.dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + row) * kHeadDim + c;
-  const float4 a = reinterpret_cast<const float4*>(src)[0];
-  const float4 z = reinterpret_cast<const float4*>(src)[1];
+  float4 a = reinterpret_cast<const float4*>(src)[0];
+  float4 z = reinterpret_cast<const float4*>(src)[1];
+  for (int split = 1; split < s.dq_splits; ++split) {  // a fixed order: deterministic
+    const float4* part = reinterpret_cast<const float4*>(src + split * s.dq_split_stride);
+    const float4 pa = part[0], pz = part[1];
+    a = make_float4(a.x + pa.x, a.y + pa.y, a.z + pa.z, a.w + pa.w);
+    z = make_float4(z.x + pz.x, z.y + pz.y, z.z + pz.z, z.w + pz.w);
+  }
   const float sc = p.scale;
   uint4 out;
   out.x = pack2(a.x * sc, a.y * sc, static_cast<Element*>(nullptr));
@@ -285,8 +299,12 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
 // kMasks: element-wise attn_mask / block_mask code compiled in; kDropout: Philox dropout. The plain variant
 // has neither (that code alone costs the d128 kernel ~1 KB of register spills) but still skips the tiles of
 // a block_mask whose blocks are multiples of the tiles (each tile then lies in one block).
-template <typename Traits, bool kMasks, bool kDropout>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const FlashBwdParams p, BwdScratch s) {
+// kSoftcap (general variant only): scores soft-capped as in the forward, dS through the tanh.
+// One key tile n_block of (kv head blockIdx.y, batch blockIdx.z); dQ goes to the accumulator dq_accum.
+template <typename Traits, bool kMasks, bool kDropout, bool kSoftcap>
+__device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const BwdScratch& s, const int n_block,
+                                              float* const dq_accum) {
+  static_assert(kMasks || !kSoftcap, "soft-capping lives in the general variant");
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -303,7 +321,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   float* smem_d = smem_lse + Traits::kStages * kBlockM;                   // kStages stages
 
   const int tid = threadIdx.x;
-  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int h_kv = blockIdx.y, b = blockIdx.z;
   const int n0 = n_block * kBlockN;
   const int group = p.num_heads / p.num_heads_kv;
   const int q_len = int(clamp_len(valid_q_len(p, b), p.seqlen_q));
@@ -458,19 +476,64 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   Tensor tScS = thr_sdp.partition_C(cS);
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
 
-  const float scale_log2 = p.scale * kLog2e;
+  const float scale_log2 = softmax_scale_log2(p);  // the forward's factor (mask.h)
+  const float softcap_in = kSoftcap ? p.scale / p.softcap : 0.f;
   const bool has_attn_mask = kMasks && p.attn_mask.data != nullptr;
   const uint32_t threshold2 = kDropout ? dropout_threshold(p.dropout_rate) * 0x10001u : 0u;
   const float keep_scale = kDropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
 
   // ---- prologue ----
+  // Keys that no valid query sees (beyond kv_len, or beyond q_len - 1 + right) load as zeros: NaN padding
+  // there would reach dQ = dS K and dP = dO V^T as 0 x NaN.
+  const int64_t keys_end = right >= 0 && int64_t(q_len) + right < kv_len ? int64_t(q_len) + right : kv_len;
+  const int keys_in_tile = int(keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN);
   int it = next_visible(0);
   if (it < n_iter) {
-    load_rows(gmem_load, gmem_thr, gK, sK, kv_len - n0, p.head_dim);
-    load_rows(gmem_load, gmem_thr, gV, sV, kv_len - n0, p.head_dim_v);
+    load_rows(gmem_load, gmem_thr, gK, sK, keys_in_tile, p.head_dim);
+    load_rows(gmem_load, gmem_thr, gV, sV, keys_in_tile, p.head_dim_v);
     load_q_do(it, 0);
   }
   cp_async_fence();
+
+  // General variant: keys hidden from every query by attn_mask / block_mask are zeroed in shared memory
+  // too, once the tile has landed, but only when the K or V tile holds a non-finite value (a rare case
+  // that pays one extra sweep over the masks of this key tile's queries).
+  __shared__ uint32_t key_seen[kBlockN / 32];
+  auto hide_unseen_keys = [&]() {
+    bool bad = false;
+    for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
+      const int r = idx / kHeadDim, d = idx % kHeadDim;
+      bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
+    }
+    if (!__syncthreads_or(bad)) return;
+    for (int i = tid; i < kBlockN / 32; i += Traits::kNThreads) key_seen[i] = 0;
+    __syncthreads();
+    constexpr int kRowLanes = Traits::kNThreads / kBlockN > 0 ? Traits::kNThreads / kBlockN : 1;
+    for (int idx = tid; idx < kBlockN * kRowLanes; idx += Traits::kNThreads) {
+      const int c = idx % kBlockN, lane = idx / kBlockN;
+      const int64_t col = int64_t(n0) + c;
+      bool seen = false;
+      for (int hh = h_kv * group; hh < (h_kv + 1) * group && !seen && col < keys_end; ++hh) {
+        for (int row = lane; row < q_len && !seen; row += kRowLanes) {
+          bool vis = (right < 0 || col <= int64_t(row) + right) && (left < 0 || col >= int64_t(row) - left);
+          if (vis && p.attn_mask.data) vis = mask_at(p.attn_mask, b, hh, row, col);
+          if (vis && p.block_mask.data) vis = block_visible(p, b, hh, row / p.block_q, col / p.block_k);
+          seen = vis;
+        }
+      }
+      if (seen) atomicOr(&key_seen[c / 32], 1u << (c % 32));
+    }
+    __syncthreads();
+    for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
+      const int r = idx / kHeadDim, d = idx % kHeadDim;
+      if (!((key_seen[r / 32] >> (r % 32)) & 1u)) {
+        sK(r, d) = Element(0);
+        sV(r, d) = Element(0);
+      }
+    }
+    __syncthreads();
+  };
+  bool first_iteration = true;
 
   int stage = 0;
   for (; it < n_iter;) {
@@ -481,6 +544,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     __syncthreads();
     if (Traits::kStages == 2 && it_next < n_iter) load_q_do(it_next, stage ^ 1);
     cp_async_fence();
+    if constexpr (kMasks) {
+      if (first_iteration) hide_unseen_keys();
+    }
+    first_iteration = false;
 
     Tensor sQ = sQ_at(stage);
     Tensor sdO = sdO_at(stage);
@@ -496,7 +563,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     clear(acc_s);
     gemm_ss(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
             thr_b_sdp);
+    // Soft-capping: the forward's operations (fwd_kernel.h); d(capped)/d(raw) = scale (1 - tanh^2), the
+    // scale applied with dK's and dQ's.
+    Tensor acc_dtanh = make_tensor_like(acc_s);
+    if constexpr (kSoftcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) {
+        const float t = tanhf(acc_s(i) * softcap_in);
+        acc_s(i) = p.softcap * t;
+        acc_dtanh(i) = 1.f - t * t;
+      }
+    }
     Tensor S = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    Tensor dTanh = make_tensor(acc_dtanh.data(), acc_rowcol(acc_dtanh.layout()));
     const bool need_mask = has_attn_mask || (kMasks && has_block_mask && !(tile_in_one_kblock &&
                                                                  m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
                            n0 + kBlockN > kv_len || (right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + right) ||
@@ -538,10 +617,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
       CUTE_UNROLL
       for (int ni = 0; ni < size<1>(S); ++ni) {
         const int col = n0 + get<1>(tScS_rc(0, ni));
-        float pv = fast_exp2(S(mi, ni) * scale_log2 - l2);
+        // The forward's exponent (fwd_kernel.h); never above 0, so a rounding of lse cannot make P > 1
+        // (at |logits| where the float32 lse carries no fraction, P of the row max is then exactly 1).
+        float pv = fast_exp2(fminf(S(mi, ni) * scale_log2 - l2, 0.f));
         if (need_mask) {
-          bool vis = col < kv_len && row < q_len && (right < 0 || col <= row + right) &&
-                     (left < 0 || col >= row - left);
+          // 64-bit: right and left are user attributes up to 2^31 - 1 (row + right overflowed int32).
+          bool vis = col < kv_len && row < q_len && (right < 0 || int64_t(col) <= int64_t(row) + right) &&
+                     (left < 0 || int64_t(col) >= int64_t(row) - left);
           if constexpr (kMasks) {
             if (vis && has_attn_mask) vis = mask_at(p.attn_mask, b, h, row, col);
             if (vis && has_block_mask) vis = block_visible(p, b, h, row / p.block_q, col / p.block_k);
@@ -577,7 +659,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
           const int idx = mi * size<1>(S) + ni;
           dpv = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? dpv * keep_scale : 0.f;
         }
-        dP(mi, ni) = S(mi, ni) * (dpv - dv);
+        // Exactly 0 where P is: a value row this query cannot see may have made dP NaN there.
+        float ds = S(mi, ni) == 0.f ? 0.f : S(mi, ni) * (dpv - dv);
+        if constexpr (kSoftcap) ds *= dTanh(mi, ni);
+        dP(mi, ni) = ds;
       }
     }
     Tensor rdS = to_element<Element>(acc_dp);
@@ -602,7 +687,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
     gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_a_dq, copy_b_dq, thr_a_dq, thr_b_dq);
-    float* dq_ptr = s.dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + m0) * kHeadDim;
+    float* dq_ptr = dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + m0) * kHeadDim;
     Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              Stride<Int<kHeadDim>, _1>{});
     Tensor tdQgdQ = thr_dq.partition_C(gdQ);
@@ -665,6 +750,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const Fl
   }
 }
 
+// Key tiles blockIdx.x, blockIdx.x + gridDim.x, ... of (kv head, batch). Default: one tile per CTA, dQ by
+// atomics into one accumulator (their order varies from run to run). Deterministic: gridDim.x = dq_splits
+// CTAs, each with its own accumulator that only its threads add to, each dQ element always by the same
+// thread, in program order; kernel 3 sums the splits in a fixed order.
+template <typename Traits, bool kMasks, bool kDropout, bool kSoftcap = false>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_dkdv_kernel(const FlashBwdParams p, BwdScratch s) {
+  const int num_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  float* const dq_accum = s.dq_accum + (s.deterministic ? blockIdx.x * s.dq_split_stride : 0);
+  for (int n_block = blockIdx.x; n_block < num_tiles; n_block += gridDim.x) {
+    bwd_dkdv_tile<Traits, kMasks, kDropout, kSoftcap>(p, s, n_block, dq_accum);
+    __syncthreads();  // the next tile's loads overwrite the shared memory this one's epilogue read
+  }
+}
+
 // Head-dim specific tile choice (H100/A100; <= 163 KB shared memory so one config serves sm_80 and sm_90).
 template <typename Element, int kHeadDim>
 struct BwdConfig;
@@ -705,8 +804,9 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   }
   if (p.seqlen_k > 0) {  // with seqlen_q == 0 it visits no tile and writes dK = dV = 0
     constexpr int smem = Traits::kSmemBytes;
-    dim3 grid(unsigned((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(p.num_heads_kv),
-              unsigned(p.batch));
+    const int num_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    dim3 grid(unsigned(s.deterministic && s.dq_splits < num_tiles ? s.dq_splits : num_tiles),
+              unsigned(p.num_heads_kv), unsigned(p.batch));
     auto launch = [&](auto kernel) -> cudaError_t {
       cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e != cudaSuccess) return e;
@@ -717,10 +817,13 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                        (p.block_mask.data != nullptr &&
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
-    cudaError_t e = masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
-                                     : launch(bwd_dkdv_kernel<Traits, true, false>))
-                          : (dropout ? launch(bwd_dkdv_kernel<Traits, false, true>)
-                                     : launch(bwd_dkdv_kernel<Traits, false, false>));
+    const bool softcap = p.softcap > 0.f;
+    cudaError_t e = softcap ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true, true>)
+                                       : launch(bwd_dkdv_kernel<Traits, true, false, true>))
+                    : masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
+                                       : launch(bwd_dkdv_kernel<Traits, true, false>))
+                            : (dropout ? launch(bwd_dkdv_kernel<Traits, false, true>)
+                                       : launch(bwd_dkdv_kernel<Traits, false, false>));
     if (e != cudaSuccess) return e;
   }
   if (p.seqlen_q > 0) {

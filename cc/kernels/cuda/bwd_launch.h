@@ -39,10 +39,35 @@ inline int bwd_headdim(const FlashFwdParams& p) {
   return bwd_round_headdim(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v);
 }
 
-// Scratch: dQ accumulator [B, H, Sq_pad, headdim] then lse2 and D, [B, H, Sq_pad] each, all float32.
+// The deterministic backward's dQ accumulators (one per CTA of a (kv head, batch)) take at most this much
+// scratch, unless one accumulator alone is larger.
+constexpr int64_t kMaxDeterministicDqBytes = int64_t(1) << 30;
+
+// dQ accumulators: 1 (atomics from every key tile's CTA into one), or, deterministic, enough CTAs per (kv
+// head, batch) for one wave over the GPU's SMs, each looping over its key tiles into its own accumulator
+// (bwd_kernel.h), bounded by the key tiles (of 128) and by kMaxDeterministicDqBytes. A function of the
+// shapes and the device only, so that equal inputs on one device are summed in the same order.
+inline int bwd_dq_splits(const FlashBwdParams& p) {
+  if (!p.deterministic) return 1;
+  int device = 0, sms = 1;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    sms = 1;
+  }
+  const int64_t units = int64_t(p.batch) * p.num_heads_kv;
+  const int64_t key_tiles = (int64_t(p.seqlen_k) + 127) / 128;
+  const int64_t accum_bytes =
+      int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q) * bwd_headdim(p) * int64_t(sizeof(float));
+  int64_t splits = units > 0 ? (sms + units - 1) / units : 1;
+  if (splits > key_tiles) splits = key_tiles;
+  if (accum_bytes > 0 && splits > kMaxDeterministicDqBytes / accum_bytes) splits = kMaxDeterministicDqBytes / accum_bytes;
+  return splits < 1 ? 1 : int(splits);
+}
+
+// Scratch: dQ accumulators [splits, B, H, Sq_pad, headdim] then lse2 and D, [B, H, Sq_pad] each, all float32.
 inline int64_t bwd_scratch_bytes(const FlashBwdParams& p) {
   const int64_t rows = int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q);
-  return rows * (bwd_headdim(p) + 2) * int64_t(sizeof(float));
+  return rows * (int64_t(bwd_dq_splits(p)) * bwd_headdim(p) + 2) * int64_t(sizeof(float));
 }
 
 }  // namespace bwd

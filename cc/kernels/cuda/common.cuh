@@ -113,13 +113,16 @@ __device__ __forceinline__ void gemm_reg_smem(TiledMma& tiled_mma, Acc& acc, Fra
 // (the zero-size form of the instruction reads no global bytes for them). `coord` is the identity
 // tensor partitioned like src: each 16-byte chunk's (row, column) inside the tile. One predicated
 // instruction per chunk: cheaper than branching between a predicated and an unpredicated copy. ----
+// Rows before rows_begin (may be negative: none) are zero-filled too: keys that no query of the tile sees,
+// whose NaN padding would otherwise reach P V as 0 x NaN.
 template <class ZfillCopy, class Src, class Dst, class Coord>
 __device__ __forceinline__ void copy_tile_async(ZfillCopy const& zfill_copy, Src const& src, Dst& dst,
-                                                Coord const& coord, int rows_left, int cols) {
+                                                Coord const& coord, int rows_left, int cols, int rows_begin = 0) {
   using namespace cute;
   CUTE_UNROLL
   for (int m = 0; m < size<1>(src); ++m) {
-    const bool row_ok = get<0>(coord(0, m, 0)) < rows_left;
+    const int row = get<0>(coord(0, m, 0));
+    const bool row_ok = row < rows_left && row >= rows_begin;
     CUTE_UNROLL
     for (int k = 0; k < size<2>(src); ++k) {
       const bool ok = row_ok && get<1>(coord(0, m, k)) < cols;

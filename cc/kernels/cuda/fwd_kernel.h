@@ -244,14 +244,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     return n;
   };
 
-  // Rows left from a tile's first row to the end of the sequence (int: sequence lengths are int).
+  // Only the keys some valid row of this tile can see, [first_row.begin, last_row.end) (the union of the
+  // rows' ranges, contiguous), and the valid query rows are loaded; the rest is zero-filled, so that NaN or
+  // Inf in padding (beyond the lengths, outside the window or the causal triangle) never reaches P V.
+  // Positions relative to a tile's first row (int: sequence lengths are int).
+  const int64_t keys_end = last_row.end < kv_len ? last_row.end : kv_len;
   auto load_k = [&](int n) {
-    copy_tile_async(gmem_copy, tKgK(_, _, _, n), tKsK, tKVcKV, p.seqlen_k - n * kBlockN, p.head_dim);
+    copy_tile_async(gmem_copy, tKgK(_, _, _, n), tKsK, tKVcKV, int(keys_end - int64_t(n) * kBlockN), p.head_dim,
+                    int(first_row.begin - int64_t(n) * kBlockN));
   };
   auto load_v = [&](int n) {
-    copy_tile_async(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, p.seqlen_k - n * kBlockN, p.head_dim_v);
+    copy_tile_async(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, int(keys_end - int64_t(n) * kBlockN),
+                    p.head_dim_v, int(first_row.begin - int64_t(n) * kBlockN));
   };
-  copy_tile_async(gmem_copy, tQgQ, tQsQ, tQcQ, int(p.seqlen_q - m0), p.head_dim);
+  copy_tile_async(gmem_copy, tQgQ, tQsQ, tQcQ, int(q_len - m0), p.head_dim);
   int n_block = next_visible(n_block_max);
   if (n_block >= n_block_min) load_k(n_block);
   cp_async_fence();
@@ -265,7 +271,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     row_sum[i] = 0.f;
   }
   // Scores are scaled in the exponent: p = 2^(s * scale * log2(e) - max * scale * log2(e)).
-  const float scale_log2 = fmaxf(p.scale * float(M_LOG2E), 1e-30f);
+  const float scale_log2 = softmax_scale_log2(p);
+  // Soft-capping (general variant only): s -> softcap * tanh(s * scale / softcap), then unscaled.
+  const bool has_softcap = kMasks && p.softcap > 0.f;
+  const float softcap_in = has_softcap ? p.scale / p.softcap : 0.f;
   const uint32_t drop_threshold = kDropout ? dropout_threshold(p.dropout_rate) : 0u;
   const bool has_dropout = kDropout && p.dropout_rate > 0.f;
   const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
@@ -273,6 +282,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   // One K/V tile. kMask: evaluate the masks per element (tiles that straddle a boundary of some valid
   // row's key range; in the general variant also every tile under an attn_mask or a partly visible
   // block_mask); instantiated twice so that the hot unmasked path carries none of that code.
+  // Key columns of a staged tile that some row sees, four per word (bytes 0/1), double-buffered by staged
+  // tile parity: a buffer is cleared one staged tile before it is filled again, with barriers between.
+  constexpr int kSeenWords = kMasks ? kBlockN / 4 : 1;
+  __shared__ uint32_t col_seen[2][kSeenWords];
+  int seen_parity = 0;
+  if constexpr (kMasks) {
+    for (int i = tidx; i < 2 * kSeenWords; i += Traits::kNThreads) col_seen[i / kSeenWords][i % kSeenWords] = 0;
+  }
+
   bool first = true;
   auto step = [&](auto mask_tag, const TileCoverage cover) __attribute__((always_inline)) {
     constexpr bool kMask = decltype(mask_tag)::value;
@@ -288,6 +306,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
                    smem_thr_copy_k);
 
     const int n_next = next_visible(n_block);
+    if constexpr (kMasks) {
+      if (has_softcap) {  // the same operations as the backward's (bwd_kernel.h)
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) acc_s(i) = p.softcap * tanhf(acc_s(i) * softcap_in);
+      }
+    }
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
 
     // Element masks (attn_mask, and block_mask on tiles it covers only in part) are evaluated once per
@@ -304,6 +328,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
         const BroadcastBoolMask& am = p.attn_mask;
         const bool* mask_bh = has_attn ? am.data + b * am.batch_stride + h * am.head_stride : nullptr;
         constexpr int kWordsPerRow = kBlockN / 4;
+        static_assert(Traits::kNThreads % kWordsPerRow == 0, "each thread stages one word column");
+        uint32_t seen = 0;  // this thread's word column, OR over its rows
         for (int idx = tidx; idx < kBlockM * kWordsPerRow; idx += Traits::kNThreads) {
           const int r = idx / kWordsPerRow, c = (idx % kWordsPerRow) * 4;
           const int64_t row = m0 + r, col = n0 + c;
@@ -336,8 +362,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
               }
             }
           }
+          if (word != 0) {  // what the row sees structurally, for col_seen
+            const KeyRange range = key_range(p, row, q_len, kv_len);
+            for (int t = 0; t < 4; ++t)
+              if (col + t < range.begin || col + t >= range.end) word &= ~(0xFFu << (8 * t));
+          }
+          seen |= word;
           *reinterpret_cast<uint32_t*>(mask_tile + r * kBlockN + c) = word;
         }
+        if (seen != 0) atomicOr(&col_seen[seen_parity][tidx % kWordsPerRow], seen);
       }
     }
 
@@ -345,6 +378,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     __syncthreads();  // V tile landed; every warp is done reading this K tile; the mask tile is stored
     if (n_next >= n_block_min) load_k(n_next);
     cp_async_fence();
+
+    if constexpr (kMasks && kMask) {
+      if (staged) {
+        // V rows that the element masks hide from every row of the tile are zeroed: P is 0 there, and
+        // 0 x NaN (garbage in masked-out values) must not reach the output.
+        const int lo = int(first_row.begin - n0 > 0 ? first_row.begin - n0 : 0);
+        const int hi = int(keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN);
+        const uint32_t* seen_words = col_seen[seen_parity];
+        bool any_unseen = false;
+        for (int c = lo; c < hi; ++c) any_unseen |= ((seen_words[c / 4] >> (8 * (c % 4))) & 1u) == 0;
+        if (any_unseen) {  // uniform: every thread read the same words
+          for (int c = lo; c < hi; ++c) {
+            if (((seen_words[c / 4] >> (8 * (c % 4))) & 1u) == 0) {
+              for (int d = tidx; d < kHeadDim; d += Traits::kNThreads) sV(c, d) = Element(0);
+            }
+          }
+          __syncthreads();
+        }
+        for (int i = tidx; i < kSeenWords; i += Traits::kNThreads) col_seen[seen_parity ^ 1][i] = 0;
+        seen_parity ^= 1;
+      }
+    }
 
     if constexpr (kMask) {
       CUTE_UNROLL
@@ -499,7 +554,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) = valid ? acc_o_rc(mi, ni) * inv : 0.f;
     if (p.lse != nullptr && get<1>(tScS_rc(0, 0)) == 0 && row < p.seqlen_q) {
-      p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? row_max[mi] * p.scale + logf(sum) : -INFINITY;
+      // lse = (max * scale_log2 + log2(sum)) * ln(2), rounded once: the backward rebuilds the exponents'
+      // reference max * scale_log2 + log2(sum) from it with one more rounding (bwd_preprocess_kernel).
+      const double lse2 = double(row_max[mi] * scale_log2) + double(log2f(sum));
+      p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? float(lse2 * 0.6931471805599453) : -INFINITY;
     }
   }
 

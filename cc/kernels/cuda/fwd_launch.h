@@ -15,7 +15,8 @@ cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
   using Traits = typename FwdConfig<kHeadDim, Element>::Traits;
   if (params.batch == 0 || params.seqlen_q == 0 || params.num_heads == 0) return cudaSuccess;
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
-  const bool masks = params.attn_mask.data != nullptr || params.block_mask.data != nullptr;
+  // Soft-capping runs in the general variant (the others carry none of its code).
+  const bool masks = params.attn_mask.data != nullptr || params.block_mask.data != nullptr || params.softcap > 0.f;
   const bool dropout = params.dropout_rate > 0.f;
   auto launch = [&](auto kernel, int smem) -> cudaError_t {
     // Always raised: static shared memory (the block-mask tile table) counts against the default 48 KB.

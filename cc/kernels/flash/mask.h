@@ -42,6 +42,15 @@ TF_FLASH_HOST_DEVICE KeyRange key_range_of_rows(const FlashFwdParams& p, int64_t
   return {first.begin, last.end};  // begin and end are both non-decreasing in the row
 }
 
+// The CUDA kernels' softmax is base 2: p = 2^(s * softmax_scale_log2(p) - lse * log2(e)), s the raw q.k
+// (or the soft-capped score, which carries the scale already). The forward and the backward both take
+// this one factor (rounded once, from double), so that they compute every exponent the same way.
+TF_FLASH_HOST_DEVICE float softmax_scale_log2(const FlashFwdParams& p) {
+  const double scale = p.softcap > 0.f ? 1.0 : double(p.scale);
+  const float scale_log2 = float(scale * 1.4426950408889634);
+  return scale_log2 > 1e-30f ? scale_log2 : 1e-30f;  // never 0: -inf * 0 would be NaN
+}
+
 TF_FLASH_HOST_DEVICE bool mask_at(const BroadcastBoolMask& m, int b, int h, int64_t row, int64_t col) {
   return m.data[b * m.batch_stride + h * m.head_stride + row * m.row_stride + col * m.col_stride];
 }

@@ -29,6 +29,9 @@ struct FlashFwdParams {
   int num_heads = 0, num_heads_kv = 0;  // num_heads % num_heads_kv == 0 (GQA/MQA)
   int head_dim = 0, head_dim_v = 0;
   float scale = 1.f;  // applied to the scores before the max
+  // Logit soft-capping (Gemma 2, FlashAttention-2): scaled scores s -> softcap * tanh(s / softcap) before
+  // the softmax; 0 = off.
+  float softcap = 0.f;
 
   // Masks, all combined by AND.
   bool causal = false;    // query i sees keys j <= i (top-left aligned)
@@ -53,6 +56,9 @@ struct FlashBwdParams : FlashFwdParams {
   void* d_v = nullptr;          // [B, Sk, Hkv, Dv], strides as v
   const float* d_lse = nullptr; // [B, H, Sq] gradient into lse; nullptr = zero
   float* scratch = nullptr;     // device-specific workspace (dQ accumulators, D = rowsum(dO*O))
+  // Bit-identical results for identical inputs on one device: the GPU then sums dQ in a fixed order
+  // instead of by float atomics (the CPU always does).
+  bool deterministic = false;
 };
 
 }  // namespace tf_flash
