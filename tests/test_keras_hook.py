@@ -278,6 +278,8 @@ def test_soft_cap_without_flash_raises(rng):
             keras.ops.dot_product_attention(q, k, v, attn_logits_soft_cap=2.0, flash_attention=False)
         with pytest.raises(ValueError, match="bias"):
             keras.ops.dot_product_attention(q, k, v, bias=tf.zeros([1, 1, 5, 5]), attn_logits_soft_cap=2.0)
+        with pytest.raises(ValueError, match="Received: attn_logits_soft_cap=-1.0"):
+            keras.ops.dot_product_attention(q, k, v, attn_logits_soft_cap=-1.0)
 
 
 # ----------------------------------------------------------------------------------------------------

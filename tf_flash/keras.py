@@ -29,6 +29,7 @@ import contextlib
 import functools
 import importlib.abc
 import inspect
+import math
 import numbers
 import os
 import sys
@@ -80,12 +81,16 @@ def enable():
     _ORIGINALS.update(backend=original_backend, op=original_op, mha_init=mha_class.__init__,
                       mha_compute=mha_class._compute_attention)
 
-    _patch(backend_nn, "dot_product_attention", _backend_dot_product_attention)
-    for module in _modules_holding("keras", "dot_product_attention", original_op):
-        _patch(module, "dot_product_attention", _op_dot_product_attention)
-    _patch(mha_class, "__init__", _mha_init)
-    _patch(mha_class, "_compute_attention", _mha_compute_attention)
-    _enable_keras_hub_gate()
+    try:
+        _patch(backend_nn, "dot_product_attention", _backend_dot_product_attention)
+        for module in _modules_holding("keras", "dot_product_attention", original_op):
+            _patch(module, "dot_product_attention", _op_dot_product_attention)
+        _patch(mha_class, "__init__", _mha_init)
+        _patch(mha_class, "_compute_attention", _mha_compute_attention)
+        _enable_keras_hub_gate()
+    except BaseException:
+        disable()  # all or nothing
+        raise
 
 
 def disable():
@@ -279,6 +284,10 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
             mask = tf.reshape(mask, [1] * (2 - mask.shape.rank) + ([-1] if mask.shape.rank == 1 else []))
     soft_cap_kwargs = {}
     if soft_cap is not None:
+        if (isinstance(soft_cap, bool) or not isinstance(soft_cap, numbers.Real) or not math.isfinite(soft_cap)
+                or soft_cap <= 0):
+            raise ValueError("`attn_logits_soft_cap` must be None or a positive finite number. "
+                             f"Received: attn_logits_soft_cap={soft_cap!r}")
         if "softcap" not in inspect.signature(_flash_ops.flash_attention).parameters:
             return None, "this tf_flash build has no soft cap"
         soft_cap_kwargs["softcap"] = float(soft_cap)
