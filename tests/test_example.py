@@ -1,9 +1,10 @@
 """The long-document example end to end, at a toy size (examples/long_document/).
 
 Trains the tiny preset on a small synthetic folder-per-class tree (all runs in one process,
---in-process, to keep it short) with FlashMultiHeadAttention at two context lengths and the Keras
-MultiHeadAttention baseline, writes the results table and plot,
-saves (.keras + SavedModel), reloads in a fresh process (predictions must match) and predicts a file.
+--in-process, to keep it short) with FlashMultiHeadAttention at two context lengths, the KerasHub
+encoder through tf_flash.keras and the Keras MultiHeadAttention baseline, writes the results table and
+plot, saves the KerasHub model (.keras + SavedModel), reloads it in a fresh process (predictions must
+match) and predicts a file; the mean +- std summary over seeds on made-up runs.
 The data conversion of prepare_data.py is tested on a fake Documentation/ tree.
 """
 import gzip
@@ -118,13 +119,16 @@ def test_end_to_end_tiny(tmp_path):
     with open(out / "results.json") as f:
         results = json.load(f)
     runs = {(r["attention"], r["context"]): r for r in results["runs"]}
-    assert set(runs) == {("flash", 32), ("flash", 128), ("keras", 128)}
+    assert set(runs) == {("flash", 32), ("flash", 128), ("hub", 128), ("keras", 128)}
     for r in runs.values():
         assert r["status"] == "ok", r
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["macro_f1"] <= 1.0
         assert r["peak_memory_gib"] > 0 and r["epoch_s"] > 0
     assert results["data"]["classes"] == ["class_0", "class_1", "class_2"]
     assert (out / "results.md").read_text().count("| flash |") == 2
+    assert (out / "results.md").read_text().count("| hub | 128 | 1 |") == 1
+    with open(out / "labels.json") as f:
+        assert json.load(f)["attention"] == "hub"  # the saved, reloaded and predicting model
     assert (out / "accuracy_vs_context.png").stat().st_size > 1000
     assert (out / "model.keras").exists() and (out / "saved_model" / "saved_model.pb").exists()
 
@@ -138,3 +142,17 @@ def test_end_to_end_tiny(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         line = proc.stdout.strip().splitlines()[-1]
         assert line.startswith(str(doc) + ": class_"), line
+
+
+def test_summary_over_seeds():
+    import train
+
+    runs = [{"attention": "flash", "context": 512, "seed": s, "status": "ok", "epochs": 3, "accuracy": a,
+             "macro_f1": a - 0.1, "long_accuracy": a - 0.2, "long_macro_f1": a - 0.3, "epoch_s": 2.0,
+             "epoch_cpu_s": 4.0, "peak_memory_gib": m} for s, a, m in ((1, 0.7, 1.0), (2, 0.8, 1.5), (3, 0.9, 1.2))]
+    runs.append({"attention": "keras", "context": 512, "seed": 1, "status": "OOM"})
+    flash, keras_row = train.aggregate(runs)
+    assert flash["seeds"] == 3 and flash["status"] == "ok" and flash["peak_memory_gib"] == 1.5
+    assert flash["accuracy"] == pytest.approx(0.8) and flash["accuracy_std"] == pytest.approx(0.1)
+    assert train.fmt_mean(flash, "long_accuracy") == "0.600 +- 0.100"
+    assert keras_row["seeds"] == 0 and keras_row["status"] == "OOM" and keras_row["accuracy"] is None

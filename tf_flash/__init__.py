@@ -10,5 +10,6 @@ from tf_flash._ops import build_info  # noqa: E402  (after __version__, which bu
 from tf_flash.ops import flash_attention  # noqa: E402
 from tf_flash import sparsity  # noqa: E402
 from tf_flash import layers  # noqa: E402
+from tf_flash import keras  # noqa: E402
 
-__all__ = ["flash_attention", "sparsity", "layers", "build_info", "__version__"]
+__all__ = ["flash_attention", "sparsity", "layers", "keras", "build_info", "__version__"]

@@ -206,6 +206,52 @@ def attention_class(attention):
     raise ValueError(f"attention must be 'flash' or 'keras'. Received: attention={attention!r}")
 
 
+def import_keras_hub():
+    try:
+        import keras_hub
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError("the KerasHub encoder (--hub-contexts) needs keras-hub: "
+                                  "`pip install keras-hub`") from err
+    return keras_hub
+
+
+@keras.saving.register_keras_serializable(package="tf_flash_examples")
+class BertInputs(keras.layers.Layer):
+    """Token ids [B, S] (0 = padding) -> the inputs of a KerasHub BertBackbone (one segment)."""
+
+    def call(self, tokens):
+        return {"token_ids": tokens, "segment_ids": keras.ops.zeros_like(tokens),
+                "padding_mask": keras.ops.not_equal(tokens, 0)}
+
+    def compute_output_spec(self, tokens):
+        spec = keras.KerasTensor(tokens.shape, dtype=tokens.dtype)
+        return {"token_ids": spec, "segment_ids": keras.KerasTensor(tokens.shape, dtype=tokens.dtype),
+                "padding_mask": keras.KerasTensor(tokens.shape, dtype="bool")}
+
+
+def build_hub_classifier(vocab_size, num_classes, context, embed_dim=64, num_heads=2, ff_dim=128,
+                         num_layers=2, dropout=0.1):
+    """The same task on a KerasHub encoder: `keras_hub.models.BertBackbone` built from its config
+    (random weights, nothing downloaded), position embeddings sized to the context.
+
+    Its attention is `keras.layers.MultiHeadAttention`; run it under `tf_flash.keras.enabled()` and
+    that layer calls tf_flash's kernels (KerasHub's padding mask becomes kv lengths, its dropout the
+    kernel's). Masked mean of the sequence output -> Dense softmax, as the other model.
+    """
+    keras_hub = import_keras_hub()
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    inputs = BertInputs(name="bert_inputs")(tokens)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=vocab_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=embed_dim,
+        intermediate_dim=ff_dim, dropout=dropout, max_sequence_length=context, num_segments=1,
+        name="bert_backbone")
+    x = backbone(inputs)["sequence_output"]
+    x = keras.layers.GlobalAveragePooling1D(name="masked_mean")(x, mask=inputs["padding_mask"])
+    x = keras.layers.Dropout(dropout)(x)
+    probs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="classifier")(x)
+    return keras.Model(tokens, probs, name=f"long_doc_hub_{context}")
+
+
 def build_classifier(vocab_size, num_classes, context, embed_dim=64, num_heads=2, ff_dim=128,
                      num_layers=2, dropout=0.1, attention="flash"):
     """Token ids [B, S] (0 = padding, S <= context) -> class probabilities [B, num_classes].

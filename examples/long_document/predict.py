@@ -9,6 +9,10 @@ the class names come from ``labels.json`` next to the model. ``.gz`` files are r
 
 ``--verify reference.json`` (used by train.py) reloads the ``.keras`` file and the SavedModel export
 in this fresh process and checks that both give exactly the predictions the trained model gave.
+
+A model of the KerasHub encoder (``labels.json``: ``"attention": "hub"``) loads after ``import
+keras_hub`` and runs with ``tf_flash.keras.enable()``, as it was trained; its SavedModel export needs
+only ``import tf_flash`` (the traced graph holds the tf_flash op).
 """
 import argparse
 import gzip
@@ -40,6 +44,16 @@ class Predictor:
 
     def __init__(self, path):
         self.path = path
+        labels = os.path.join(os.path.dirname(os.path.normpath(path)), "labels.json")
+        with open(labels) as f:
+            meta = json.load(f)
+        self.class_names, self.context = meta["class_names"], meta["context"]
+        if meta.get("attention") == "hub" and not os.path.isdir(path):
+            common.import_keras_hub()  # registers BertBackbone for load_model
+            if _TF_FLASH_ERROR is not None:
+                raise RuntimeError(f"{path} runs tf_flash through tf_flash.keras but `import tf_flash` "
+                                   f"failed: {_TF_FLASH_ERROR}")
+            common.import_tf_flash().keras.enable()  # its attention runs tf_flash, as in training
         if os.path.isdir(path):
             self.kind = "SavedModel"
             self._loaded = tf.saved_model.load(path)  # keep a reference: it owns the variables
@@ -57,10 +71,6 @@ class Predictor:
         else:
             raise ValueError(f"model must be a .keras file or a SavedModel directory. Received: "
                              f"model={path!r}")
-        labels = os.path.join(os.path.dirname(os.path.normpath(path)), "labels.json")
-        with open(labels) as f:
-            meta = json.load(f)
-        self.class_names, self.context = meta["class_names"], meta["context"]
 
     def __call__(self, texts, batch_size=4):
         out = []

@@ -7,21 +7,28 @@ affordable. This script
 1. reads a folder-per-class tree (default ``data/linux-doc``, made by ``prepare_data.py``), splits it
    (stratified, fixed seed) and prints class counts and length statistics;
 2. builds the vocabulary on the training split (``keras.layers.TextVectorization``);
-3. trains the same classifier once per run -- ``flash`` (``tf_flash.layers.FlashMultiHeadAttention``)
-   at each context length, and ``keras`` (``keras.layers.MultiHeadAttention``) at the long context --
-   each in its own process, so that its peak memory is its own;
+3. trains the classifiers once per run, each in its own process, so that its peak memory is its own:
+   ``flash``, the example's encoder with ``tf_flash.layers.FlashMultiHeadAttention``, at each context
+   length; ``hub``, a KerasHub encoder (``keras_hub.models.BertBackbone`` from its config, position
+   embeddings sized to the context) whose ``keras.layers.MultiHeadAttention`` runs tf_flash's kernels
+   through ``tf_flash.keras.enabled()`` (Keras' own flash switch); ``keras``, the example's encoder with
+   ``keras.layers.MultiHeadAttention`` (Keras' standard attention) at the long context. ``--seeds N``
+   repeats the flash and hub runs with N seeds (data split and vocabulary fixed; initialization, dropout
+   and batch order change) and the table reports mean +- standard deviation;
 4. writes the results table (``results.md``, ``results.json``) and ``accuracy_vs_context.png``;
-5. saves the long-context flash model (with its TextVectorization, so it takes raw text) as
+5. saves the long-context hub model (flash when no hub runs) (with its TextVectorization, so it takes raw text) as
    ``model.keras`` and as a SavedModel (``saved_model/``), reloads both in a fresh process and checks
    that the predictions are identical, then classifies a test document with ``predict.py``.
 
 Configurations (``--preset``):
 
 * ``cpu`` (default): finishes in minutes on 2 CPU cores. 1 block, width 64, 2 heads of 32,
-  contexts 512 and 2048, 3 epochs, batch 16; the Keras baseline at 2048 trains 1 epoch (for its
-  time per epoch and memory; ``--keras-epochs 3`` for an equal comparison).
-* ``full``: the real experiment, for a GPU: 4 blocks, width 256, 4 heads of 64, contexts 512 to
-  16384, 10 epochs; the Keras baseline at every context, to show where it runs out of memory.
+  flash at contexts 512 and 2048, hub at 2048, 3 epochs, batch 16, one seed; the Keras baseline at
+  2048 trains 1 epoch (for its time per epoch and memory; ``--keras-epochs 3`` for an equal
+  comparison).
+* ``full``: the real experiment, for a GPU: 4 blocks, width 256, 4 heads of 64, 512 tokens vs whole
+  documents (16384 tokens, all of nearly every document: train.py prints the share), flash and hub, 3 seeds each, 10 epochs; the
+  Keras baseline at 4096 and 16384 (1 epoch: its time and memory, and where it runs out of memory).
 * ``tiny``: a few documents per class and a toy model (the end-to-end test).
 
 Every preset value can be overridden (``--contexts 512,4096 --epochs 5 ...``). Runs that are already
@@ -42,16 +49,18 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 PRESETS = {
-    "cpu": dict(contexts="512,2048", keras_contexts="long", epochs=3, keras_epochs=1,
+    "cpu": dict(contexts="512,2048", keras_contexts="long", hub_contexts="long", seeds=1,
+                epochs=3, keras_epochs=1,
                 batch_size=16, embed_dim=64,
                 num_heads=2, ff_dim=128, num_layers=1, vocab_size=20000, learning_rate=2e-3,
                 max_docs_per_class=0, mixed_precision="none"),
-    "full": dict(contexts="512,1024,2048,4096,8192,16384", keras_contexts="all", epochs=10,
-                 keras_epochs=10,
+    "full": dict(contexts="512,16384", keras_contexts="4096,16384", hub_contexts="all", seeds=3,
+                 epochs=10, keras_epochs=1,
                  batch_size=16, embed_dim=256, num_heads=4, ff_dim=512, num_layers=4,
                  vocab_size=30000, learning_rate=1e-3, max_docs_per_class=0,
                  mixed_precision="mixed_bfloat16"),
-    "tiny": dict(contexts="64,256", keras_contexts="long", epochs=1, keras_epochs=1,
+    "tiny": dict(contexts="64,256", keras_contexts="long", hub_contexts="long", seeds=1,
+                 epochs=1, keras_epochs=1,
                  batch_size=8, embed_dim=16,
                  num_heads=2, ff_dim=32, num_layers=1, vocab_size=2000, learning_rate=3e-3,
                  max_docs_per_class=12, mixed_precision="none"),
@@ -67,11 +76,19 @@ def parse_args(argv):
                    help="folder-per-class tree of text files")
     p.add_argument("--out", default=None, help="output folder (default runs/long_document/PRESET)")
     p.add_argument("--attention", choices=["flash", "keras"], default="flash",
-                   help="attention layer of the context-length runs (and of the saved model)")
+                   help="attention layer of the example's own encoder at --contexts")
     p.add_argument("--contexts", help="comma-separated context lengths in tokens")
     p.add_argument("--keras-contexts",
                    help="contexts for the keras.layers.MultiHeadAttention baseline: a list, "
                         "'long' (the longest of --contexts), 'all', or 'none'")
+    p.add_argument("--hub-contexts",
+                   help="contexts for the KerasHub encoder (BertBackbone through tf_flash.keras): a list, "
+                        "'long', 'all' or 'none'")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per flash and hub run (--seed, --seed+1, ...): mean +- std in the table")
+    p.add_argument("--save-model", choices=["flash", "hub", "keras"], default=None,
+                   help="which model is saved, reloaded and used by predict.py (default: hub when it "
+                        "runs, else --attention), at its longest context")
     p.add_argument("--keras-epochs", type=int, default=None,
                    help="epochs of the keras-attention baseline runs (cpu preset: 1, enough for "
                         "its time and memory; its accuracy is then that of 1 epoch)")
@@ -112,18 +129,30 @@ def parse_args(argv):
         p.error(f"--contexts must be comma-separated integers. Received: contexts={args.contexts!r}")
     if min(args.contexts) < 1:
         p.error(f"--contexts must be positive. Received: contexts={args.contexts}")
-    kc = str(args.keras_contexts)
-    if kc == "long":
-        args.keras_contexts = [max(args.contexts)]
-    elif kc == "all":
-        args.keras_contexts = list(args.contexts)
-    elif kc == "none":
-        args.keras_contexts = []
-    else:
-        try:
-            args.keras_contexts = sorted({int(c) for c in kc.split(",")})
-        except ValueError:
-            p.error(f"--keras-contexts must be a list, 'long', 'all' or 'none'. Received: {kc!r}")
+    for name in ("keras_contexts", "hub_contexts"):
+        value = str(getattr(args, name))
+        if value == "long":
+            setattr(args, name, [max(args.contexts)])
+        elif value == "all":
+            setattr(args, name, list(args.contexts))
+        elif value == "none":
+            setattr(args, name, [])
+        else:
+            try:
+                setattr(args, name, sorted({int(c) for c in value.split(",")}))
+            except ValueError:
+                p.error(f"--{name.replace('_', '-')} must be a list, 'long', 'all' or 'none'. "
+                        f"Received: {name}={value!r}")
+    if args.seeds < 1:
+        p.error(f"--seeds must be >= 1. Received: seeds={args.seeds}")
+    if args.save_model is None:
+        args.save_model = "hub" if args.hub_contexts else args.attention
+    saved_contexts = (args.contexts if args.save_model == args.attention else
+                      {"hub": args.hub_contexts, "keras": args.keras_contexts}.get(args.save_model, []))
+    if not saved_contexts:
+        p.error(f"--save-model {args.save_model}: that model has no run. Received: "
+                f"save_model={args.save_model!r}")
+    args.save_context = max(saved_contexts)
     if args.embed_dim % args.num_heads:
         p.error(f"--embed-dim must be divisible by --num-heads. Received: embed_dim="
                 f"{args.embed_dim}, num_heads={args.num_heads}")
@@ -184,12 +213,12 @@ def estimated_score_gb(args, context):
     return 4 * args.num_layers * args.batch_size * args.num_heads * context ** 2 * 4 / 2 ** 30
 
 
-def run_name(attention, context):
-    return f"{attention}_{context}"
+def run_name(attention, context, seed=None):
+    return f"{attention}_{context}" + ("" if seed is None else f"_seed{seed}")
 
 
-def launch(args, attention, context, save):
-    name = run_name(attention, context)
+def launch(args, attention, context, save, seed):
+    name = run_name(attention, context, seed if args.seeds > 1 else None)
     os.makedirs(os.path.join(args.out, "runs"), exist_ok=True)
     result_path = os.path.join(args.out, "runs", name + ".json")
     if args.resume and os.path.exists(result_path):
@@ -199,8 +228,8 @@ def launch(args, attention, context, save):
             print(f"[{name}] reusing {result_path}")
             return result
     spec = {k: v for k, v in vars(args).items() if k != "worker"}
-    spec.update(attention=attention, context=context, save=save, result_path=result_path,
-                baseline=attention != args.attention)
+    spec.update(attention=attention, context=context, save=save, result_path=result_path, seed=seed,
+                baseline=attention == "keras" and args.attention != "keras")
     spec_path = os.path.join(args.out, "runs", name + ".spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -227,7 +256,7 @@ def launch(args, attention, context, save):
             return json.load(f)
     status = (f"killed by signal {-returncode} (out of memory?)" if returncode < 0
               else f"failed (exit {returncode})")
-    result = {"attention": attention, "context": context, "status": status,
+    result = {"attention": attention, "context": context, "seed": seed, "status": status,
               "wall_s": time.time() - t0}
     with open(result_path, "w") as f:
         json.dump(result, f)
@@ -247,23 +276,72 @@ def fmt(v, spec):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def write_results(args, info, results, device, quiet=False):
+METRICS = ("accuracy", "macro_f1", "long_accuracy", "long_macro_f1")
+MODEL_NAMES = {"flash": "FlashMultiHeadAttention", "hub": "KerasHub BertBackbone + tf_flash.keras",
+               "keras": "keras MultiHeadAttention"}
+
+
+def aggregate(results):
+    """One row per (attention, context): metrics as mean and sample standard deviation over the seeds
+    that finished; time as the mean, memory as the maximum."""
+    import numpy as np
+
     rows = []
-    header = ("| attention | context | epochs | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
+    for key in dict.fromkeys((r["attention"], r["context"]) for r in results):
+        runs = [r for r in results if (r["attention"], r["context"]) == key]
+        done = [r for r in runs if r.get("status") == "ok"]
+        row = {"attention": key[0], "context": key[1], "seeds": len(done), "runs": len(runs),
+               "epochs": done[0]["epochs"] if done else None,
+               "status": "ok" if len(done) == len(runs) else
+               (f"{len(done)}/{len(runs)} ok; " if done else "") + next(
+                   r["status"] for r in runs if r.get("status") != "ok")}
+        for metric in METRICS:
+            values = np.array([r[metric] for r in done], float)
+            row[metric] = float(values.mean()) if len(values) else None
+            row[metric + "_std"] = float(values.std(ddof=1)) if len(values) > 1 else None
+        for metric in ("epoch_s", "epoch_cpu_s"):
+            row[metric] = float(np.mean([r[metric] for r in done])) if done else None
+        row["peak_memory_gib"] = max((r["peak_memory_gib"] for r in done), default=None)
+        rows.append(row)
+    return rows
+
+
+def fmt_mean(row, metric):
+    mean, std = row.get(metric), row.get(metric + "_std")
+    return fmt(mean, ".3f") + ("" if std is None else f" +- {std:.3f}")
+
+
+def write_results(args, info, results, device, quiet=False):
+    summary = aggregate(results)
+    rows = []
+    header = ("| model | context | seeds | epochs | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
               "s/epoch | CPU s/epoch | peak mem GiB | status |")
     rows.append(header)
-    rows.append("|" + "---|" * 11)
-    for r in results:
-        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["attention"], r["context"], r.get("epochs", "-"), fmt(r.get("accuracy"), ".3f"),
-            fmt(r.get("macro_f1"), ".3f"),
-            fmt(r.get("long_accuracy"), ".3f"), fmt(r.get("long_macro_f1"), ".3f"),
+    rows.append("|" + "---|" * 12)
+    for r in summary:
+        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["attention"], r["context"], r["seeds"], fmt(r["epochs"], "d"), fmt_mean(r, "accuracy"),
+            fmt_mean(r, "macro_f1"), fmt_mean(r, "long_accuracy"), fmt_mean(r, "long_macro_f1"),
             fmt(r.get("epoch_s"), ".1f"), fmt(r.get("epoch_cpu_s"), ".0f"),
             fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
     table = "\n".join(rows)
+    if any(r["runs"] > 1 for r in summary):
+        per_run = ["| model | context | seed | test acc | macro-F1 | acc >512 tok | F1 >512 tok | status |",
+                   "|" + "---|" * 8]
+        for r in results:
+            per_run.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
+                r["attention"], r["context"], r.get("seed", "-"), *(fmt(r.get(m), ".3f") for m in METRICS),
+                r["status"]))
+        table += "\n\nEvery run:\n\n" + "\n".join(per_run)
     ok = next((r for r in results if r.get("status") == "ok"), {})
     mem_kind = ok.get("memory_kind", "peak RSS of the training process" if device == "CPU" else "")
-    meta = (f"Data: {info['num_docs']} documents, {len(info['class_names'])} classes "
+    models = "; ".join(f"{k}: {v}" for k, v in MODEL_NAMES.items()
+                       if any(r["attention"] == k for r in results))
+    meta = (f"Models: {models} (the hub model computes its attention with tf_flash's kernels through "
+            f"Keras' own flash switch). Metrics with several seeds: mean +- sample standard "
+            f"deviation over the seeds (seeds {args.seed}..{args.seed + args.seeds - 1}; split and "
+            f"vocabulary fixed).\n"
+            f"Data: {info['num_docs']} documents, {len(info['class_names'])} classes "
             f"({os.path.basename(os.path.normpath(args.data_dir))}), split train/val/test "
             f"{'/'.join(map(str, info['split']))}; tokens per document median {info['tokens']['median']}, "
             f"p90 {info['tokens']['p90']}, max {info['tokens']['max']}.\n"
@@ -286,7 +364,8 @@ def write_results(args, info, results, device, quiet=False):
         json.dump({"preset": args.preset, "device": device, "config": {
             k: v for k, v in vars(args).items() if k not in ("worker",)}, "data": {
             "num_docs": info["num_docs"], "classes": info["class_names"], "split": info["split"],
-            "words": info["words"], "tokens": info["tokens"]}, "runs": results}, f, indent=1)
+            "words": info["words"], "tokens": info["tokens"]}, "summary": summary, "runs": results},
+            f, indent=1)
     if not quiet:
         print("\n" + table + "\n\n" + meta + "\n")
     plot(args, results, quiet)
@@ -304,20 +383,25 @@ def plot(args, results, quiet=False):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    styles = {"flash": ("tab:blue", "o"), "keras": ("tab:orange", "s")}
-    for attention in ("flash", "keras"):
+    styles = {"flash": ("tab:blue", "o"), "hub": ("tab:green", "^"), "keras": ("tab:orange", "s")}
+    summary = aggregate(results)
+    for attention in ("flash", "hub", "keras"):
         runs = [r for r in results if r["attention"] == attention]
-        done = [r for r in runs if r.get("status") == "ok"]
+        done = [r for r in summary if r["attention"] == attention and r["seeds"]]
         color, marker = styles[attention]
-        label = ("FlashMultiHeadAttention" if attention == "flash" else "keras MultiHeadAttention")
-        if done and len({r["epochs"] for r in results if r.get("status") == "ok"}) > 1:
+        label = {"flash": "FlashMultiHeadAttention", "hub": "KerasHub BERT + tf_flash.keras",
+                 "keras": "keras MultiHeadAttention"}[attention]
+        if done and len({r["epochs"] for r in summary if r["seeds"]}) > 1:
             n = "/".join(sorted({str(r["epochs"]) for r in done}))
             label += f" ({n} epoch{'' if n == '1' else 's'})"
         if done:
-            ax.plot([r["context"] for r in done], [r["accuracy"] for r in done], marker=marker,
-                    color=color, label=f"{label}: all test docs")
-            ax.plot([r["context"] for r in done], [r["long_accuracy"] for r in done], marker=marker,
-                    color=color, linestyle="--", label=f"{label}: docs > 512 tokens")
+            def errors(metric):
+                return [r[metric + "_std"] or 0.0 for r in done]
+            ax.errorbar([r["context"] for r in done], [r["accuracy"] for r in done], yerr=errors("accuracy"),
+                        marker=marker, color=color, capsize=3, label=f"{label}: all test docs")
+            ax.errorbar([r["context"] for r in done], [r["long_accuracy"] for r in done],
+                        yerr=errors("long_accuracy"), marker=marker, color=color, linestyle="--", capsize=3,
+                        label=f"{label}: docs > 512 tokens")
         for r in runs:
             if r.get("status") != "ok":
                 ax.axvline(r["context"], color=color, linestyle=":", alpha=0.6)
@@ -331,7 +415,9 @@ def plot(args, results, quiet=False):
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.set_title(f"Long-document classification ({args.preset} preset)")
+    seeds = max((r["seeds"] for r in summary), default=1)
+    ax.set_title(f"Long-document classification ({args.preset} preset"
+                 + (f", mean +- std over {seeds} seeds)" if seeds > 1 else ")"))
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path = os.path.join(args.out, "accuracy_vs_context.png")
@@ -354,21 +440,26 @@ def main(argv=None):
     t_start = time.time()
     info = prepare(args)
     device = detect_device()
-    plan = [("flash" if args.attention == "flash" else "keras", c) for c in args.contexts]
-    plan += [("keras", c) for c in args.keras_contexts if ("keras", c) not in plan]
-    save_run = (args.attention, max(args.contexts))
+    seeds = [args.seed + i for i in range(args.seeds)]
+    plan = []
+    for seed in seeds:
+        plan += [(args.attention, c, seed) for c in args.contexts]
+        plan += [("hub", c, seed) for c in args.hub_contexts]
+    # The Keras baseline shows time and memory (and where it runs out of memory): one seed.
+    plan += [("keras", c, seeds[0]) for c in args.keras_contexts if ("keras", c, seeds[0]) not in plan]
+    save_run = (args.save_model, args.save_context, seeds[0])
     results = []
-    for attention, context in plan:
+    for attention, context, seed in plan:
         if attention == "keras" and device == "CPU" and \
                 estimated_score_gb(args, context) > args.cpu_memory_limit_gb:
             gb = estimated_score_gb(args, context)
             print(f"\n=== keras_{context}: skipped, attention scores alone need ~{gb:.0f} GiB > "
                   f"--cpu-memory-limit-gb {args.cpu_memory_limit_gb:g} ===")
-            results.append({"attention": attention, "context": context,
+            results.append({"attention": attention, "context": context, "seed": seed,
                             "status": f"skipped: ~{gb:.0f} GiB of scores"})
             continue
         results.append(launch(args, attention, context,
-                              save=not args.no_save and (attention, context) == save_run))
+                              save=not args.no_save and (attention, context, seed) == save_run, seed=seed))
         write_results(args, info, results, device, quiet=True)  # partial results survive a kill
     write_results(args, info, results, device)
 
@@ -417,6 +508,21 @@ def detect_device():
 def worker(spec_path):
     with open(spec_path) as f:
         spec = json.load(f)
+    if spec["attention"] != "hub":
+        return train_run(spec)
+    import warnings
+    import common
+
+    # KerasHub's BertBackbone has a pooler this classifier does not use (it pools the sequence).
+    warnings.filterwarnings("ignore", message=r"Gradients do not exist for variables \['pooled_dense")
+    # Keras' own flash switch, served by tf_flash: the encoder's MultiHeadAttention runs our kernels.
+    # Only inside this run: a keras baseline trained later in the same process (--in-process) keeps
+    # Keras' standard attention.
+    with common.import_tf_flash().keras.enabled():
+        return train_run(spec)
+
+
+def train_run(spec):
     import numpy as np
     import keras
     import tensorflow as tf
@@ -432,7 +538,7 @@ def worker(spec_path):
     vocab, class_names = meta["vocabulary"], meta["class_names"]
     context, attention = spec["context"], spec["attention"]
     gpus = tf.config.list_physical_devices("GPU")
-    result = {"attention": attention, "context": context, "tf_version": tf.__version__,
+    result = {"attention": attention, "context": context, "seed": spec["seed"], "tf_version": tf.__version__,
               "keras_version": keras.__version__, "host": platform.node()}
 
     common.set_seed(spec["seed"])
@@ -444,9 +550,14 @@ def worker(spec_path):
                                             spec["batch_size"], shuffle=shuffle, seed=spec["seed"])
 
     train_b, val_b, test_b = batches(train, True), batches(val, False), batches(test, False)
-    model = common.build_classifier(len(vocab), len(class_names), context, spec["embed_dim"],
-                                    spec["num_heads"], spec["ff_dim"], spec["num_layers"],
-                                    spec["dropout"], attention)
+    if attention == "hub":
+        model = common.build_hub_classifier(len(vocab), len(class_names), context, spec["embed_dim"],
+                                            spec["num_heads"], spec["ff_dim"], spec["num_layers"],
+                                            spec["dropout"])
+    else:
+        model = common.build_classifier(len(vocab), len(class_names), context, spec["embed_dim"],
+                                        spec["num_heads"], spec["ff_dim"], spec["num_layers"],
+                                        spec["dropout"], attention)
     model.compile(optimizer=keras.optimizers.AdamW(spec["learning_rate"], weight_decay=0.01),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   jit_compile=False if spec["jit_compile"] == "false" else "auto")
@@ -498,7 +609,7 @@ def worker(spec_path):
         long_macro_f1=common.macro_f1(y_true[long], y_pred[long], n),
         test_docs=int(len(y_true)), long_docs=int(long.sum()),
         val_accuracy=[float(a) for a in history.history.get("val_accuracy", [])])
-    print(f"[{attention}_{context}] test accuracy {result['accuracy']:.3f}, macro-F1 "
+    print(f"[{attention}_{context} seed {spec['seed']}] test accuracy {result['accuracy']:.3f}, macro-F1 "
           f"{result['macro_f1']:.3f}; on the {result['long_docs']} documents > "
           f"{common.SHORT_CONTEXT} tokens: accuracy {result['long_accuracy']:.3f}, macro-F1 "
           f"{result['long_macro_f1']:.3f}; {result['epoch_s']:.1f}s/epoch", flush=True)

@@ -1,0 +1,562 @@
+"""tf_flash.keras: Keras' own flash-attention switch served by tf_flash on the TensorFlow backend.
+
+keras.ops.dot_product_attention with the switch on against Keras' standard path (switch off) and a
+float64 reference of Keras' semantics, over Keras' mask broadcasts, causal, GQA, soft cap, dtypes,
+eager / tf.function; MultiHeadAttention (flash with dropout lifted); enable / disable / context restore
+Keras' very objects; fallbacks with a warning; saving and a fresh-process reload; XLA."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import tf_flash
+from tf_flash import keras as flash_keras
+from reference import to_numpy
+
+DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
+DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
+HAVE_SOFTCAP = "softcap" in __import__("inspect").signature(tf_flash.flash_attention).parameters
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def rng(request):
+    """Random inputs seeded from the test id: stable across processes, so a failure replays."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(autouse=True)
+def _hook_off_after():
+    yield
+    flash_keras.disable()
+    keras.config.enable_flash_attention()  # Keras' default global (None)
+
+
+def _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=tf.float32):
+    def make(*shape):
+        return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
+    return (make(batch, seqlen_q, heads, head_dim), make(batch, seqlen_k, heads_kv, head_dim),
+            make(batch, seqlen_k, heads_kv, head_dim))
+
+
+def keras_reference(q, k, v, *, mask=None, is_causal=False, scale=None, soft_cap=None):
+    """Keras' dot_product_attention in float64: masked logits set to a large negative value (so a row
+    with nothing visible averages all values), causal top-left, kv heads repeated for GQA."""
+    q, k, v = (to_numpy(x) for x in (q, k, v))
+    heads, heads_kv = q.shape[2], k.shape[2]
+    k, v = np.repeat(k, heads // heads_kv, axis=2), np.repeat(v, heads // heads_kv, axis=2)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    logits = np.einsum("btnh,bsnh->bnts", q, k) * scale
+    if soft_cap is not None:
+        logits = soft_cap * np.tanh(logits / soft_cap)
+    visible = np.ones(logits.shape, bool)
+    if mask is not None:
+        visible &= np.asarray(mask, bool)
+    if is_causal:
+        visible &= np.tril(np.ones(logits.shape[-2:], bool))
+    logits = np.where(visible, logits, -1e300)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bnts,bsnh->btnh", probs, v)
+
+
+def _rel_err(x, ref):
+    x = to_numpy(x)
+    assert not np.isnan(x).any(), "NaN in the result"
+    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+def _run(fn, mode):
+    return tf.function(fn)() if mode == "graph" else fn()
+
+
+# Keras' mask broadcasts to [B, N, T, S] (right-aligned, each dim 1 or full), as shapes built from
+# (B, N, T, S); a None entry drops the leading axes (lower rank).
+MASK_SHAPES = {
+    "none": None,
+    "BNTS": ("B", "N", "T", "S"),
+    "B1TS": ("B", 1, "T", "S"),
+    "B11S": ("B", 1, 1, "S"),
+    "11TS": (1, 1, "T", "S"),
+    "1N1S": (1, "N", 1, "S"),
+    "BN11": ("B", "N", 1, 1),
+    "NTS": ("N", "T", "S"),
+    "TS": ("T", "S"),
+    "S": ("S",),
+    "scalar": (),
+}
+
+
+def _mask(rng, name, batch, heads, seqlen_q, seqlen_k):
+    spec = MASK_SHAPES[name]
+    if spec is None:
+        return None
+    sizes = {"B": batch, "N": heads, "T": seqlen_q, "S": seqlen_k}
+    shape = tuple(sizes.get(d, d) for d in spec)
+    mask = rng.random(shape) > 0.3
+    if len(shape) >= 2 and shape[-2] > 3:
+        mask[..., 3, :] = False  # a query row that sees nothing: Keras averages the values there
+    return mask
+
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim): odd lengths, Sq != Sk, GQA.
+SHAPES = [(2, 19, 19, 4, 4, 16), (1, 37, 70, 4, 2, 32), (2, 70, 33, 6, 3, 8)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("mask_name", list(MASK_SHAPES))
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_op_parity_over_masks_causal_gqa(rng, device, mode, mask_name, is_causal, shape):
+    batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim = shape
+    q, k, v = _qkv(rng, *shape)
+    mask = _mask(rng, mask_name, batch, heads, seqlen_q, seqlen_k)
+    reference = keras_reference(q, k, v, mask=mask, is_causal=is_causal)
+    with tf.device(device):
+        standard = _run(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal), mode)
+        with flash_keras.enabled():
+            flash = _run(lambda: keras.ops.dot_product_attention(
+                q, k, v, mask=mask, is_causal=is_causal, flash_attention=True), mode)
+    assert _rel_err(standard, reference) < 1e-5
+    assert _rel_err(flash, reference) < 2e-5
+    np.testing.assert_allclose(to_numpy(flash), to_numpy(standard), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_op_parity_dtypes(rng, device, dtype):
+    """Half precision: the hook's error against float64 at most 2x that of Keras' standard path."""
+    q, k, v = _qkv(rng, 2, 45, 45, 4, 2, 32, DTYPES[dtype])
+    mask = _mask(rng, "B1TS", 2, 4, 45, 45)
+    reference = keras_reference(q, k, v, mask=mask, is_causal=True)
+    with tf.device(device):
+        standard = keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+        with flash_keras.enabled():
+            flash = keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True, flash_attention=True)
+    assert flash.dtype == standard.dtype == DTYPES[dtype]
+    floor = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
+    assert _rel_err(flash, reference) <= max(2 * _rel_err(standard, reference), floor)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask_name", ["none", "B1TS", "B11S"])
+def test_gradients_match_keras(rng, device, mask_name):
+    q, k, v = _qkv(rng, 2, 29, 41, 4, 2, 16)
+    mask = _mask(rng, mask_name, 2, 4, 29, 41)
+    d_out = tf.constant(rng.standard_normal((2, 29, 4, 16)).astype(np.float32))
+
+    def grads(flash):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=0.3, flash_attention=flash)
+            loss = tf.reduce_sum(out * d_out)
+        return tape.gradient(loss, [q, k, v])
+
+    with tf.device(device):
+        standard = grads(False)
+        with flash_keras.enabled():
+            flash = grads(True)
+    for name, a, b in zip("qkv", flash, standard):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=5e-5, rtol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("prefix", [True, False])
+def test_key_padding_mask_becomes_lengths(rng, monkeypatch, device, mode, prefix):
+    """A [B, 1, 1, S] padding mask (KerasHub's encoders) that is a prefix runs as kv lengths (the kernel
+    skips the padding); a row of length 0 and a non-prefix mask keep Keras' results."""
+    q, k, v = _qkv(rng, 3, 21, 45, 4, 2, 16)
+    lengths = np.array([45, 17, 0])
+    mask = (np.arange(45)[None, :] < lengths[:, None])[:, None, None, :]
+    if not prefix:
+        mask = mask.copy()
+        mask[1, 0, 0, 3] = False
+    seen = []
+    original = tf_flash.ops.flash_attention
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("kv_lengths") is not None)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
+    with tf.device(device), flash_keras.enabled():
+        got = _run(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True), mode)
+    assert seen == [True]
+    np.testing.assert_allclose(to_numpy(got), keras_reference(q, k, v, mask=mask, is_causal=True),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_multi_query_attention_served(rng):
+    """One kv head: Keras' own TF path fails (einsum shapes); the hook serves it."""
+    q, k, v = _qkv(rng, 2, 17, 23, 4, 1, 16)
+    with flash_keras.enabled():
+        flash = keras.ops.dot_product_attention(q, k, v, flash_attention=True)
+    assert _rel_err(flash, keras_reference(q, k, v)) < 2e-5
+
+
+def test_none_follows_the_global_switch(rng):
+    """flash_attention=None: tf_flash unless keras.config.disable_flash_attention(); True: always."""
+    q, k, v = _qkv(rng, 1, 9, 9, 2, 2, 8)
+    calls = []
+    original = tf_flash.ops.flash_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    with flash_keras.enabled(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tf_flash.ops, "flash_attention", counting)
+        keras.ops.dot_product_attention(q, k, v)
+        assert len(calls) == 1
+        keras.config.disable_flash_attention()
+        keras.ops.dot_product_attention(q, k, v)
+        assert len(calls) == 1
+        keras.ops.dot_product_attention(q, k, v, flash_attention=True)
+        assert len(calls) == 2
+        keras.ops.dot_product_attention(q, k, v, flash_attention=False)
+        assert len(calls) == 2
+
+
+@pytest.mark.skipif(not HAVE_SOFTCAP, reason="this tf_flash has no softcap yet (kernels branch)")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_soft_cap(rng, device, mode, dtype):
+    """attn_logits_soft_cap (Keras rejects it off JAX-on-TPU) served: cap * tanh(logits / cap)."""
+    q, k, v = _qkv(rng, 2, 33, 33, 4, 2, 16, DTYPES[dtype])
+    q = q * 4  # logits large enough for the cap to matter
+    mask = _mask(rng, "B1TS", 2, 4, 33, 33)
+    reference = keras_reference(q, k, v, mask=mask, is_causal=True, soft_cap=2.5)
+    uncapped = keras_reference(q, k, v, mask=mask, is_causal=True)
+    assert np.linalg.norm(reference - uncapped) > 0.05 * np.linalg.norm(reference)
+    with tf.device(device), flash_keras.enabled():
+        flash = _run(lambda: keras.ops.dot_product_attention(
+            q, k, v, mask=mask, is_causal=True, attn_logits_soft_cap=2.5), mode)
+    assert _rel_err(flash, reference) < {"float32": 2e-5, "float16": 3e-3, "bfloat16": 2e-2}[dtype]
+
+
+@pytest.mark.skipif(not HAVE_SOFTCAP, reason="this tf_flash has no softcap yet (kernels branch)")
+def test_soft_cap_gradients(rng):
+    q, k, v = _qkv(rng, 1, 21, 21, 2, 2, 8)
+    cap = 1.5
+
+    def loss_of(attend):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            loss = tf.reduce_sum(tf.sin(attend()))
+        return tape.gradient(loss, [q, k, v])
+
+    def capped_standard():  # Keras' math with the cap inserted, in float64
+        q64, k64, v64 = (tf.cast(x, tf.float64) for x in (q, k, v))
+        logits = tf.einsum("btnh,bsnh->bnts", q64, k64) / np.sqrt(8.0)
+        probs = tf.nn.softmax(cap * tf.tanh(logits / cap), axis=-1)
+        return tf.einsum("bnts,bsnh->btnh", probs, v64)
+
+    expected = loss_of(capped_standard)
+    with flash_keras.enabled():
+        got = loss_of(lambda: keras.ops.dot_product_attention(q, k, v, attn_logits_soft_cap=cap))
+    for name, a, b in zip("qkv", got, expected):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=5e-5, rtol=1e-4, err_msg=name)
+
+
+def test_soft_cap_without_flash_raises(rng):
+    q, k, v = _qkv(rng, 1, 5, 5, 2, 2, 8)
+    with pytest.raises(ValueError, match="only supported for JAX on TPU"):
+        keras.ops.dot_product_attention(q, k, v, attn_logits_soft_cap=2.0)  # hook off: Keras' error
+    with flash_keras.enabled():
+        with pytest.raises(ValueError, match="flash_attention=False"):
+            keras.ops.dot_product_attention(q, k, v, attn_logits_soft_cap=2.0, flash_attention=False)
+        with pytest.raises(ValueError, match="bias"):
+            keras.ops.dot_product_attention(q, k, v, bias=tf.zeros([1, 1, 5, 5]), attn_logits_soft_cap=2.0)
+        with pytest.raises(ValueError, match="Received: attn_logits_soft_cap=-1.0"):
+            keras.ops.dot_product_attention(q, k, v, attn_logits_soft_cap=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fallbacks: Keras' standard result, one warning that says why
+
+@pytest.mark.parametrize("case", ["bias", "float64", "head_dim"])
+def test_unservable_arguments_fall_back_with_one_warning(rng, case):
+    head_dim = 264 if case == "head_dim" else 8
+    dtype = tf.float64 if case == "float64" else tf.float32
+    q, k, v = _qkv(rng, 2, 11, 13, 2, 2, head_dim, dtype)
+    bias = tf.constant(rng.standard_normal((2, 1, 11, 13)), dtype) if case == "bias" else None
+    expected = keras.ops.dot_product_attention(q, k, v, bias=bias, is_causal=True)
+    flash_keras._warned.clear()
+    with flash_keras.enabled():
+        with pytest.warns(UserWarning, match={"bias": "bias", "float64": "float64", "head_dim": "head dim"}[case]):
+            got = keras.ops.dot_product_attention(q, k, v, bias=bias, is_causal=True, flash_attention=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once only
+            keras.ops.dot_product_attention(q, k, v, bias=bias, is_causal=True, flash_attention=True)
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(expected))
+
+
+def test_keras_errors_are_kept(rng):
+    """Inputs Keras' own function rejects still get Keras' error (no warning, no tf_flash error)."""
+    q = tf.zeros([2, 5, 8])
+    with flash_keras.enabled():
+        with pytest.raises(ValueError, match="only supports 4D inputs"):
+            keras.ops.dot_product_attention(q, q, q, flash_attention=True)
+
+
+def test_xla_without_an_xla_kernel_falls_back(rng):
+    if flash_keras.has_xla_kernel():
+        pytest.skip("this tf_flash build has an XLA kernel (see test_xla_runs_the_kernel)")
+    q, k, v = _qkv(rng, 1, 15, 15, 2, 2, 8)
+    expected = keras.ops.dot_product_attention(q, k, v, is_causal=True)
+    flash_keras._warned.clear()
+    with flash_keras.enabled(), pytest.warns(UserWarning, match="XLA"):
+        got = tf.function(lambda: keras.ops.dot_product_attention(q, k, v, is_causal=True, flash_attention=True),
+                          jit_compile=True)()
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_xla_runs_the_kernel(rng, device):
+    with tf.device(device):
+        if not flash_keras.has_xla_kernel():
+            pytest.skip("this tf_flash build registers no XLA kernel for TfFlash>FlashAttention "
+                        "(the XLA front door is not built in)")
+        q, k, v = _qkv(rng, 2, 37, 37, 4, 2, 16)
+        mask = _mask(rng, "B1TS", 2, 4, 37, 37)
+        flash_keras._warned.clear()
+        with flash_keras.enabled(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback
+            got = tf.function(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True),
+                              jit_compile=True)()
+    assert _rel_err(got, keras_reference(q, k, v, mask=mask, is_causal=True)) < 2e-5
+
+
+# ----------------------------------------------------------------------------------------------------
+# The switch itself
+
+def _hooked_objects():
+    from keras.src.backend.tensorflow import nn as backend_nn
+    from keras.src.ops import nn as op_module
+    from keras.src.layers.attention.multi_head_attention import MultiHeadAttention
+    import keras.src.ops
+    return {
+        "backend": backend_nn.dot_product_attention,
+        "op": op_module.dot_product_attention,
+        "keras.ops": keras.ops.dot_product_attention,
+        "keras.ops.nn": keras.ops.nn.dot_product_attention,
+        "keras.src.ops": keras.src.ops.dot_product_attention,
+        "mha_init": MultiHeadAttention.__dict__["__init__"],
+        "mha_compute": MultiHeadAttention.__dict__["_compute_attention"],
+    }
+
+
+def test_enable_disable_restore_the_very_objects():
+    before = _hooked_objects()
+    assert not flash_keras.is_enabled()
+    flash_keras.enable()
+    flash_keras.enable()  # idempotent
+    during = _hooked_objects()
+    assert all(during[name] is not before[name] for name in before), during
+    assert during["keras.ops"] is during["op"] is during["keras.ops.nn"] is during["keras.src.ops"]
+    flash_keras.disable()
+    assert all(value is before[name] for name, value in _hooked_objects().items())
+    flash_keras.disable()  # idempotent
+    assert all(value is before[name] for name, value in _hooked_objects().items())
+
+
+def test_context_manager_restores_the_previous_state():
+    before = _hooked_objects()
+    with flash_keras.enabled():
+        assert flash_keras.is_enabled()
+        with flash_keras.enabled():
+            pass
+        assert flash_keras.is_enabled()  # the inner block leaves the outer one in force
+    assert not flash_keras.is_enabled()
+    assert all(value is before[name] for name, value in _hooked_objects().items())
+    flash_keras.enable()
+    with flash_keras.enabled():
+        pass
+    assert flash_keras.is_enabled()
+    with pytest.raises(RuntimeError):
+        with flash_keras.enabled():
+            raise RuntimeError("inside")
+    assert flash_keras.is_enabled()
+
+
+def test_keras_behaviour_after_disable(rng):
+    q, k, v = _qkv(rng, 1, 5, 5, 2, 2, 8)
+    with flash_keras.enabled():
+        keras.ops.dot_product_attention(q, k, v, flash_attention=True)
+    with pytest.raises(ValueError, match="not supported in tensorflow backend"):
+        keras.ops.dot_product_attention(q, k, v, flash_attention=True)
+    with pytest.raises(ValueError, match="Dropout is not supported"):
+        keras.layers.MultiHeadAttention(2, 8, dropout=0.1, flash_attention=True)
+
+
+def test_untested_keras_version_refused(monkeypatch):
+    monkeypatch.setattr(keras, "__version__", "3.99.0")
+    with pytest.raises(RuntimeError, match=r"Received: keras.__version__='3.99.0'"):
+        flash_keras.enable()
+    assert not flash_keras.is_enabled()
+    monkeypatch.setenv("TF_FLASH_KERAS_ALLOW_UNTESTED", "1")
+    flash_keras.enable()
+    assert flash_keras.is_enabled()
+
+
+def test_moved_internals_refused(monkeypatch):
+    from keras.src.backend.tensorflow import nn as backend_nn
+
+    def moved(query, key, value, bias=None, mask=None, scale=None, is_causal=False, flash_attention=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(backend_nn, "dot_product_attention", moved)
+    with pytest.raises(RuntimeError, match="another signature"):
+        flash_keras.enable()
+    assert not flash_keras.is_enabled()
+
+
+def test_other_backend_refused(monkeypatch):
+    monkeypatch.setattr(keras.config, "backend", lambda: "jax")
+    with pytest.raises(ValueError, match="Received: keras.config.backend\\(\\)='jax'"):
+        flash_keras.enable()
+
+
+# ----------------------------------------------------------------------------------------------------
+# MultiHeadAttention
+
+def _mha_pair(rng, dropout=0.0, **kwargs):
+    standard = keras.layers.MultiHeadAttention(4, 8, dropout=dropout, seed=3, **kwargs)
+    flash = keras.layers.MultiHeadAttention(4, 8, dropout=dropout, seed=3, flash_attention=True, **kwargs)
+    x = tf.constant(rng.standard_normal((2, 23, 16)).astype(np.float32))
+    standard(x, x)
+    flash(x, x)
+    flash.set_weights(standard.get_weights())
+    return standard, flash, x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masking", ["none", "causal", "attention_mask", "keras_padding"])
+def test_multi_head_attention_parity(rng, device, masking):
+    with tf.device(device):
+        with flash_keras.enabled():
+            standard, flash, x = _mha_pair(rng)
+            kwargs = {}
+            if masking == "causal":
+                kwargs["use_causal_mask"] = True
+            elif masking == "attention_mask":
+                kwargs["attention_mask"] = tf.constant(rng.random((2, 23, 23)) > 0.4)
+            elif masking == "keras_padding":
+                kwargs["query_mask"] = kwargs["value_mask"] = tf.sequence_mask([23, 11], 23)
+            calls = []
+            original = tf_flash.ops.flash_attention
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(tf_flash.ops, "flash_attention",
+                              lambda *a, **kw: calls.append(1) or original(*a, **kw))
+                got = flash(x, x, **kwargs)
+            assert calls, "tf_flash did not run"
+        keras.config.disable_flash_attention()
+        standard_layer = keras.layers.MultiHeadAttention(4, 8, seed=3)
+        standard_layer(x, x)
+        standard_layer.set_weights(standard.get_weights())
+        expected = standard_layer(x, x, **kwargs)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=2e-5, rtol=1e-4)
+
+
+def test_multi_head_attention_dropout_with_flash(rng):
+    """Keras refuses dropout with flash_attention=True; with the hook, tf_flash's in-kernel dropout."""
+    keras.utils.set_random_seed(0)
+    with flash_keras.enabled():
+        layer = keras.layers.MultiHeadAttention(4, 8, dropout=0.25, flash_attention=True, seed=5)
+        x = tf.constant(rng.standard_normal((2, 31, 16)).astype(np.float32))
+        inference = layer(x, x, training=False)
+        assert layer.get_config()["dropout"] == 0.25
+        calls = []
+        original = tf_flash.ops.flash_attention
+
+        def counting(*args, **kwargs):
+            calls.append(kwargs.get("dropout_rate"))
+            return original(*args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tf_flash.ops, "flash_attention", counting)
+            first = layer(x, x, training=True)
+            second = layer(x, x, training=True)
+            again = layer(x, x, training=False)
+        assert calls == [0.25, 0.25, 0.0]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x, x, training=True) ** 2)
+        grads = tape.gradient(loss, layer.trainable_weights)
+    assert all(g is not None and np.isfinite(to_numpy(g)).all() for g in grads)
+    np.testing.assert_array_equal(to_numpy(again), to_numpy(inference))
+    assert not np.allclose(to_numpy(first), to_numpy(inference))
+    assert not np.allclose(to_numpy(first), to_numpy(second))  # a fresh mask per step
+    # Inference equals Keras' layer without dropout and the same weights.
+    keras.config.disable_flash_attention()
+    plain = keras.layers.MultiHeadAttention(4, 8)
+    plain(x, x)
+    plain.set_weights(layer.get_weights())
+    np.testing.assert_allclose(to_numpy(inference), to_numpy(plain(x, x)), atol=2e-5)
+
+
+def test_multi_head_attention_scores_keep_keras_path(rng):
+    with flash_keras.enabled():
+        layer = keras.layers.MultiHeadAttention(2, 8)  # flash None
+        x = tf.constant(rng.standard_normal((1, 7, 16)).astype(np.float32))
+        out, scores = layer(x, x, return_attention_scores=True)
+    assert scores.shape == (1, 2, 7, 7)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Saving: a model built and saved with the switch on reloads in a fresh process
+
+def _mha_model():
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(30, 16, mask_zero=True)(tokens)
+    x = keras.layers.MultiHeadAttention(4, 4, flash_attention=True, dropout=0.1, name="mha")(
+        x, x, use_causal_mask=True)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(tokens, keras.layers.Dense(3)(x))
+
+
+def test_saved_with_the_switch_on_reloads_in_a_fresh_process(rng, tmp_path):
+    tokens = rng.integers(1, 30, size=(4, 13)).astype("int32")
+    tokens[1, 7:] = 0
+    with flash_keras.enabled():
+        keras.utils.set_random_seed(0)
+        model = _mha_model()
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(tokens, np.arange(4) % 3, epochs=1, verbose=0)
+        logits = model.predict(tokens, verbose=0)
+        model.save(tmp_path / "model.keras")
+        model.export(str(tmp_path / "exported"), verbose=False)
+    np.savez(tmp_path / "expected.npz", tokens=tokens, logits=logits)
+    script = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        sys.path.insert(0, {REPO!r})
+        import keras, tensorflow as tf, tf_flash
+        tf_flash.keras.enable()
+        expected = np.load({str(tmp_path / 'expected.npz')!r})
+        calls = []
+        original = tf_flash.ops.flash_attention
+        tf_flash.ops.flash_attention = lambda *a, **k: calls.append(1) or original(*a, **k)
+        model = keras.models.load_model({str(tmp_path / 'model.keras')!r})
+        keras_diff = float(np.abs(model.predict(expected["tokens"], verbose=0) - expected["logits"]).max())
+        exported = tf.saved_model.load({str(tmp_path / 'exported')!r})
+        export_diff = float(np.abs(exported.serve(tf.constant(expected["tokens"])).numpy()
+                                   - expected["logits"]).max())
+        print(json.dumps({{"keras": keras_diff, "export": export_diff, "flash_calls": len(calls)}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["keras"] < 1e-5 and result["export"] < 1e-5, result
+    assert result["flash_calls"] > 0, result  # the reloaded .keras model runs tf_flash
