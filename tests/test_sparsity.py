@@ -270,7 +270,7 @@ def _run_flash(q, k, v, device, use_function, grads=False, dout=None, **kwargs):
             out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
             loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout) if grads else None
         return (out, lse) + (tuple(tape.gradient(loss, [q, k, v])) if grads else ())
-    with on_device(device):
+    with on_device(device, head_dim=int(q.shape[-1]), head_dim_v=int(v.shape[-1])):
         try:
             return [to_numpy(x) for x in _call(fn, use_function)]
         except (tf.errors.InvalidArgumentError, ValueError) as err:

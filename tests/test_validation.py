@@ -267,8 +267,7 @@ def test_multi_head_constructor_names_the_argument(kwargs):
 
 
 # ---- the raw ops (what a SavedModel calls without the Python checks) ----
-# Gaps in the kernels' own validation (cc/kernels/flash_attention_kernels.cc), kept visible until fixed
-# there: strict xfails turn into failures once the kernel check lands (then drop the marker).
+# The kernels' own validation (cc/kernels/flash_attention_params.cc), which a SavedModel reaches directly.
 
 def _raw_forward_inputs(**overrides):
     q = tf.zeros([B, S, H, D])
@@ -279,15 +278,12 @@ def _raw_forward_inputs(**overrides):
     return inputs
 
 
-@pytest.mark.xfail(strict=True, reason="kernel: SetBroadcastMask takes any mask with dim 0 == 0 and no elements for "
-                                       "'absent'; only [0, 0, 0, 0] should be")
 def test_raw_op_refuses_a_zero_batch_mask_when_the_batch_is_not_empty():
     from tf_flash._ops import ops as raw_ops  # pylint: disable=import-outside-toplevel
     with pytest.raises(tf.errors.InvalidArgumentError, match="attention_mask"):
         raw_ops.tf_flash_flash_attention(**_raw_forward_inputs(attention_mask=np.zeros([0, H, S, S], bool)))
 
 
-@pytest.mark.xfail(strict=True, reason="kernel: FillParams names the gradient op's rng_state input 'seed'")
 def test_raw_gradient_op_names_rng_state():
     from tf_flash._ops import ops as raw_ops  # pylint: disable=import-outside-toplevel
     inputs = _raw_forward_inputs()

@@ -39,6 +39,7 @@ template <> struct DTypeOf<Eigen::bfloat16> { static constexpr DType value = DTy
 // The forward's inputs (query .. seed) among an op's inputs: kFwdInputs or kBwdForwardInputs.
 FlashInputShapes InputShapes(tf::OpKernelContext* ctx, const int (&index)[kNumFwdInputs]) {
   FlashInputShapes s;
+  s.seed_name = SeedInputName(index);
   tf::TensorShape* shapes[] = {&s.q, &s.k, &s.v, &s.q_lengths, &s.kv_lengths, &s.attn_mask, &s.block_mask, &s.seed};
   for (int i = 0; i < kNumFwdInputs; ++i) *shapes[i] = ctx->input(index[i]).shape();
   return s;

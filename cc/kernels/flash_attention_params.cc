@@ -41,7 +41,12 @@ void SetBshdStrides(const tf::TensorShape& t, int64_t* batch, int64_t* row, int6
   *batch = t.dim_size(1) * *row;
 }
 
-bool IsAbsentMask(const tf::TensorShape& mask) { return mask.num_elements() == 0 && mask.dim_size(0) == 0; }
+// Only the ops' own "absent" marker, shape [0, 0, 0, 0]: a user's mask of shape [0, H, Sq, Sk] for a batch
+// that is not empty is an error, not a missing mask.
+bool IsAbsentMask(const tf::TensorShape& mask) {
+  return mask.dims() == 4 && mask.dim_size(0) == 0 && mask.dim_size(1) == 0 && mask.dim_size(2) == 0 &&
+         mask.dim_size(3) == 0;
+}
 
 // A rank-4 bool mask whose every dim is 1 (broadcast) or the full size; shape [0,0,0,0] = absent.
 tf::Status SetBroadcastMaskStrides(const tf::TensorShape& mask, const char* name, const int64_t (&full)[4],
@@ -173,8 +178,8 @@ tf::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& s, FlashF
     if (size > INT32_MAX) return tf::errors::InvalidArgument(name, " must be below 2^31. Received: ", size);
   }
   if (s.seed.dims() != 1 || s.seed.dim_size(0) != 2) {
-    return tf::errors::InvalidArgument("seed must be an int64 tensor of shape [2]. Received: seed with shape ",
-                                       s.seed.DebugString());
+    return tf::errors::InvalidArgument(s.seed_name, " must be an int64 tensor of shape [2]. Received: ", s.seed_name,
+                                       " with shape ", s.seed.DebugString());
   }
   const int64_t batch = q.dim_size(0), seqlen_q = q.dim_size(1), seqlen_k = k.dim_size(1);
   TF_RETURN_IF_ERROR(CheckLengthsShape(s.q_lengths, "q_lengths", batch));

@@ -58,7 +58,13 @@ constexpr int kBwdForwardInputs[kNumFwdInputs] = {1, 2, 3, 7, 8, 9, 10, 11};
 // The shapes of the forward inputs (the gradient op's inputs of the same names).
 struct FlashInputShapes {
   ::tensorflow::TensorShape q, k, v, q_lengths, kv_lengths, attn_mask, block_mask, seed;
+  const char* seed_name = "seed";  // the gradient op's input is "rng_state": errors name what the user passed
 };
+
+// The seed input's name among the inputs `index` points at (kFwdInputs or kBwdForwardInputs).
+inline const char* SeedInputName(const int (&index)[kNumFwdInputs]) {
+  return index[kNumFwdInputs - 1] == kFwdInputs[kNumFwdInputs - 1] ? "seed" : "rng_state";
+}
 
 // Validates the shapes and fills every field of the forward params that does not point at data: sizes,
 // strides (contiguous [B, S, H, D]), attributes, block counts and the masks' broadcast strides. Data

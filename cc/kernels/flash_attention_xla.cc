@@ -47,6 +47,7 @@ constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
 
 FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int (&index)[kNumFwdInputs]) {
   FlashInputShapes s;
+  s.seed_name = SeedInputName(index);
   tf::TensorShape* fields[] = {&s.q, &s.k, &s.v, &s.q_lengths, &s.kv_lengths, &s.attn_mask, &s.block_mask, &s.seed};
   for (int i = 0; i < kNumFwdInputs; ++i) *fields[i] = shapes[index[i]];
   return s;
