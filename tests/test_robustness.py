@@ -178,7 +178,15 @@ def test_large_logits_gradients_finite(request, device, logit):
 # float16 / bfloat16 near the top of float16's range
 # ---------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("device", DEVICES)
+# Open on the GPU (issue #16 item 5): on the H100 (2026-11-23) every GPU case gave NaN/Inf rows in the
+# forward's output itself; the CPU's exact-normalizer recompute is not ported to CUDA. Strict, so the
+# fix shows up as a failure to remove this marker.
+_GPU_NEAR_6E4 = pytest.param("/GPU:0", id="gpu", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU"),
+    pytest.mark.xfail(strict=True, reason="GPU forward/backward overflow at |logits| ~ 1e10 (issue #16, open)")])
+
+
+@pytest.mark.parametrize("device", [DEVICES[0], _GPU_NEAR_6E4])
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("head_dim", [8, 100, 128])
 def test_half_inputs_near_6e4_give_finite_gradients(request, device, dtype, head_dim):

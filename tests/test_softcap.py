@@ -25,7 +25,9 @@ LSE_TOL = {tf.float32: 2e-5, tf.float16: 2e-3, tf.bfloat16: 2e-2}
 
 @pytest.fixture(autouse=True)
 def _gpu_float32_tolerance(request, monkeypatch):
-    hold_gpu_float32_to_float16(request, monkeypatch, (TOL, GRAD_TOL, LSE_TOL))
+    # float32 inputs rounded to float16 operands (relative 2^-11) move scores of magnitude up to the cap (5)
+    # by a few 1e-3, which lse carries one to one: measured 4.7e-3 on the H100 (2026-11-23).
+    hold_gpu_float32_to_float16(request, monkeypatch, (TOL, GRAD_TOL, LSE_TOL), float32_bounds=((LSE_TOL, 1e-2),))
 
 
 def _rng(request):
