@@ -107,6 +107,22 @@ TileCover BlockCover(const FlashFwdParams& p, int b, int h, int64_t row0, int64_
   return !any ? TileCover::kSkip : (all ? TileCover::kFull : TileCover::kPartial);
 }
 
+// One unit of the threaded loops over (batch, head, query tile), numbered batch-major: its head, its
+// kv head (GQA) and its rows. The forward and the backward's row normalizers number units alike.
+struct QueryTile {
+  int b, h, hkv;
+  int64_t row0, rows;
+
+  QueryTile(const FlashFwdParams& p, int64_t tile_rows, int64_t unit) {
+    const int64_t num_q_tiles = CeilDiv(p.seqlen_q, tile_rows);
+    b = static_cast<int>(unit / (int64_t{p.num_heads} * num_q_tiles));
+    h = static_cast<int>((unit / num_q_tiles) % p.num_heads);
+    hkv = h / (p.num_heads / p.num_heads_kv);
+    row0 = (unit % num_q_tiles) * tile_rows;
+    rows = std::min<int64_t>(tile_rows, p.seqlen_q - row0);
+  }
+};
+
 // The per-(b, h) view of everything the tile loops need to decide visibility.
 struct HeadContext {
   const FlashFwdParams& p;
@@ -176,12 +192,9 @@ struct HeadContext {
 template <typename T>
 void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matrix& q, Matrix& k, Matrix& v,
                  Matrix& s, Matrix& keep, Matrix& acc, std::vector<uint8_t>& col_seen) {
-  const int64_t num_q_tiles = CeilDiv(p.seqlen_q, tiles.q);
-  const int b = static_cast<int>(unit / (int64_t{p.num_heads} * num_q_tiles));
-  const int h = static_cast<int>((unit / num_q_tiles) % p.num_heads);
-  const int hkv = h / (p.num_heads / p.num_heads_kv);
-  const int64_t row0 = (unit % num_q_tiles) * tiles.q;
-  const int64_t rows = std::min<int64_t>(tiles.q, p.seqlen_q - row0);
+  const QueryTile tile(p, tiles.q, unit);
+  const int b = tile.b, h = tile.h, hkv = tile.hkv;
+  const int64_t row0 = tile.row0, rows = tile.rows;
   const HeadContext ctx(p, b, h);
 
   T* out = static_cast<T*>(p.out) + b * p.o_batch_stride + row0 * p.o_row_stride + h * p.o_head_stride;
@@ -299,12 +312,9 @@ constexpr float kExactNormalizerLse = 64.f;
 template <typename T>
 void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratch& scratch, int64_t unit,
                     Matrix& q, Matrix& k, Matrix& s, std::vector<uint8_t>& col_seen) {
-  const int64_t num_q_tiles = CeilDiv(p.seqlen_q, tiles.q);
-  const int b = static_cast<int>(unit / (int64_t{p.num_heads} * num_q_tiles));
-  const int h = static_cast<int>((unit / num_q_tiles) % p.num_heads);
-  const int hkv = h / (p.num_heads / p.num_heads_kv);
-  const int64_t row0 = (unit % num_q_tiles) * tiles.q;
-  const int64_t rows = std::min<int64_t>(tiles.q, p.seqlen_q - row0);
+  const QueryTile tile(p, tiles.q, unit);
+  const int b = tile.b, h = tile.h, hkv = tile.hkv;
+  const int64_t row0 = tile.row0, rows = tile.rows;
   const HeadContext ctx(p, b, h);
   const int64_t offset = (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
   const float* lse = p.lse + offset;
