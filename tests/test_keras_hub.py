@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import zlib
 
 import numpy as np
 import pytest
@@ -21,11 +20,6 @@ from tf_flash import keras as flash_keras  # noqa: E402
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(autouse=True)
