@@ -10,8 +10,8 @@
 #   options: --out DIR (default dist)
 #
 # Platform tag: auditwheel reads the glibc/libstdc++ symbol versions the library needs and gives the
-# oldest manylinux tag that allows them (manylinux_2_27_x86_64 for the CPU build with Debian 12's gcc: the
-# tag TensorFlow's own wheel has). libtensorflow_framework.so.2 (and libtensorflow_cc.so.2) are left
+# oldest manylinux tag that allows them (with Debian 12's gcc: manylinux_2_32 for the CPU library,
+# manylinux_2_35 with the CUDA kernels; TensorFlow's own wheel is manylinux_2_27). libtensorflow_framework.so.2 (and libtensorflow_cc.so.2) are left
 # out of that check and not copied in: they are TensorFlow's, which the wheel requires at the exact
 # minor version and which tf.load_op_library has loaded before our library. Where auditwheel cannot be
 # installed or finds no manylinux tag, the wheel keeps setuptools' linux_x86_64 tag and this says so.
