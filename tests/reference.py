@@ -42,6 +42,26 @@ def _block_pair(block_size):
     return int(bq), int(bk)
 
 
+def draw_features(rng, features, batch, seqlen_q, seqlen_k, heads):
+    """flash_attention keyword arguments from a feature spec, with the placeholders drawn from rng:
+    q_lengths="q" / kv_lengths="kv" (random prefixes, the first row full), attention_mask="full"
+    ([B, H, Sq, Sk]) or "rows" ([B, 1, 1, Sk] key padding), block_mask="heads" ([H, nqb, nkb])."""
+    kwargs = dict(features)
+    if kwargs.get("q_lengths") == "q":
+        kwargs["q_lengths"] = rng.integers(0, seqlen_q + 1, size=batch).astype(np.int32)
+        kwargs["q_lengths"][0] = seqlen_q
+    if kwargs.get("kv_lengths") == "kv":
+        kwargs["kv_lengths"] = rng.integers(1, seqlen_k + 1, size=batch).astype(np.int32)
+    if kwargs.get("attention_mask") == "full":
+        kwargs["attention_mask"] = rng.random((batch, heads, seqlen_q, seqlen_k)) < 0.7
+    elif kwargs.get("attention_mask") == "rows":  # [B, 1, 1, Sk]: key padding, broadcast over heads and rows
+        kwargs["attention_mask"] = rng.random((batch, 1, 1, seqlen_k)) < 0.8
+    if kwargs.get("block_mask") == "heads":
+        bq, bk = _block_pair(kwargs["block_size"])
+        kwargs["block_mask"] = rng.random((heads, -(-seqlen_q // bq), -(-seqlen_k // bk))) < 0.6
+    return kwargs
+
+
 def _window_sides(window):
     if window is None:
         return None, None

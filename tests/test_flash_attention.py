@@ -12,7 +12,8 @@ import tensorflow as tf
 import tf_flash
 from conftest import seed_of
 from device_util import GPU_UNSUPPORTED, gpu_float32_bound_dtype, gpu_unsupported, on_device
-from reference import reference_attention, reference_attention_grad, standard_attention, to_numpy
+from reference import (draw_features, reference_attention, reference_attention_grad, standard_attention,
+                       to_numpy)
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
@@ -71,20 +72,6 @@ FEATURES = {
 }
 
 
-def _features(rng, name, batch, seqlen_q, seqlen_k, heads):
-    kwargs = dict(FEATURES[name])
-    if kwargs.get("q_lengths") == "q":
-        kwargs["q_lengths"] = rng.integers(0, seqlen_q + 1, size=batch).astype(np.int32)
-        kwargs["q_lengths"][0] = seqlen_q
-    if kwargs.get("kv_lengths") == "kv":
-        kwargs["kv_lengths"] = rng.integers(1, seqlen_k + 1, size=batch).astype(np.int32)
-    if kwargs.get("attention_mask") == "full":
-        kwargs["attention_mask"] = rng.random((batch, heads, seqlen_q, seqlen_k)) < 0.7
-    elif kwargs.get("attention_mask") == "rows":  # [B, 1, 1, Sk]: key padding, broadcast over heads and rows
-        kwargs["attention_mask"] = rng.random((batch, 1, 1, seqlen_k)) < 0.8
-    return kwargs
-
-
 # Relative error bounds vs float64 per input dtype: float32 accumulates like the reference; in half
 # precision the inputs themselves are rounded, so the bound scales with the dtype's epsilon.
 TOLERANCE = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2), "bfloat16": (3e-2, 8e-2)}
@@ -100,7 +87,7 @@ def test_forward_and_gradients(device, dtype, shape, feature, rng):
     batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v = shape
     tf_dtype = DTYPES[dtype]
     q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v, dtype=tf_dtype)
-    kwargs = _features(rng, feature, batch, seqlen_q, seqlen_k, heads)
+    kwargs = draw_features(rng, FEATURES[feature], batch, seqlen_q, seqlen_k, heads)
     d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
     d_lse = _random(rng, (batch, heads, seqlen_q))
     with on_device(device, head_dim=head_dim, head_dim_v=head_dim_v):

@@ -17,7 +17,7 @@ import tensorflow as tf
 import philox_ref
 import tf_flash
 from device_util import on_device
-from reference import reference_attention, reference_attention_grad, to_numpy
+from reference import draw_features, reference_attention, reference_attention_grad, to_numpy
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
@@ -77,24 +77,6 @@ FEATURES = {
 }
 
 
-def _features(rng, kwargs, batch, seqlen_q, seqlen_k, heads):
-    kwargs = dict(kwargs)
-    if kwargs.get("q_lengths") == "q":
-        kwargs["q_lengths"] = rng.integers(0, seqlen_q + 1, size=batch).astype(np.int32)
-        kwargs["q_lengths"][0] = seqlen_q
-    if kwargs.get("kv_lengths") == "kv":
-        kwargs["kv_lengths"] = rng.integers(1, seqlen_k + 1, size=batch).astype(np.int32)
-    if kwargs.get("attention_mask") == "full":
-        kwargs["attention_mask"] = rng.random((batch, heads, seqlen_q, seqlen_k)) < 0.7
-    elif kwargs.get("attention_mask") == "rows":  # [B, 1, 1, Sk]: key padding, broadcast over heads and rows
-        kwargs["attention_mask"] = rng.random((batch, 1, 1, seqlen_k)) < 0.8
-    if kwargs.get("block_mask") == "heads":
-        bq, bk = kwargs["block_size"] if isinstance(kwargs["block_size"], tuple) else (kwargs["block_size"],) * 2
-        blocks = (heads, -(-seqlen_q // bq), -(-seqlen_k // bk))
-        kwargs["block_mask"] = rng.random(blocks) < 0.6
-    return kwargs
-
-
 def _forward_backward(q, k, v, d_out, d_lse, kwargs):
     """out, lse and the gradients of sum(out * d_out) + sum(finite lse * d_lse)."""
     with tf.GradientTape() as tape:
@@ -113,7 +95,7 @@ def _case(feature, dtype):
     q = _random(rng, (batch, seqlen_q, heads, head_dim), tf_dtype)
     k = _random(rng, (batch, seqlen_k, heads_kv, head_dim), tf_dtype)
     v = _random(rng, (batch, seqlen_k, heads_kv, head_dim_v), tf_dtype)
-    kwargs = _features(rng, feature_kwargs, batch, seqlen_q, seqlen_k, heads)
+    kwargs = draw_features(rng, feature_kwargs, batch, seqlen_q, seqlen_k, heads)
     d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
     d_lse = _random(rng, (batch, heads, seqlen_q))
     return q, k, v, d_out, d_lse, kwargs
