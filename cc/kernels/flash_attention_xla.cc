@@ -433,19 +433,9 @@ FlashAllocate XlaScratch(ffi::ScratchAllocator* scratch) {
   };
 }
 
-// The seed is an XLA operand in device memory. The kernels take it by value in the params, so it is
-// copied to the host; only calls with dropout need it (a 16-byte copy that waits for the stream).
-tf::Status ReadDeviceSeed(const void* seed, cudaStream_t stream, FlashFwdParams* p) {
-  if (p->dropout_rate == 0.f) return tf::Status();
-  int64_t host[2];
-  cudaError_t error = cudaMemcpyAsync(host, seed, sizeof(host), cudaMemcpyDeviceToHost, stream);
-  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
-  if (error != cudaSuccess) {
-    return tf::errors::Internal("tf_flash: reading the dropout seed failed: ", cudaGetErrorString(error));
-  }
-  SetSeed(host, p);
-  return tf::Status();
-}
+// The seed is an XLA operand in device memory: the kernels read it there (params.seed_device), so the
+// call never waits for the stream.
+void SetDeviceSeed(const void* seed, FlashFwdParams* p) { p->seed_device = static_cast<const int64_t*>(seed); }
 
 ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
                         ffi::RemainingRets rets, ffi::Dictionary attrs) {
@@ -453,8 +443,8 @@ ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   CallBuffers in;
   tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
   if (!status.ok() || call.empty) return ToFfiError(status);
-  status = ReadDeviceSeed(in.data[7], stream, &call.params);
-  if (status.ok()) status = RunFlashFwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
+  SetDeviceSeed(in.data[7], &call.params);
+  status = RunFlashFwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
   return ToFfiError(status);
 }
 
@@ -464,8 +454,8 @@ ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   CallBuffers in;
   tf::Status status = PrepareBackward(attrs, args, rets, &call, &in);
   if (!status.ok() || call.empty) return ToFfiError(status);
-  status = ReadDeviceSeed(in.data[11], stream, &call.params);
-  if (status.ok()) status = RunFlashBwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
+  SetDeviceSeed(in.data[11], &call.params);
+  status = RunFlashBwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
   return ToFfiError(status);
 }
 

@@ -590,13 +590,14 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
       CUTE_UNROLL
       for (int i = 0; i < (kFrag + 31) / 32; ++i) keep_mask[i] = 0;
       const uint64_t bh = uint64_t(b) * p.num_heads + h;
+      const DropoutSeed seed = dropout_seed(p);
       CUTE_UNROLL
       for (int m = 0; m < kM; ++m) {
         const int row = m0 + get<0>(tScS_rc(2 * m, 0));
         CUTE_UNROLL
         for (int c = 0; c < kCols / 8; ++c) {
           const int col = n0 + get<1>(tScS_rc(0, 8 * c));
-          const Philox4 draws = dropout_draws(p.seed, p.seed_offset, bh, row, col);
+          const Philox4 draws = dropout_draws(seed.seed, seed.offset, bh, row, col);
           CUTE_UNROLL
           for (int w = 0; w < 4; ++w) {
             const uint32_t bits = dropout_keep_bits4(draws.x[w], threshold2);  // (r, j = 0, 1), (r + 8, j = 0, 1)

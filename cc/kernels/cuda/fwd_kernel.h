@@ -500,13 +500,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
         Tensor pairs = recast<uint32_t>(rP);  // 1-D index half + 2 * (m + kM * n)
         static_assert(decltype(size(pairs))::value * 2 == decltype(size(rP))::value, "16-bit pairs");
         const uint32_t threshold2 = drop_threshold * 0x10001u;
+        const DropoutSeed seed = dropout_seed(p);
         CUTE_UNROLL
         for (int m = 0; m < kM; ++m) {
           const int64_t row = m0 + get<0>(tScS_rc(2 * m, 0));
           CUTE_UNROLL
           for (int c = 0; c < kN / 4; ++c) {
             const int64_t col = n0 + get<1>(tScS_rc(0, 8 * c));
-            const Philox4 draws = dropout_draws(p.seed, p.seed_offset, batch_head, row, col);
+            const Philox4 draws = dropout_draws(seed.seed, seed.offset, batch_head, row, col);
             CUTE_UNROLL
             for (int w = 0; w < 4; ++w) {
               CUTE_UNROLL

@@ -47,6 +47,9 @@ struct FlashFwdParams {
   // Dropout on the probabilities; the mask is philox(seed, b, h, i, j), never stored.
   float dropout_rate = 0.f;
   uint64_t seed = 0, seed_offset = 0;
+  // When set, the CUDA kernels read seed and offset from this device buffer instead (XLA on the GPU, where
+  // the seed is an operand in device memory: reading it on the host would wait for the stream).
+  const int64_t* seed_device = nullptr;
 
   // Bit-identical results for identical inputs on one device: the GPU backward then sums dQ in a fixed
   // order instead of by float atomics (the CPU always does; so does every forward).

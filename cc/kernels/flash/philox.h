@@ -77,6 +77,18 @@ TF_FLASH_HOST_DEVICE Philox4 dropout_draws(uint64_t seed, uint64_t offset, uint6
   return philox4x32_10(dropout_counter(offset, batch_head, row, col), dropout_key0(seed, offset),
                        dropout_key1(seed, offset));
 }
+// The dropout seed and offset of the params `p`: by value, or, on the GPU when p.seed_device is set (XLA,
+// where the seed is a device operand), read from device memory, so no host ever waits for it.
+struct DropoutSeed {
+  uint64_t seed, offset;
+};
+template <class Params>
+TF_FLASH_HOST_DEVICE DropoutSeed dropout_seed(const Params& p) {
+#ifdef __CUDA_ARCH__
+  if (p.seed_device != nullptr) return {uint64_t(__ldg(p.seed_device)), uint64_t(__ldg(p.seed_device + 1))};
+#endif
+  return {p.seed, p.seed_offset};
+}
 TF_FLASH_HOST_DEVICE int dropout_byte(int64_t row, int64_t col) {
   return static_cast<int>(((col >> 3) & 3) * 4 + ((row >> 3) & 1) * 2 + (col & 1));
 }
