@@ -1,0 +1,122 @@
+"""Where the time of one attention call goes at small shapes (issue 12, item 4).
+
+    python benchmarks/bench_overhead.py [--shapes 16x1024 32x512] [--heads 16] [--dim 128] [--calls 10]
+
+Times the same attention (bf16, [B, S, H, D]) reached in ways that differ only in what surrounds the
+kernel, and prints milliseconds per attention and TFLOP/s for each:
+  floor        a tf.function holding one elementwise GPU op on q: TF's own cost of a function call
+  fn_1         a tf.function holding one tf_flash.flash_attention (how bench_gpu.py times the op)
+  fn_N         a tf.function holding N chained attentions (out feeds the next query): the op's cost
+               inside a graph, the function-call cost spread over N
+  xla_N        the same N chain under jit_compile=True (the XLA custom call)
+  eager        tf_flash.flash_attention called eagerly (Python argument checks on every call)
+  (and for forward+backward: fn_1 and fn_N under a GradientTape)
+The kernel's own time (CUDA events, no TF) is what tests/cuda_harness/fwd_harness.cu `bench` prints.
+"""
+import argparse
+import json
+import time
+
+import tensorflow as tf
+
+import tf_flash
+
+try:
+    from benchmarks import common
+except ImportError:  # run as a script from the repository root
+    import common  # type: ignore
+
+
+def _per_call_ms(call, fetch, calls_per_sample, samples=15, warmup=3):
+    for _ in range(warmup):
+        fetch(call())
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        result = None
+        for _ in range(calls_per_sample):
+            result = call()
+        fetch(result)
+        times.append((time.perf_counter() - t0) / calls_per_sample)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def _chain(n, causal, backward):
+    def attend(q, k, v):
+        out = q
+        for _ in range(n):  # each call's output is the next call's query: no call can be dropped
+            out = tf_flash.flash_attention(out, k, v, causal=causal)
+        return out
+
+    if not backward:
+        return attend
+
+    def fwd_bwd(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = attend(q, k, v)
+        return tape.gradient(out, [q, k, v])[0]
+
+    return fwd_bwd
+
+
+def measure(batch, seqlen, heads, dim, causal, calls):
+    shape = [batch, seqlen, heads, dim]
+    q, k, v = (tf.cast(tf.random.normal(shape, seed=i), tf.bfloat16) for i in range(3))
+    fetch = lambda r: r[0, 0, 0, 0].numpy()  # noqa: E731  (waits for the GPU)
+    rows = []
+
+    def add(name, fn, per_call_attentions, backward):
+        ms = _per_call_ms(lambda: fn(q, k, v), fetch, calls_per_sample=10) / per_call_attentions
+        flops = 0 if name == "floor" else common.attention_flops(batch, seqlen, heads, dim, causal, "fwd_bwd" if backward else "fwd")
+        rows.append({"form": name, "backward": backward, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
+
+    add("floor", tf.function(lambda q, k, v: q * 2), 1, False)
+    for backward in (False, True):
+        add("fn_1", tf.function(_chain(1, causal, backward)), 1, backward)
+        add(f"fn_{calls}", tf.function(_chain(calls, causal, backward)), calls, backward)
+        add(f"xla_{calls}", tf.function(_chain(calls, causal, backward), jit_compile=True), calls, backward)
+    add("eager", lambda q, k, v: tf_flash.flash_attention(q, k, v, causal=causal), 1, False)
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=["16x1024", "32x512", "4x4096"], help="BATCHxSEQLEN")
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--calls", type=int, default=10, help="attentions chained in one function (fn_N, xla_N)")
+    p.add_argument("--json", default=None, help="also write the rows here")
+    args = p.parse_args()
+    if not tf.config.list_physical_devices("GPU"):
+        raise SystemExit("bench_overhead.py measures the GPU path: no GPU visible")
+    results = []
+    print(f"bf16, heads {args.heads}, head dim {args.dim}; ms per attention (TFLOP/s)")
+    forms = ["floor", "fn_1", f"fn_{args.calls}", f"xla_{args.calls}", "eager"]
+    print(f"{'shape':>10} {'causal':>6} {'pass':>8} " + " ".join(f"{f:>16}" for f in forms))
+    for shape in args.shapes:
+        batch, seqlen = (int(x) for x in shape.split("x"))
+        for causal in (False, True):
+            rows = measure(batch, seqlen, args.heads, args.dim, causal, args.calls)
+            for row in rows:
+                row.update(batch=batch, seqlen=seqlen, causal=causal)
+            results += rows
+            for backward in (False, True):
+                cells = []
+                for form in forms:
+                    match = [r for r in rows if r["form"] == form and r["backward"] == backward]
+                    if not match:
+                        cells.append("-")
+                    elif form == "floor":
+                        cells.append(f"{match[0]['ms']:.3f}")
+                    else:
+                        cells.append(f"{match[0]['ms']:.3f} ({match[0]['tflops']:.0f})")
+                print(f"{shape:>10} {str(causal):>6} {'fwd+bwd' if backward else 'fwd':>8} " +
+                      " ".join(f"{c:>16}" for c in cells), flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"info": common.machine_info(gpu=True), "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
