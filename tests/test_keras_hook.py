@@ -18,6 +18,7 @@ import keras
 
 import tf_flash
 from tf_flash import keras as flash_keras
+from device_util import float32_tolerance as f32_tol
 from reference import to_numpy
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
@@ -119,8 +120,9 @@ def test_op_parity_over_masks_causal_gqa(rng, device, mode, mask_name, is_causal
             flash = _run(lambda: keras.ops.dot_product_attention(
                 q, k, v, mask=mask, is_causal=is_causal, flash_attention=True), mode)
     assert _rel_err(standard, reference) < 1e-5
-    assert _rel_err(flash, reference) < 2e-5
-    np.testing.assert_allclose(to_numpy(flash), to_numpy(standard), atol=2e-5, rtol=1e-4)
+    assert _rel_err(flash, reference) < f32_tol(device, 2e-5)
+    np.testing.assert_allclose(to_numpy(flash), to_numpy(standard), atol=f32_tol(device, 2e-5),
+                               rtol=f32_tol(device, 1e-4))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -135,7 +137,7 @@ def test_op_parity_dtypes(rng, device, dtype):
         with flash_keras.enabled():
             flash = keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True, flash_attention=True)
     assert flash.dtype == standard.dtype == DTYPES[dtype]
-    floor = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1e-2}[dtype]
+    floor = {"float32": f32_tol(device, 1e-5), "float16": 2e-3, "bfloat16": 1e-2}[dtype]
     assert _rel_err(flash, reference) <= max(2 * _rel_err(standard, reference), floor)
 
 
@@ -158,7 +160,8 @@ def test_gradients_match_keras(rng, device, mask_name):
         with flash_keras.enabled():
             flash = grads(True)
     for name, a, b in zip("qkv", flash, standard):
-        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=5e-5, rtol=1e-4, err_msg=name)
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
+                                   rtol=f32_tol(device, 1e-4), err_msg=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -185,7 +188,7 @@ def test_key_padding_mask_becomes_lengths(rng, monkeypatch, device, mode, prefix
         got = _run(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True), mode)
     assert seen == [True]
     np.testing.assert_allclose(to_numpy(got), keras_reference(q, k, v, mask=mask, is_causal=True),
-                               atol=2e-5, rtol=1e-4)
+                               atol=f32_tol(device, 2e-5), rtol=f32_tol(device, 1e-4))
 
 
 def test_multi_query_attention_served(rng):
@@ -233,7 +236,7 @@ def test_soft_cap(rng, device, mode, dtype):
     with tf.device(device), flash_keras.enabled():
         flash = _run(lambda: keras.ops.dot_product_attention(
             q, k, v, mask=mask, is_causal=True, attn_logits_soft_cap=2.5), mode)
-    assert _rel_err(flash, reference) < {"float32": 2e-5, "float16": 3e-3, "bfloat16": 2e-2}[dtype]
+    assert _rel_err(flash, reference) < {"float32": f32_tol(device, 2e-5), "float16": 3e-3, "bfloat16": 2e-2}[dtype]
 
 
 def test_soft_cap_gradients(rng):
@@ -325,7 +328,7 @@ def test_xla_runs_the_kernel(rng, device):
             warnings.simplefilter("error")  # no fallback
             got = tf.function(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True),
                               jit_compile=True)()
-    assert _rel_err(got, keras_reference(q, k, v, mask=mask, is_causal=True)) < 2e-5
+    assert _rel_err(got, keras_reference(q, k, v, mask=mask, is_causal=True)) < f32_tol(device, 2e-5)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -456,7 +459,8 @@ def test_multi_head_attention_parity(rng, device, masking):
         standard_layer(x, x)
         standard_layer.set_weights(standard.get_weights())
         expected = standard_layer(x, x, **kwargs)
-    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=f32_tol(device, 2e-5),
+                               rtol=f32_tol(device, 1e-4))
 
 
 def test_multi_head_attention_dropout_with_flash(rng):

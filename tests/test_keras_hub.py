@@ -17,6 +17,7 @@ keras_hub = pytest.importorskip("keras_hub")
 
 import tf_flash  # noqa: E402
 from tf_flash import keras as flash_keras  # noqa: E402
+from device_util import float32_tolerance as f32_tol  # noqa: E402
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,14 +97,15 @@ def test_outputs_and_gradients_match_the_switch_off(rng, monkeypatch, device, ki
             got, got_grads = _outputs_and_gradients(model, inputs, d_out)
             graph_got = tf.function(lambda: _output(model, inputs))()
     assert counter.calls >= 2 * 2, "tf_flash did not run in every layer"  # eager + graph, 2 layers
-    np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=5e-5, rtol=1e-4)
-    np.testing.assert_allclose(graph_got.numpy(), expected.numpy(), atol=5e-5, rtol=1e-4)
+    atol, rtol = f32_tol(device, 5e-5), f32_tol(device, 1e-4)
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=atol, rtol=rtol)
+    np.testing.assert_allclose(graph_got.numpy(), expected.numpy(), atol=atol, rtol=rtol)
     for weight, a, b in zip(model.trainable_weights, got_grads, expected_grads):
         assert (a is None) == (b is None), weight.path
         if b is None:  # a weight the sequence output does not use (BERT's pooler)
             continue
         np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(),
-                                   atol=5e-5, rtol=2e-4, err_msg=weight.path)
+                                   atol=f32_tol(device, 5e-5), rtol=f32_tol(device, 2e-4), err_msg=weight.path)
 
 
 def test_bert_with_dropout_runs_flash_in_training(rng, monkeypatch):

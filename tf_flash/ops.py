@@ -217,15 +217,32 @@ def check_lengths(lengths, name, batch, seqlen, runtime_range_check=False):
     return tf.cast(tensor, tf.int32)
 
 
-def _lengths(lengths, name, batch, seqlen):
+_ABSENT = {}  # (shape, dtype, device) -> the eager "absent" tensor
+
+
+def _absent(shape, dtype, device=None):
+    """The op's "absent" encoding of an optional input: an empty tensor (zeros [2] for the seed). Graphs get a
+    constant; eager calls share one tensor per device, made once (making it on every call cost more than
+    the kernel at small shapes on the GPU)."""
+    if not tf.executing_eagerly():
+        return tf.zeros(shape, dtype)
+    key = (tuple(shape), dtype, device)
+    tensor = _ABSENT.get(key)
+    if tensor is None:
+        with tf.device(device):
+            tensor = _ABSENT[key] = tf.zeros(shape, dtype)
+    return tensor
+
+
+def _lengths(lengths, name, batch, seqlen, device=None):
     checked = check_lengths(lengths, name, batch, seqlen)
-    return tf.zeros(_NO_LENGTHS_SHAPE, tf.int32) if checked is None else checked
+    return _absent(_NO_LENGTHS_SHAPE, tf.int32, device) if checked is None else checked
 
 
-def _rank4_mask(mask, name, full, what):
+def _rank4_mask(mask, name, full, what, device=None):
     """A user mask (bool, rank 2 to 4, broadcastable to `full`, 4 Sizes) as rank 4."""
     if mask is None:
-        return tf.zeros(_NO_MASK_SHAPE, tf.bool)
+        return _absent(_NO_MASK_SHAPE, tf.bool, device)
     original = mask
     mask = _to_tensor(mask, name)
     if mask.dtype != tf.bool:
@@ -287,7 +304,7 @@ def _seed(seed, dropout_rate):
     with tf.device("/CPU:0"):
         if seed is None:
             if dropout_rate == 0.0:
-                return tf.zeros([2], tf.int64)
+                return _absent([2], tf.int64, "/CPU:0")
             # A stateful draw: two calls differ, and tf.random.set_seed makes a program reproducible
             # (the same advice TF gives for feeding its stateless random ops).
             return tf.random.uniform([2], minval=tf.int64.min, maxval=tf.int64.max, dtype=tf.int64)
@@ -372,14 +389,15 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     batch, heads = axis_size(query, 0), axis_size(query, 2)
     seqlen_q, seqlen_k = axis_size(query, 1), axis_size(key, 1)
     blocks_q, blocks_k = _num_blocks(seqlen_q, block_q), _num_blocks(seqlen_k, block_k)
+    device = query.device if tf.executing_eagerly() else None  # where eager absent inputs are kept
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,
-        q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q),
-        kv_lengths=_lengths(kv_lengths, "kv_lengths", batch, seqlen_k),
+        q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q, device),
+        kv_lengths=_lengths(kv_lengths, "kv_lengths", batch, seqlen_k, device),
         attention_mask=_rank4_mask(attention_mask, "attention_mask", (batch, heads, seqlen_q, seqlen_k),
-                                   "[batch, heads, seq_q, seq_k]"),
+                                   "[batch, heads, seq_q, seq_k]", device),
         block_mask=_rank4_mask(block_mask, "block_mask", (batch, heads, blocks_q, blocks_k),
-                               "[batch, heads, query blocks, key blocks]"),
+                               "[batch, heads, query blocks, key blocks]", device),
         seed=_seed(seed, dropout_rate),
         causal=causal, window_left=window_left, window_right=window_right,
         block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),

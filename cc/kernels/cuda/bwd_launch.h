@@ -43,10 +43,13 @@ inline int bwd_headdim(const FlashFwdParams& p) {
 // scratch, unless one accumulator alone is larger.
 constexpr int64_t kMaxDeterministicDqBytes = int64_t(1) << 30;
 
-// dQ accumulators: 1 (atomics from every key tile's CTA into one), or, deterministic, enough CTAs per (kv
-// head, batch) for one wave over the GPU's SMs, each looping over its key tiles into its own accumulator
-// (bwd_kernel.h), bounded by the key tiles (of 128) and by kMaxDeterministicDqBytes. A function of the
-// shapes and the device only, so that equal inputs on one device are summed in the same order.
+// dQ accumulators: 1 (atomics from every key tile's CTA into one), or, deterministic, one per CTA, each CTA
+// of a (kv head, batch) looping over every splits-th key tile into its own accumulator (bwd_kernel.h).
+// The split count minimizes the estimated time, waves x key tiles per CTA (one CTA per SM: the kernel's
+// launch bounds), smallest on ties: with 32 (kv head, batch) units on 132 SMs, 4 splits run 128 CTAs in
+// one wave where 5 would run 160 in two. Bounded by the key tiles (of 128) and by
+// kMaxDeterministicDqBytes. A function of the shapes and the device only, so that equal inputs on one
+// device are summed in the same order.
 inline int bwd_dq_splits(const FlashBwdParams& p) {
   if (!p.deterministic) return 1;
   int device = 0, sms = 1;
@@ -58,10 +61,17 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
   const int64_t key_tiles = (int64_t(p.seqlen_k) + 127) / 128;
   const int64_t accum_bytes =
       int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q) * bwd_headdim(p) * int64_t(sizeof(float));
-  int64_t splits = units > 0 ? (sms + units - 1) / units : 1;
-  if (splits > key_tiles) splits = key_tiles;
-  if (accum_bytes > 0 && splits > kMaxDeterministicDqBytes / accum_bytes) splits = kMaxDeterministicDqBytes / accum_bytes;
-  return splits < 1 ? 1 : int(splits);
+  int64_t max_splits = key_tiles < 2 * int64_t(sms) ? key_tiles : 2 * int64_t(sms);
+  if (accum_bytes > 0 && max_splits > kMaxDeterministicDqBytes / accum_bytes)
+    max_splits = kMaxDeterministicDqBytes / accum_bytes;
+  if (units <= 0 || max_splits < 1) return 1;
+  int64_t best = 1, best_cost = INT64_MAX;
+  for (int64_t splits = 1; splits <= max_splits; ++splits) {
+    const int64_t waves = (units * splits + sms - 1) / sms;
+    const int64_t cost = waves * ((key_tiles + splits - 1) / splits);
+    if (cost < best_cost) best = splits, best_cost = cost;
+  }
+  return int(best);
 }
 
 // Scratch: dQ accumulators [splits, B, H, Sq_pad, headdim] then lse2 and D, [B, H, Sq_pad] each, all float32.
