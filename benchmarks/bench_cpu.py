@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CPU benchmark of tf_flash (benchmarks.md, CPU part; issues 2 and 3).
+"""CPU benchmark of tf_flash (protocol: benchmarks/README.md; issues 2 and 3).
 
 float32, b=1, h=8, d=64, s in 512..8192 (and 16k..64k for tf_flash only with --long), causal and not:
 forward and forward+backward time and GFLOP/s (fwd = 4 b s^2 h d, halved when causal; fwd+bwd = 3.5 fwd)
@@ -10,7 +10,7 @@ the dropout overhead (p=0.1 vs 0).
 Every configuration runs in its own subprocess, so that each peak RSS (VmHWM; getrusage's ru_maxrss
 where /proc is missing) belongs to that configuration alone and a configuration that runs out of memory
 does not end the run. With --torch-python, torch's CPU scaled_dot_product_attention (the CPU peer of
-benchmarks.md) runs in processes of that interpreter, e.g. a venv with
+benchmarks/README.md) runs in processes of that interpreter, e.g. a venv with
 `pip install /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl numpy`.
 
     python benchmarks/bench_cpu.py            # full run (~30-40 min on 2 cores), results/cpu_<date>.*
@@ -111,7 +111,7 @@ def _worker_attention(task):
 
 
 def _worker_torch(task):
-    """torch's CPU scaled_dot_product_attention (its flash kernel), the CPU peer of benchmarks.md."""
+    """torch's CPU scaled_dot_product_attention (its flash kernel), the CPU peer."""
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(os.cpu_count())

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark of tf_flash (benchmarks.md, GPU part), for the lent H100/H200.
+"""GPU benchmark of tf_flash (protocol: benchmarks/README.md), for the lent H100/H200.
 
 Grid (FA2 paper): hidden 2048, head dim d in {64, 128} (+256 with --dims), heads = 2048/d,
 (batch, seqlen) in (32,512) (16,1k) (8,2k) (4,4k) (2,8k) (1,16k); causal and not; bf16 and fp16

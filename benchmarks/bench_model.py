@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""End-to-end training step of a Keras transformer encoder (benchmarks.md "End-to-end model"; issue 12).
+"""End-to-end training step of a Keras transformer encoder (benchmarks/README.md; issue 12).
 
 Model: token + position embedding, N blocks of (attention, residual, LayerNorm, GELU MLP 4x width,
 residual, LayerNorm), mean pooling, a dense classification head; width 768, 12 heads of 64; N = 4

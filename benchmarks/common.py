@@ -16,7 +16,7 @@ if REPO not in sys.path:  # run from a checkout: import the in-tree tf_flash
 
 
 # ---------------------------------------------------------------------------------------------------------
-# FLOPs (benchmarks.md): fwd = 4 b s^2 h d (halved when causal); bwd = 2.5 fwd; fwd+bwd = 3.5 fwd
+# FLOPs (benchmarks/README.md): fwd = 4 b s^2 h d (halved when causal); bwd = 2.5 fwd; fwd+bwd = 3.5 fwd
 # ---------------------------------------------------------------------------------------------------------
 
 def attention_flops(batch, seqlen, heads, dim, causal, mode):

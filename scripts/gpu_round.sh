@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The TensorFlow GPU test-and-benchmark round on the lent GPU machine, which has nvcc and 16 cores but
-# no Bazel, no TF headers and no network (TensorFlow itself arrives through ../shared/gpu/).
+# no Bazel, no TF headers and no network (TensorFlow itself arrives as a stash in .gpu/: the
+# workplace's GPU pack, unpacked by .gpu/env/env.sh).
 #
 #   bash scripts/gpu_round.sh host            here: host objects of the op library compiled with the
 #                                             GPU kernels registered, plus CUTLASS headers, in .gpu_build/
@@ -52,7 +53,7 @@ fi
 # ---- device ----
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 set +eo pipefail  # env.sh is written for interactive shells
-source .gpu/env/env.sh || { echo "gpu_round: TensorFlow is not stashed on this machine (../shared/gpu/README.md)" >&2; exit 1; }
+source .gpu/env/env.sh || { echo "gpu_round: TensorFlow is not stashed on this machine (stash .gpu/p0..p4 first)" >&2; exit 1; }
 set -eo pipefail
 site=$(python3 -c "import tensorflow as tf, os; print(os.path.dirname(tf.__file__))")
 mkdir -p /tmp/cutlass build/gpu/cuda_obj && tar -xzf "$build/cutlass_include.tgz" -C /tmp/cutlass

@@ -2,7 +2,7 @@
 
 Layout [B, S, H, D] as the op: q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv].
 Everything is computed densely in float64 with the [B, H, Sq, Sk] score matrix materialized, so keep
-the shapes small. Semantics follow docs/architecture.md:
+the shapes small. Semantics follow the README's API section:
 
 - scale on the scores (default 1/sqrt(D)); all masks combine by AND;
 - causal top-left (i sees j <= i); window (left, right): i sees i-left .. i+right, None = unlimited;
@@ -197,7 +197,7 @@ def reference_attention_grad(q, k, v, dout, *, causal=False, window=None, q_leng
 def standard_attention(q, k, v, *, dtype=None, **kwargs):
     """Plain softmax attention in a low precision `dtype` (default: the inputs' dtype): every stage
     (scores, softmax, product) is rounded to `dtype`, products accumulate in float32 as TF's CPU kernels
-    do. The baseline whose error bounds the kernels' fp16/bf16 error (style.md). Same keyword arguments
+    do. The baseline whose error bounds the kernels' fp16/bf16 error (the tests' error criterion: at most 2x its error, see test_flash_attention.py). Same keyword arguments
     as reference_attention; rows with nothing visible give 0. Returns float32 values of `dtype`."""
     dtype = dtype or to_numpy(q, None).dtype
 

@@ -313,7 +313,7 @@ def test_output_and_gradient_match_reference_with_philox_mask(device, dtype, use
     ref_kw = dict(kw, keep_mask=keep, dropout_rate=rate)
     ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
     out_tol = TOL[dtype]
-    if dtype != tf.float32:  # style.md: at most 2x the error of same-dtype standard attention
+    if dtype != tf.float32:  # at most 2x the error of same-dtype standard attention
         std_err = _norm_err(standard_attention(q, k, v, dtype=q.dtype.as_numpy_dtype, **ref_kw), ref_out)
         out_tol = max(out_tol, 2 * std_err)
     assert _norm_err(out, ref_out) <= out_tol

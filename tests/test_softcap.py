@@ -96,7 +96,7 @@ def test_softcap_matches_reference(request, device, dtype, use_function, feature
         ref_kw.update(keep_mask=philox_ref.keep_mask(seed, offset, batch, heads, sq, sk, rate), dropout_rate=rate)
     ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
     out_tol = TOL[dtype]
-    if dtype != tf.float32:  # style.md: at most 2x the error of same-dtype standard attention
+    if dtype != tf.float32:  # at most 2x the error of same-dtype standard attention
         std = standard_attention(q, k, v, dtype=q.dtype.as_numpy_dtype, **ref_kw)
         out_tol = max(out_tol, 2 * _norm_err(std, ref_out))
     assert _norm_err(out, ref_out) <= out_tol

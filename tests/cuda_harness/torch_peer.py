@@ -1,4 +1,4 @@
-"""Peer timing on the GPU machine: torch SDPA (flash and cuDNN backends) on the benchmarks.md grid.
+"""Peer timing on the GPU machine: torch SDPA (flash and cuDNN backends) on the FlashAttention-2 paper's grid (hidden 2048, b x s = 16k).
 
 Same shapes, layout and timing method (CUDA events, 3 warm-up calls, median of 30) as
 `fwd_harness bench`, so that its table can be read next to ours from the same run.
