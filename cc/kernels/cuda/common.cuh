@@ -1,16 +1,22 @@
-// Device helpers shared by the tf_flash CUDA kernels (forward and backward): accumulator layout views,
+// The device toolkit of the tf_flash CUDA kernels, forward and backward: accumulator layout views,
 // warp-quad reductions, fp32 -> fp16/bf16 conversion, shared-memory GEMM loops with ldmatrix
-// double-buffering, predicated cp.async tile copies, and the per-element visibility test.
+// double-buffering and predicated cp.async tile copies. The visibility rules are mask.h's, the dropout
+// draws philox.h's (with the device fast path of philox_device.cuh).
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
 #include "cutlass/numeric_conversion.h"
 #include "cutlass/numeric_types.h"
 
+#include "cc/kernels/cuda/philox_device.cuh"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 #include "cc/kernels/flash/philox.h"
@@ -57,6 +63,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Two floats -> one register of two 16-bit values (round to nearest).
+template <class To>
+__device__ __forceinline__ uint32_t pack_float2(float a, float b) {
+  static_assert(std::is_same_v<To, cutlass::half_t> || std::is_same_v<To, cutlass::bfloat16_t>, "16-bit element");
+  if constexpr (std::is_same_v<To, cutlass::half_t>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return reinterpret_cast<const uint32_t&>(h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return reinterpret_cast<const uint32_t&>(h);
+  }
 }
 
 // fp32 register tensor -> register tensor of To with the same (static) layout, converted in pairs.
@@ -131,9 +150,33 @@ __device__ __forceinline__ void copy_tile_async(ZfillCopy const& zfill_copy, Src
   }
 }
 
-// Clamp a user-supplied length into [0, limit].
-__device__ __forceinline__ int64_t clamp_len(int64_t len, int64_t limit) {
-  return len < 0 ? 0 : (len > limit ? limit : len);
+// The same copy on whole tiles: `src` (global) and `dst` (shared) are partitioned here by `thr_copy`, a
+// thread slice of `zfill_copy`.
+template <class ZfillCopy, class ThrCopy, class Src, class Dst>
+__device__ __forceinline__ void partition_and_copy_tile_async(ZfillCopy const& zfill_copy, ThrCopy const& thr_copy, Src const& src,
+                                                Dst& dst, int rows_left, int cols) {
+  auto dst_part = thr_copy.partition_D(dst);
+  copy_tile_async(zfill_copy, thr_copy.partition_S(src), dst_part,
+                  thr_copy.partition_S(cute::make_identity_tensor(cute::shape(src))), rows_left, cols);
+}
+
+// ---- Dropout: the Philox draws of this thread's entries of a score tile (philox.h's layout) ----
+// Calls draw(m, c, draws) for each MMA row block m < kMmaM and each group c < kGroups of four adjacent n8
+// column atoms (4c .. 4c + 3), with the draws of the thread's entries there. coord_rc: the score tile's
+// identity tensor partitioned like the accumulator, in acc_rowcol's (row, column) view; tile_row0 and
+// tile_col0 place the tile (Index: int where positions fit, else int64_t).
+template <int kMmaM, int kGroups, class Index, class CoordRC, class Draw>
+__device__ __forceinline__ void for_each_dropout_draw(const DropoutSeed& seed, uint64_t batch_head, Index tile_row0,
+                                                      Index tile_col0, CoordRC const& coord_rc, Draw&& draw) {
+  CUTE_UNROLL
+  for (int m = 0; m < kMmaM; ++m) {
+    const Index row = tile_row0 + cute::get<0>(coord_rc(2 * m, 0));
+    CUTE_UNROLL
+    for (int c = 0; c < kGroups; ++c) {
+      const Index col = tile_col0 + cute::get<1>(coord_rc(0, 8 * c));
+      draw(m, c, dropout_draws(seed.seed, seed.offset, batch_head, row, col));
+    }
+  }
 }
 
 }  // namespace cuda

@@ -23,14 +23,9 @@
 namespace tf_flash {
 namespace cuda {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, int kMinBlocks_ = 1,
-          bool kSoftmaxIlp_ = true>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
 struct FwdTraits {
   using Element = Element_;
-  // Softmax reductions as two interleaved partial chains per row, all rows' max first (more
-  // independent instructions for a latency-bound kernel) instead of one serial chain per row.
-  static constexpr bool kSoftmaxIlp = kSoftmaxIlp_;
-  static constexpr int kMinBlocksPerSM = kMinBlocks_;  // __launch_bounds__: caps registers at 64K / (threads * this)
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -94,30 +89,12 @@ template <class E> struct FwdConfig<96, E> { using Traits = FwdTraits<96, 128, 6
 template <class E> struct FwdConfig<128, E> { using Traits = FwdTraits<128, 128, 64, 4, E>; };
 template <class E> struct FwdConfig<256, E> { using Traits = FwdTraits<256, 128, 64, 8, E>; };
 
-// Block-mask coverage of the tile [m0, m_end) x [n0, n_end) (valid rows and columns only).
-struct TileCoverage {
-  bool any, all;
-};
-__device__ __forceinline__ TileCoverage block_mask_coverage(const FlashFwdParams& p, int b, int h, int64_t m0,
-                                                            int64_t m_end, int64_t n0, int64_t n_end) {
-  TileCoverage c{false, true};
-  if (m_end <= m0 || n_end <= n0) return TileCoverage{false, false};
-  for (int64_t qb = m0 / p.block_q; qb <= (m_end - 1) / p.block_q; ++qb) {
-    for (int64_t kb = n0 / p.block_k; kb <= (n_end - 1) / p.block_k; ++kb) {
-      const bool v = mask_at(p.block_mask, b, h, qb, kb);
-      c.any |= v;
-      c.all &= v;
-    }
-  }
-  return c;
-}
-
 // Variants: the plain one handles causal, window, lengths, GQA and any sequence lengths. kMasks adds
 // block_mask (tiles whose blocks are all False are skipped, tiles entirely True run unmasked, mixed
 // tiles are masked per element) and attn_mask (read per element); kDropout adds dropout. Dropout
 // alone has its own variant: the mask code costs registers (and ~9% at d128) that it does not need.
 template <class Traits, bool kMasks, bool kDropout>
-__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) flash_fwd_kernel(const FlashFwdParams p) {
+__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const FlashFwdParams p) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -132,8 +109,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   const int b = blockIdx.z;
   const int tidx = threadIdx.x;
 
-  const int64_t q_len = clamp_len(valid_q_len(p, b), p.seqlen_q);
-  const int64_t kv_len = clamp_len(valid_kv_len(p, b), p.seqlen_k);
+  const int64_t q_len = valid_q_len(p, b);
+  const int64_t kv_len = valid_kv_len(p, b);
   const int64_t m0 = int64_t(m_block) * kBlockM;
   const int64_t m_valid_end = m0 + kBlockM < q_len ? m0 + kBlockM : q_len;
 
@@ -216,24 +193,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   // no global reads; tiles past the table's end are looked up directly.
   constexpr int kTileTable = kMasks ? 1024 : 1;
   __shared__ uint8_t tile_flags[kTileTable];
-  auto coverage_global = [&](int n_block) -> TileCoverage {
+  auto coverage_global = [&](int n_block) -> BlockCoverage {
     const int64_t n0 = int64_t(n_block) * kBlockN;
     const int64_t n_end = n0 + kBlockN < kv_len ? n0 + kBlockN : kv_len;
-    return block_mask_coverage(p, b, h, m0, m_valid_end, n0, n_end);
+    return block_coverage(p, b, h, m0, m_valid_end, n0, n_end);
   };
   const bool has_block_mask = kMasks && p.block_mask.data != nullptr;  // the other variants get none
   if (has_block_mask) {
     for (int n = n_block_min + tidx; n < n_block_max && n < kTileTable; n += Traits::kNThreads) {
-      const TileCoverage c = coverage_global(n);
+      const BlockCoverage c = coverage_global(n);
       tile_flags[n] = uint8_t((c.any ? 1 : 0) | (c.all ? 2 : 0));
     }
     __syncthreads();
   }
-  auto coverage = [&](int n_block) -> TileCoverage {
-    if (!has_block_mask) return TileCoverage{true, true};
+  auto coverage = [&](int n_block) -> BlockCoverage {
+    if (!has_block_mask) return BlockCoverage{true, true};
     if (n_block < kTileTable) {
       const int f = tile_flags[n_block];
-      return TileCoverage{(f & 1) != 0, (f & 2) != 0};
+      return BlockCoverage{(f & 1) != 0, (f & 2) != 0};
     }
     return coverage_global(n_block);
   };
@@ -292,7 +269,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   }
 
   bool first = true;
-  auto step = [&](auto mask_tag, const TileCoverage cover) __attribute__((always_inline)) {
+  auto step = [&](auto mask_tag, const BlockCoverage cover) __attribute__((always_inline)) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const int64_t n0 = int64_t(n_block) * kBlockN;
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -406,14 +383,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
       for (int mi = 0; mi < kRows; ++mi) {
         const int row_in_tile = get<0>(tScS_rc(mi, 0));
         const int64_t row = m0 + row_in_tile;
-        const KeyRange range = key_range(p, row, q_len, kv_len);
-        // Column bounds relative to this tile, clamped to [0, kBlockN], so the per-element test is 32-bit.
-        const int lo = int(range.begin - n0 < 0 ? 0 : (range.begin - n0 > kBlockN ? kBlockN : range.begin - n0));
-        const int hi = int(range.end - n0 < 0 ? 0 : (range.end - n0 > kBlockN ? kBlockN : range.end - n0));
+        // Column bounds relative to this tile (mask.h), so the per-element test is 32-bit.
+        const TileSpan span = visible_span_in_tile(p, row, q_len, kv_len, n0, kBlockN);
         CUTE_UNROLL
         for (int ni = 0; ni < kCols; ++ni) {
           const int col = get<1>(tScS_rc(0, ni));
-          bool visible = col >= lo && col < hi;
+          bool visible = col >= span.lo && col < span.hi;
           if constexpr (kMasks) {
             if (visible && staged) visible = mask_tile[row_in_tile * kBlockN + col] != 0;
           }
@@ -426,59 +401,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     // is rescaled only when some row's max moved in this warp (after the first tiles it rarely does).
     float correction[kRows];
     bool rescale = false;
-    if constexpr (Traits::kSoftmaxIlp) {
-      float mx[kRows];
+    // Reductions as two interleaved partial chains per row, all rows' max first: more independent
+    // instructions for a latency-bound kernel than one serial chain per row (measured on H100).
+    float mx[kRows];
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      float a = row_max[mi], c = s(mi, 0);
       CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        float a = row_max[mi], c = s(mi, 0);
-        CUTE_UNROLL
-        for (int ni = 1; ni < kCols; ni += 2) {
-          a = fmaxf(a, s(mi, ni));
-          if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
-        }
-        mx[mi] = fmaxf(a, c);
+      for (int ni = 1; ni < kCols; ni += 2) {
+        a = fmaxf(a, s(mi, ni));
+        if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
       }
+      mx[mi] = fmaxf(a, c);
+    }
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const float mx_scaled = (!kMask || mx[mi] != -INFINITY) ? mx[mi] * scale_log2 : 0.f;
+      correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+      rescale |= correction[mi] != 1.f;
+      row_max[mi] = mx[mi];
+      float sum0 = 0.f, sum1 = 0.f;
       CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        const float mx_scaled = (!kMask || mx[mi] != -INFINITY) ? mx[mi] * scale_log2 : 0.f;
-        correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
-        rescale |= correction[mi] != 1.f;
-        row_max[mi] = mx[mi];
-        float sum0 = 0.f, sum1 = 0.f;
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ni += 2) {
-          const float e0 = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
-          const float e1 = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
-          s(mi, ni) = e0;
-          s(mi, ni + 1) = e1;
-          sum0 += e0;
-          sum1 += e1;
-        }
-        row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
+      for (int ni = 0; ni < kCols; ni += 2) {
+        const float e0 = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
+        const float e1 = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
+        s(mi, ni) = e0;
+        s(mi, ni + 1) = e1;
+        sum0 += e0;
+        sum1 += e1;
       }
-    } else {
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        float mx = row_max[mi];
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ++ni) mx = fmaxf(mx, s(mi, ni));
-        mx = quad_max(mx);
-        const float mx_scaled = (!kMask || mx != -INFINITY) ? mx * scale_log2 : 0.f;
-        correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
-        rescale |= correction[mi] != 1.f;
-        row_sum[mi] *= correction[mi];
-        row_max[mi] = mx;
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ++ni) {
-          const float e = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
-          s(mi, ni) = e;
-          sum += e;
-        }
-        row_sum[mi] += sum;
-      }
+      row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
     }
     if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {
       CUTE_UNROLL
@@ -500,22 +454,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
         Tensor pairs = recast<uint32_t>(rP);  // 1-D index half + 2 * (m + kM * n)
         static_assert(decltype(size(pairs))::value * 2 == decltype(size(rP))::value, "16-bit pairs");
         const uint32_t threshold2 = drop_threshold * 0x10001u;
-        const DropoutSeed seed = dropout_seed(p);
-        CUTE_UNROLL
-        for (int m = 0; m < kM; ++m) {
-          const int64_t row = m0 + get<0>(tScS_rc(2 * m, 0));
+        for_each_dropout_draw<kM, kN / 4>(dropout_seed(p), batch_head, m0, n0, tScS_rc,
+                                          [&](int m, int c, const Philox4& draws) {
           CUTE_UNROLL
-          for (int c = 0; c < kN / 4; ++c) {
-            const int64_t col = n0 + get<1>(tScS_rc(0, 8 * c));
-            const Philox4 draws = dropout_draws(seed.seed, seed.offset, batch_head, row, col);
+          for (int w = 0; w < 4; ++w) {
             CUTE_UNROLL
-            for (int w = 0; w < 4; ++w) {
-              CUTE_UNROLL
-              for (int half = 0; half < 2; ++half)
-                pairs(half + 2 * (m + kM * (4 * c + w))) &= dropout_keep_mask_x2(draws.x[w], half, threshold2);
-            }
+            for (int half = 0; half < 2; ++half)
+              pairs(half + 2 * (m + kM * (4 * c + w))) &= dropout_keep_mask_x2(draws.x[w], half, threshold2);
           }
-        }
+        });
       }
     }
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
@@ -532,14 +479,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     if constexpr (kMasks) {
       const bool elem_masks = p.attn_mask.data != nullptr;
       while (n_block >= n_block_min) {
-        const TileCoverage cover = coverage(n_block);
+        const BlockCoverage cover = coverage(n_block);
         if (n_block < hi_unmasked && n_block >= lo_unmasked && cover.all && !elem_masks) step(std::false_type{}, cover);
         else step(std::true_type{}, cover);
       }
     } else {
       while (n_block >= n_block_min) {
-        if (n_block < hi_unmasked && n_block >= lo_unmasked) step(std::false_type{}, TileCoverage{true, true});
-        else step(std::true_type{}, TileCoverage{true, true});
+        if (n_block < hi_unmasked && n_block >= lo_unmasked) step(std::false_type{}, BlockCoverage{true, true});
+        else step(std::true_type{}, BlockCoverage{true, true});
       }
     }
   }
