@@ -220,6 +220,195 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
   *reinterpret_cast<uint4*>(dst) = out;
 }
 
+// ---- The steps of bwd_dkdv_tile, each inlined into it (the kernel is register-bound) ----
+
+// General variant, first query tile: when the K or V tile holds a non-finite value (a rare case that pays
+// one extra sweep over the masks of this key tile's queries), zeroes the keys that attn_mask / block_mask
+// hide from every query of the GQA group, so that no 0 x NaN reaches dQ = dS K or dP = dO V^T.
+template <class Traits, class SmemKV>
+__device__ __forceinline__ void hide_unseen_keys(SmemKV& sK, SmemKV& sV, uint32_t* key_seen, const FlashFwdParams& p,
+                                                 int b, int h_first, int group, int n0, int64_t keys_end,
+                                                 int64_t q_len, int64_t kv_len, int tid) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  bool bad = false;
+  for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
+    const int r = idx / kHeadDim, d = idx % kHeadDim;
+    bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
+  }
+  if (!__syncthreads_or(bad)) return;
+  for (int i = tid; i < kBlockN / 32; i += Traits::kNThreads) key_seen[i] = 0;
+  __syncthreads();
+  constexpr int kRowLanes = Traits::kNThreads / kBlockN > 0 ? Traits::kNThreads / kBlockN : 1;
+  for (int idx = tid; idx < kBlockN * kRowLanes; idx += Traits::kNThreads) {
+    const int c = idx % kBlockN, lane = idx / kBlockN;
+    const int64_t col = int64_t(n0) + c;
+    bool seen = false;
+    for (int hh = h_first; hh < h_first + group && !seen && col < keys_end; ++hh) {
+      for (int64_t row = lane; row < q_len && !seen; row += kRowLanes) seen = visible(p, b, hh, row, col, q_len, kv_len);
+    }
+    if (seen) atomicOr(&key_seen[c / 32], 1u << (c % 32));
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
+    const int r = idx / kHeadDim, d = idx % kHeadDim;
+    if (!((key_seen[r / 32] >> (r % 32)) & 1u)) {
+      sK(r, d) = Element(0);
+      sV(r, d) = Element(0);
+    }
+  }
+  __syncthreads();
+}
+
+// The forward's dropout keep bits of this thread's entries of the tile at (m0, n0), one bit per entry of
+// the S accumulator (bit mi * cols + ni). One Philox call holds the draws of one m16 row block and four
+// adjacent n8 column groups (philox.h), which TiledMmaSdP gives each warp as MMA_N atoms 4c .. 4c + 3.
+template <int kWords, class ScoresRC, class CoordRC>
+__device__ __forceinline__ void dropout_keep_bits(uint32_t (&keep_mask)[kWords], ScoresRC const& S,
+                                                  CoordRC const& coord_rc, const FlashFwdParams& p, uint64_t bh,
+                                                  int m0, int n0, uint32_t threshold2) {
+  using namespace cute;
+  constexpr int kM = decltype(size<0>(S))::value / 2, kCols = decltype(size<1>(S))::value;
+  static_assert(kCols % 8 == 0, "a dropout draw spans four n8 column groups");
+  CUTE_UNROLL
+  for (int i = 0; i < kWords; ++i) keep_mask[i] = 0;
+  for_each_dropout_draw<kM, kCols / 8>(dropout_seed(p), bh, m0, n0, coord_rc, [&](int m, int c, const Philox4& draws) {
+    CUTE_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t bits = dropout_keep_bits4(draws.x[w], threshold2);  // (r, j = 0, 1), (r + 8, j = 0, 1)
+      const int idx0 = 2 * m * kCols + 2 * (4 * c + w), idx1 = idx0 + kCols;
+      keep_mask[idx0 / 32] |= (bits & 3u) << (idx0 % 32);
+      keep_mask[idx1 / 32] |= (bits >> 2) << (idx1 % 32);
+    }
+  });
+}
+
+template <int kWords>
+__device__ __forceinline__ bool kept(const uint32_t (&keep_mask)[kWords], int idx) {
+  return (keep_mask[idx / 32] >> (idx % 32)) & 1u;
+}
+
+// Scores S (rows x columns) of the tile at (m0, n0) -> the forward's probabilities P = exp2(S scale_log2 -
+// lse2), 0 where masked (need_mask: the tile is not fully visible structurally, or element masks apply);
+// with dropout also Pd = P Z / keep_prob for dV.
+template <bool kMasks, bool kDropout, int kBlockN, int kWords, class ScoresRC, class CoordRC>
+__device__ __forceinline__ void probabilities(ScoresRC& S, ScoresRC& Pd, CoordRC const& coord_rc,
+                                              const float* lse2, const FlashFwdParams& p, int b, int h, int m0,
+                                              int n0, int64_t q_len, int64_t kv_len, bool need_mask,
+                                              bool element_masks, float scale_log2,
+                                              const uint32_t (&keep_mask)[kWords], float keep_scale) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(S); ++mi) {
+    const int r = get<0>(coord_rc(mi, 0));
+    const int row = m0 + r;
+    const float l2 = lse2[r];
+    // This row's visible columns of the tile (mask.h, 64-bit), then a 32-bit test per element.
+    const TileSpan span = need_mask ? visible_span_in_tile(p, row, q_len, kv_len, n0, kBlockN) : TileSpan{0, kBlockN};
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(S); ++ni) {
+      const int c = get<1>(coord_rc(0, ni));
+      // The forward's exponent (fwd_kernel.h); never above 0, so a rounding of lse cannot make P > 1
+      // (at |logits| where the float32 lse carries no fraction, P of the row max is then exactly 1).
+      float pv = fast_exp2(fminf(S(mi, ni) * scale_log2 - l2, 0.f));
+      if (need_mask) {
+        bool vis = c >= span.lo && c < span.hi;
+        if constexpr (kMasks) {
+          if (vis && element_masks) vis = element_visible(p, b, h, row, n0 + c);
+        }
+        if (!vis) pv = 0.f;
+      }
+      S(mi, ni) = pv;
+      if constexpr (kDropout) Pd(mi, ni) = kept(keep_mask, mi * size<1>(S) + ni) ? pv * keep_scale : 0.f;
+    }
+  }
+}
+
+// dP (rows x columns) -> dS = P (dP - D), through the tanh when soft-capped; with dropout dP is masked and
+// scaled as P was. Exactly 0 where P is: a value row this query cannot see may have made dP NaN there.
+template <bool kDropout, bool kSoftcap, int kWords, class ScoresRC, class CoordRC>
+__device__ __forceinline__ void scores_gradient(ScoresRC& dP, ScoresRC const& P, ScoresRC const& dTanh,
+                                                CoordRC const& coord_rc, const float* dvec,
+                                                const uint32_t (&keep_mask)[kWords], float keep_scale) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(dP); ++mi) {
+    const float dv = dvec[get<0>(coord_rc(mi, 0))];
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(dP); ++ni) {
+      float dpv = dP(mi, ni);
+      if constexpr (kDropout) dpv = kept(keep_mask, mi * size<1>(dP) + ni) ? dpv * keep_scale : 0.f;
+      float ds = P(mi, ni) == 0.f ? 0.f : P(mi, ni) * (dpv - dv);
+      if constexpr (kSoftcap) ds *= dTanh(mi, ni);
+      dP(mi, ni) = ds;
+    }
+  }
+}
+
+// dQ accumulator (global, fp32) += this thread's part of acc_dq, by atomics: on sm_90 the accumulator's
+// (even, odd) column pairs are adjacent in memory, one 8-byte red per pair.
+template <class AccDq, class GmemDq>
+__device__ __forceinline__ void atomic_add_dq(AccDq const& acc_dq, GmemDq& tdQgdQ) {
+  using namespace cute;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); i += 2)
+    atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
+#endif
+}
+
+// Epilogue: dK * scale and dV in the output dtype through shared memory (the K/V buffers) to 16-byte
+// global stores of the rows < seqlen_k and columns < head_dim (dK) / head_dim_v (dV).
+template <class Traits, class AccDkv, class SmemKV>
+__device__ __forceinline__ void store_dk_dv(AccDkv& acc_dk, AccDkv const& acc_dv, SmemKV& sK, SmemKV& sV,
+                                            typename Traits::TiledMmadKV const& mma_dkv, const FlashBwdParams& p,
+                                            int b, int h_kv, int n0, int tid) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
+  cp_async_wait<0>();
+  __syncthreads();
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+  auto thr_cdkv = copy_dkv.get_thread_slice(tid);
+  copy(copy_dkv, thr_cdkv.retile_S(rdK), thr_cdkv.partition_D(sK));
+  copy(copy_dkv, thr_cdkv.retile_S(rdV), thr_cdkv.partition_D(sV));
+  __syncthreads();
+
+  Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+                    int64_t(n0) * p.k_row_stride;
+  Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
+                    int64_t(n0) * p.v_row_stride;
+  Tensor gdK = make_tensor(make_gmem_ptr(dk_ptr), TileKV{}, make_stride(p.k_row_stride, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv_ptr), TileKV{}, make_stride(p.v_row_stride, _1{}));
+  typename Traits::GmemTiledCopyStore gmem_store;
+  auto store_thr = gmem_store.get_thread_slice(tid);
+  Tensor tsK = store_thr.partition_S(sK);
+  Tensor tsV = store_thr.partition_S(sV);
+  Tensor tgK = store_thr.partition_D(gdK);
+  Tensor tgV = store_thr.partition_D(gdV);
+  Tensor tc = store_thr.partition_D(make_identity_tensor(TileKV{}));
+  const int rows = p.seqlen_k - n0;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tgK); ++m) {
+    if (get<0>(tc(0, m, 0)) < rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tgK); ++k) {
+        const int col = get<1>(tc(0, m, k));
+        if (col < p.head_dim) copy(gmem_store, tsK(_, m, k), tgK(_, m, k));
+        if (col < p.head_dim_v) copy(gmem_store, tsV(_, m, k), tgV(_, m, k));
+      }
+    }
+  }
+}
+
 // ---- Kernel 2: dK, dV of one key tile; dQ by atomics. ----
 // kMasks: element-wise attn_mask / block_mask code compiled in; kDropout: Philox dropout. The plain variant
 // has neither (that code alone costs the d128 kernel ~1 KB of register spills) but still skips the tiles of
@@ -411,35 +600,6 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   // too, once the tile has landed, but only when the K or V tile holds a non-finite value (a rare case
   // that pays one extra sweep over the masks of this key tile's queries).
   __shared__ uint32_t key_seen[kBlockN / 32];
-  auto hide_unseen_keys = [&]() {
-    bool bad = false;
-    for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
-      const int r = idx / kHeadDim, d = idx % kHeadDim;
-      bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
-    }
-    if (!__syncthreads_or(bad)) return;
-    for (int i = tid; i < kBlockN / 32; i += Traits::kNThreads) key_seen[i] = 0;
-    __syncthreads();
-    constexpr int kRowLanes = Traits::kNThreads / kBlockN > 0 ? Traits::kNThreads / kBlockN : 1;
-    for (int idx = tid; idx < kBlockN * kRowLanes; idx += Traits::kNThreads) {
-      const int c = idx % kBlockN, lane = idx / kBlockN;
-      const int64_t col = int64_t(n0) + c;
-      bool seen = false;
-      for (int hh = h_kv * group; hh < (h_kv + 1) * group && !seen && col < keys_end; ++hh) {
-        for (int row = lane; row < q_len && !seen; row += kRowLanes) seen = visible(p, b, hh, row, col, q_len, kv_len);
-      }
-      if (seen) atomicOr(&key_seen[c / 32], 1u << (c % 32));
-    }
-    __syncthreads();
-    for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
-      const int r = idx / kHeadDim, d = idx % kHeadDim;
-      if (!((key_seen[r / 32] >> (r % 32)) & 1u)) {
-        sK(r, d) = Element(0);
-        sV(r, d) = Element(0);
-      }
-    }
-    __syncthreads();
-  };
   bool first_iteration = true;
 
   int stage = 0;
@@ -452,7 +612,9 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     if (Traits::kStages == 2 && it_next < n_iter) load_q_do(it_next, stage ^ 1);
     cp_async_fence();
     if constexpr (kMasks) {
-      if (first_iteration) hide_unseen_keys();
+      if (first_iteration) {
+        hide_unseen_keys<Traits>(sK, sV, key_seen, p, b, h_kv * group, group, n0, keys_end, q_len, kv_len, tid);
+      }
     }
     first_iteration = false;
 
@@ -469,7 +631,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
-            thr_b_sdp);
+                   thr_b_sdp);
     // Soft-capping: the forward's operations (fwd_kernel.h); d(capped)/d(raw) = scale (1 - tanh^2), the
     // scale applied with dK's and dQ's.
     Tensor acc_dtanh = make_tensor_like(acc_s);
@@ -490,52 +652,12 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     constexpr int kFrag = decltype(size(acc_s))::value;
     uint32_t keep_mask[(kFrag + 31) / 32];  // bit mi * cols + ni: entry kept by dropout
     if constexpr (kDropout) {
-      // One Philox call holds this thread's draws for one m16 row block and four adjacent n8 column groups
-      // (philox.h's layout), which TiledMmaSdP gives each warp as MMA_N atoms 4c .. 4c + 3.
-      constexpr int kM = decltype(size<0>(S))::value / 2, kCols = decltype(size<1>(S))::value;
-      static_assert(kCols % 8 == 0, "a dropout draw spans four n8 column groups");
-      CUTE_UNROLL
-      for (int i = 0; i < (kFrag + 31) / 32; ++i) keep_mask[i] = 0;
-      const uint64_t bh = uint64_t(b) * p.num_heads + h;
-      for_each_dropout_draw<kM, kCols / 8>(dropout_seed(p), bh, m0, n0, tScS_rc, [&](int m, int c, const Philox4& draws) {
-        CUTE_UNROLL
-        for (int w = 0; w < 4; ++w) {
-          const uint32_t bits = dropout_keep_bits4(draws.x[w], threshold2);  // (r, j = 0, 1), (r + 8, j = 0, 1)
-          const int idx0 = 2 * m * kCols + 2 * (4 * c + w), idx1 = idx0 + kCols;
-          keep_mask[idx0 / 32] |= (bits & 3u) << (idx0 % 32);
-          keep_mask[idx1 / 32] |= (bits >> 2) << (idx1 % 32);
-        }
-      });
+      dropout_keep_bits(keep_mask, S, tScS_rc, p, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
     }
     Tensor acc_pd = make_tensor_like(acc_s);  // P Z / keep_prob for dV (dropout only)
     Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
-    CUTE_UNROLL
-    for (int mi = 0; mi < size<0>(S); ++mi) {
-      const int r = get<0>(tScS_rc(mi, 0));
-      const int row = m0 + r;
-      const float l2 = lse2[r];
-      // This row's visible columns of the tile (mask.h, 64-bit), then a 32-bit test per element.
-      const TileSpan span = need_mask ? visible_span_in_tile(p, row, q_len, kv_len, n0, kBlockN) : TileSpan{0, kBlockN};
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(S); ++ni) {
-        const int c = get<1>(tScS_rc(0, ni));
-        // The forward's exponent (fwd_kernel.h); never above 0, so a rounding of lse cannot make P > 1
-        // (at |logits| where the float32 lse carries no fraction, P of the row max is then exactly 1).
-        float pv = fast_exp2(fminf(S(mi, ni) * scale_log2 - l2, 0.f));
-        if (need_mask) {
-          bool vis = c >= span.lo && c < span.hi;
-          if constexpr (kMasks) {
-            if (vis && (has_attn_mask || has_block_mask)) vis = element_visible(p, b, h, row, n0 + c);
-          }
-          if (!vis) pv = 0.f;
-        }
-        S(mi, ni) = pv;
-        if constexpr (kDropout) {
-          const int idx = mi * size<1>(S) + ni;
-          Pd(mi, ni) = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? pv * keep_scale : 0.f;
-        }
-      }
-    }
+    probabilities<kMasks, kDropout, kBlockN>(S, Pd, tScS_rc, lse2, p, b, h, m0, n0, q_len, kv_len, need_mask,
+                                             has_attn_mask || has_block_mask, scale_log2, keep_mask, keep_scale);
     Tensor rP = [&] {
       if constexpr (kDropout) return convert_fragment<Element>(acc_pd);
       else return convert_fragment<Element>(acc_s);
@@ -545,38 +667,23 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     // dP = dO V^T, dS = P (dP - D)
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_dp);
-    gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, thr_a_sdp.partition_S(sdO), tdPsV, copy_a_sdp, copy_b_sdp, thr_a_sdp,
-            thr_b_sdp);
+    gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, thr_a_sdp.partition_S(sdO), tdPsV, copy_a_sdp, copy_b_sdp,
+                   thr_a_sdp, thr_b_sdp);
     Tensor dP = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
-    CUTE_UNROLL
-    for (int mi = 0; mi < size<0>(dP); ++mi) {
-      const float dv = dvec[get<0>(tScS_rc(mi, 0))];
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(dP); ++ni) {
-        float dpv = dP(mi, ni);
-        if constexpr (kDropout) {
-          const int idx = mi * size<1>(S) + ni;
-          dpv = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? dpv * keep_scale : 0.f;
-        }
-        // Exactly 0 where P is: a value row this query cannot see may have made dP NaN there.
-        float ds = S(mi, ni) == 0.f ? 0.f : S(mi, ni) * (dpv - dv);
-        if constexpr (kSoftcap) ds *= dTanh(mi, ni);
-        dP(mi, ni) = ds;
-      }
-    }
+    scores_gradient<kDropout, kSoftcap>(dP, S, dTanh, tScS_rc, dvec, keep_mask, keep_scale);
     Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(copy_pds, thr_pds.retile_S(rdS), tPsdS);
     __syncthreads();
 
     // dV += P^T dO
     gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, thr_b_dkv.partition_S(sdOt), copy_a_dkv, copy_b_dkv,
-            thr_a_dkv, thr_b_dkv);
+                   thr_a_dkv, thr_b_dkv);
 
     if constexpr (Traits::kStages == 1) {
       // One buffer: dK goes first, so that the next tile's loads overlap the dQ GEMM and its atomics (which
       // read only dS and K).
       gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
-              thr_a_dkv, thr_b_dkv);
+                     thr_a_dkv, thr_b_dkv);
       __syncthreads();
       if (it_next < n_iter) load_q_do(it_next, 0);
       cp_async_fence();
@@ -590,21 +697,12 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              Stride<Int<kHeadDim>, _1>{});
     Tensor tdQgdQ = thr_dq.partition_C(gdQ);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // sm_90: the accumulator's (even, odd) column pairs are adjacent in memory: one 8-byte red per pair.
-    static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); i += 2)
-      atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-#else
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
-#endif
+    atomic_add_dq(acc_dq, tdQgdQ);
 
     if constexpr (Traits::kStages == 2) {
       // dK += dS^T Q after the atomics were issued, so that they drain under these MMAs.
       gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
-              thr_a_dkv, thr_b_dkv);
+                     thr_a_dkv, thr_b_dkv);
     }
 
     stage = Traits::kStages == 2 ? stage ^ 1 : 0;
@@ -612,43 +710,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   }
 
   // ---- epilogue: dK * scale, dV through shared memory (K/V buffers) to global, rows < seqlen_k ----
-  cp_async_wait<0>();
-  __syncthreads();
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
-  Tensor rdK = convert_fragment<Element>(acc_dk);
-  Tensor rdV = convert_fragment<Element>(acc_dv);
-  auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
-  auto thr_cdkv = copy_dkv.get_thread_slice(tid);
-  copy(copy_dkv, thr_cdkv.retile_S(rdK), thr_cdkv.partition_D(sK));
-  copy(copy_dkv, thr_cdkv.retile_S(rdV), thr_cdkv.partition_D(sV));
-  __syncthreads();
-
-  Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
-                    int64_t(n0) * p.k_row_stride;
-  Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
-                    int64_t(n0) * p.v_row_stride;
-  Tensor gdK = make_tensor(make_gmem_ptr(dk_ptr), TileKV{}, make_stride(p.k_row_stride, _1{}));
-  Tensor gdV = make_tensor(make_gmem_ptr(dv_ptr), TileKV{}, make_stride(p.v_row_stride, _1{}));
-  typename Traits::GmemTiledCopyStore gmem_store;
-  auto store_thr = gmem_store.get_thread_slice(tid);
-  Tensor tsK = store_thr.partition_S(sK);
-  Tensor tsV = store_thr.partition_S(sV);
-  Tensor tgK = store_thr.partition_D(gdK);
-  Tensor tgV = store_thr.partition_D(gdV);
-  Tensor tc = store_thr.partition_D(make_identity_tensor(TileKV{}));
-  const int rows = p.seqlen_k - n0;
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tgK); ++m) {
-    if (get<0>(tc(0, m, 0)) < rows) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tgK); ++k) {
-        const int col = get<1>(tc(0, m, k));
-        if (col < p.head_dim) copy(gmem_store, tsK(_, m, k), tgK(_, m, k));
-        if (col < p.head_dim_v) copy(gmem_store, tsV(_, m, k), tgV(_, m, k));
-      }
-    }
-  }
+  store_dk_dv<Traits>(acc_dk, acc_dv, sK, sV, mma_dkv, p, b, h_kv, n0, tid);
 }
 
 // Key tiles blockIdx.x, blockIdx.x + gridDim.x, ... of (kv head, batch). Default: one tile per CTA, dQ by
