@@ -47,21 +47,15 @@ using namespace cute;
 //              to fit 163 KB): only once the dK GEMM is done, during the dQ GEMM and its atomics.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP, int kAtomNdKV, int kAtomMdQ,
           typename Element_, int kStages_ = 2>
-struct BwdTraits {
+struct BwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_> {
+  using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>;
   using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
   static constexpr int kStages = kStages_;
   static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kNWarps = kNWarps_;
-  static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
   static_assert(kBlockM <= kScratchRowPad && kScratchRowPad % kBlockM == 0, "scratch padding");
 
-  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
-                                   SM80_16x8x16_F32BF16BF16F32_TN>;
-  using Atom = MMA_Atom<MmaOp>;
+  using Atom = typename Base::MmaAtom;
   // The N permutation of 16 per warp lets one ldmatrix.x4 feed two n8 MMAs.
   template <int WarpsM>
   using Mma = TiledMMA<Atom, Layout<Shape<Int<WarpsM>, Int<kNWarps / WarpsM>, _1>>,
@@ -78,12 +72,7 @@ struct BwdTraits {
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * kNWarps / kAtomNdKV) == 0, "dKV tiling");
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * kNWarps / kAtomMdQ) == 0, "dQ tiling");
 
-  // Row-major tiles in 8-row atoms of 64 (or 32) columns, XOR-swizzled so that ldmatrix, both plain and
-  // transposed, is free of bank conflicts.
-  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
-  static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
-  using SmemLayoutAtom = decltype(composition(
-      Swizzle<kSwizzle, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
+  using SmemLayoutAtom = typename Base::SmemLayoutAtom;
   using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   // Transposed views (same memory): Qt(d, m) = Q(m, d), Kt(d, n) = K(n, d).
@@ -99,18 +88,7 @@ struct BwdTraits {
   using SmemLayoutPdSt =
       decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
 
-  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   using SmemCopyAtomStore = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
-
-  // Global <-> shared: 16-byte vectors, kGmemThreadsPerRow threads per row.
-  static constexpr int kGmemThreadsPerRow = kBlockKSmem / 8;
-  using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
-                                Stride<Int<kGmemThreadsPerRow>, _1>>;
-  using GmemTiledCopyLoad = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
-  using GmemTiledCopyStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
-                                                      GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 
   // Shared memory (elements): Q, dO x kStages, K, V, P, dS; then floats: lse2, D x kStages.
   static constexpr int kQElems = kBlockM * kHeadDim;
@@ -304,7 +282,8 @@ __device__ __forceinline__ void probabilities(ScoresRC& S, ScoresRC& Pd, CoordRC
     const int row = m0 + r;
     const float l2 = lse2[r];
     // This row's visible columns of the tile (mask.h, 64-bit), then a 32-bit test per element.
-    const TileSpan span = need_mask ? visible_span_in_tile(p, row, q_len, kv_len, n0, kBlockN) : TileSpan{0, kBlockN};
+    const TileSpan span =
+        need_mask ? visible_span_in_tile(p, row, q_len, kv_len, n0, kBlockN) : TileSpan{0, kBlockN};
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(S); ++ni) {
       const int c = get<1>(coord_rc(0, ni));
@@ -390,23 +369,8 @@ __device__ __forceinline__ void store_dk_dv(AccDkv& acc_dk, AccDkv const& acc_dv
   Tensor gdV = make_tensor(make_gmem_ptr(dv_ptr), TileKV{}, make_stride(p.v_row_stride, _1{}));
   typename Traits::GmemTiledCopyStore gmem_store;
   auto store_thr = gmem_store.get_thread_slice(tid);
-  Tensor tsK = store_thr.partition_S(sK);
-  Tensor tsV = store_thr.partition_S(sV);
-  Tensor tgK = store_thr.partition_D(gdK);
-  Tensor tgV = store_thr.partition_D(gdV);
-  Tensor tc = store_thr.partition_D(make_identity_tensor(TileKV{}));
-  const int rows = p.seqlen_k - n0;
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tgK); ++m) {
-    if (get<0>(tc(0, m, 0)) < rows) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tgK); ++k) {
-        const int col = get<1>(tc(0, m, k));
-        if (col < p.head_dim) copy(gmem_store, tsK(_, m, k), tgK(_, m, k));
-        if (col < p.head_dim_v) copy(gmem_store, tsV(_, m, k), tgV(_, m, k));
-      }
-    }
-  }
+  store_tile(gmem_store, store_thr, sK, gdK, p.seqlen_k - n0, p.head_dim);
+  store_tile(gmem_store, store_thr, sV, gdV, p.seqlen_k - n0, p.head_dim_v);
 }
 
 // ---- Kernel 2: dK, dV of one key tile; dQ by atomics. ----
@@ -528,10 +492,10 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
 
   auto copy_a_sdp = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
   auto copy_b_sdp = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_sdp);
-  auto copy_a_dkv = make_tiled_copy_A(typename Traits::SmemCopyAtomT{}, mma_dkv);
-  auto copy_b_dkv = make_tiled_copy_B(typename Traits::SmemCopyAtomT{}, mma_dkv);
+  auto copy_a_dkv = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  auto copy_b_dkv = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
   auto copy_a_dq = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
-  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomT{}, mma_dq);
+  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
   auto thr_a_sdp = copy_a_sdp.get_thread_slice(tid);
   auto thr_b_sdp = copy_b_sdp.get_thread_slice(tid);
   auto thr_a_dkv = copy_a_dkv.get_thread_slice(tid);

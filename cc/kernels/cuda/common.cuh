@@ -24,6 +24,47 @@
 namespace tf_flash {
 namespace cuda {
 
+// ---- What the forward's and the backward's tile configurations share ----
+// Tile sizes; the SM80 m16n8k16 MMA atom of the element type (also run on sm_90); shared-memory rows of 64
+// (or 32) elements, XOR-swizzled in 8-row atoms so that ldmatrix (plain and transposed) and the 16-byte
+// cp.async stores hit distinct banks; global <-> shared copies in 16-byte vectors, kGmemThreadsPerRow
+// threads per row (cp.async with zero-fill in, plain stores out).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
+struct TileConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+  static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>,
+                "16-bit elements");
+
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
+
+  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
+  using SmemLayoutAtom = decltype(cute::composition(
+      cute::Swizzle<kSmemRowElems == 64 ? 3 : 2, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>, cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+
+  static constexpr int kGmemThreadsPerRow = kSmemRowElems / 8;  // 8 elements per 16-byte vector
+  static_assert(kNThreads % kGmemThreadsPerRow == 0, "whole rows per thread block");
+  using GmemThreadLayout =
+      cute::Layout<cute::Shape<cute::Int<kNThreads / kGmemThreadsPerRow>, cute::Int<kGmemThreadsPerRow>>,
+                   cute::Stride<cute::Int<kGmemThreadsPerRow>, cute::_1>>;
+  using GmemTiledCopyLoad = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+  using GmemTiledCopyStore = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+};
+
 // ---- Layout views of an SM80 m16n8k16 accumulator fragment, shape ((2,2), MMA_M, MMA_N) ----
 // Row/column view: ((2, MMA_M), (2, MMA_N)); mode-0 of the fragment is (column pair, row half).
 template <class Layout>
@@ -153,11 +194,37 @@ __device__ __forceinline__ void copy_tile_async(ZfillCopy const& zfill_copy, Src
 // The same copy on whole tiles: `src` (global) and `dst` (shared) are partitioned here by `thr_copy`, a
 // thread slice of `zfill_copy`.
 template <class ZfillCopy, class ThrCopy, class Src, class Dst>
-__device__ __forceinline__ void partition_and_copy_tile_async(ZfillCopy const& zfill_copy, ThrCopy const& thr_copy, Src const& src,
-                                                Dst& dst, int rows_left, int cols) {
+__device__ __forceinline__ void partition_and_copy_tile_async(ZfillCopy const& zfill_copy, ThrCopy const& thr_copy,
+                                                              Src const& src, Dst& dst, int rows_left, int cols) {
   auto dst_part = thr_copy.partition_D(dst);
   copy_tile_async(zfill_copy, thr_copy.partition_S(src), dst_part,
                   thr_copy.partition_S(cute::make_identity_tensor(cute::shape(src))), rows_left, cols);
+}
+
+// ---- Predicated tile stores: only the chunks of rows < rows_left and columns < cols ----
+// src, dst and coord (the identity tensor of the tile) partitioned alike by one thread slice of tiled_copy.
+template <class TiledCopy, class Src, class Dst, class Coord>
+__device__ __forceinline__ void copy_predicated(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
+                                                Coord const& coord, int64_t rows_left, int cols) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (get<0>(coord(0, m, 0)) < rows_left) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(dst); ++k) {
+        if (get<1>(coord(0, m, k)) < cols) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+      }
+    }
+  }
+}
+
+// A shared-memory tile to global memory, partitioned here by thr_copy (a thread slice of tiled_copy).
+template <class TiledCopy, class ThrCopy, class Src, class Dst>
+__device__ __forceinline__ void store_tile(TiledCopy const& tiled_copy, ThrCopy const& thr_copy, Src const& src,
+                                           Dst& dst, int64_t rows_left, int cols) {
+  auto dst_part = thr_copy.partition_D(dst);
+  copy_predicated(tiled_copy, thr_copy.partition_S(src), dst_part,
+                  thr_copy.partition_D(cute::make_identity_tensor(cute::shape(dst))), rows_left, cols);
 }
 
 // ---- Dropout: the Philox draws of this thread's entries of a score tile (philox.h's layout) ----

@@ -24,32 +24,20 @@ namespace tf_flash {
 namespace cuda {
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
-struct FwdTraits {
+struct FwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_> {
+  using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>;
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kNWarps = kNWarps_;
-  static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
   static_assert(kBlockM == 16 * kNWarps || kBlockM == 32 * kNWarps || kBlockM == 64 * kNWarps,
                 "each warp owns 16, 32 or 64 query rows");
   static_assert(kBlockN % 16 == 0, "key tile must be a multiple of 16");
 
-  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
-                                     cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
-                                     cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
   // Warps stacked along M; the N tile of 16 lets one ldmatrix.x4 feed two n8 atoms.
-  using TiledMma = cute::TiledMMA<MmaAtom, cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
-                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
+  using TiledMma =
+      cute::TiledMMA<typename Base::MmaAtom, cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
+                     cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
 
-  // Shared-memory rows of 64 (or 32) elements, XOR-swizzled so that ldmatrix and the 16-byte cp.async
-  // stores hit distinct banks.
-  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
-  static constexpr int kSwizzleBits = kSmemRowElems == 64 ? 3 : 2;
-  using SmemLayoutAtom = decltype(cute::composition(
-      cute::Swizzle<kSwizzleBits, 3, 3>{},
-      cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>, cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
+  using SmemLayoutAtom = typename Base::SmemLayoutAtom;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
   // V seen as (head dim, key) for the B operand of P V, read with ldmatrix.trans.
@@ -57,23 +45,9 @@ struct FwdTraits {
       SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutVt{}));
   using SmemLayoutO = SmemLayoutQ;  // the output tile reuses Q's shared memory
-
-  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
   using SmemCopyAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
-
-  static constexpr int kElemsPer16B = 16 / sizeof(Element);
-  static constexpr int kThreadsPerRow = kSmemRowElems / kElemsPer16B;
-  static_assert(kNThreads % kThreadsPerRow == 0, "");
-  using GmemThreadLayout = cute::Layout<cute::Shape<cute::Int<kNThreads / kThreadsPerRow>, cute::Int<kThreadsPerRow>>,
-                                        cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
-  using GmemTiledCopyQKV = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, GmemThreadLayout{},
-      cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>{}));
-  using GmemTiledCopyO = decltype(cute::make_tiled_copy(cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
-                                                        GmemThreadLayout{},
-                                                        cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>{}));
-  static_assert(kBlockM % (kNThreads / kThreadsPerRow) == 0 && kBlockN % (kNThreads / kThreadsPerRow) == 0, "");
+  static_assert(kBlockM % (Base::kNThreads / Base::kGmemThreadsPerRow) == 0 &&
+                kBlockN % (Base::kNThreads / Base::kGmemThreadsPerRow) == 0, "whole tiles per copy");
 
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
   // The general variant stages each tile's attn_mask (one byte per entry) after Q, K and V.
@@ -97,11 +71,10 @@ template <class E> struct FwdConfig<256, E> { using Traits = FwdTraits<256, 128,
 // thread's word column (tidx % (kBlockN / 4)) that some of its rows sees (also structurally), four per word.
 template <class Traits>
 __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p, int b, int h, int64_t m0,
-                                                        int64_t n0, int64_t q_len, int64_t kv_len,
+                                                        int64_t n0, int64_t q_len, int64_t kv_len, bool has_attn,
                                                         bool partial_blocks, uint8_t* mask_tile, int tidx) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BroadcastBoolMask& am = p.attn_mask;
-  const bool has_attn = am.data != nullptr;
   const bool* mask_bh = has_attn ? am.data + b * am.batch_stride + h * am.head_stride : nullptr;
   constexpr int kWordsPerRow = kBlockN / 4;
   static_assert(Traits::kNThreads % kWordsPerRow == 0, "each thread stages one word column");
@@ -128,6 +101,8 @@ __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p,
         int64_t kb = col / p.block_k;
         int64_t kb_end = (kb + 1) * p.block_k;  // first column of the next block
         bool vis = mask_at(p.block_mask, b, h, qb, kb);
+        // Rolled: unrolled, its 64-bit divisions cost the general variant ~100 bytes of spills (d128).
+#pragma unroll 1
         for (int t = 0; t < 4 && col + t < kv_len; ++t) {  // bytes past kv_len are 0 already
           if (col + t >= kb_end) {
             kb = (col + t) / p.block_k;
@@ -321,23 +296,14 @@ __device__ __forceinline__ void store_output(AccO const& acc_o, SmemO& sO, GmemO
   copy(smem_copy_o, taccOrO, taccOsO);
   __syncthreads();
 
-  typename Traits::GmemTiledCopyO gmem_copy_o;
+  typename Traits::GmemTiledCopyStore gmem_copy_o;
   auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(tidx);
   Tensor tOsO = gmem_thr_copy_o.partition_S(sO);
   Tensor tOgO = gmem_thr_copy_o.partition_D(gO);
   Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}));
   Tensor tOrO = make_tensor<Element>(shape(tOgO));
   copy(gmem_copy_o, tOsO, tOrO);
-  const int64_t rows_left = p.seqlen_q - m0;
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOgO); ++m) {
-    if (get<0>(tOcO(0, m, 0)) < rows_left) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tOgO); ++k) {
-        if (get<1>(tOcO(0, m, k)) < p.head_dim_v) copy(gmem_copy_o, tOrO(_, m, k), tOgO(_, m, k));
-      }
-    }
-  }
+  copy_predicated(gmem_copy_o, tOrO, tOgO, tOcO, p.seqlen_q - m0, p.head_dim_v);
 }
 
 // Variants: the plain one handles causal, window, lengths, GQA and any sequence lengths. kMasks adds
@@ -405,7 +371,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
   Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
 
-  typename Traits::GmemTiledCopyQKV gmem_copy;
+  typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tidx);
   Tensor tQgQ = gmem_thr_copy.partition_S(gQ);
   Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
@@ -541,9 +507,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     uint8_t* const mask_tile = reinterpret_cast<uint8_t*>(smem) + Traits::kSmemBytes;
     bool staged = false;
     if constexpr (kMasks && kMask) {
-      staged = p.attn_mask.data != nullptr || !cover.all;
+      const bool has_attn = p.attn_mask.data != nullptr;
+      const bool partial_blocks = !cover.all;
+      staged = has_attn || partial_blocks;
       if (staged) {
-        const uint32_t seen = stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, !cover.all, mask_tile, tidx);
+        const uint32_t seen =
+            stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, partial_blocks, mask_tile, tidx);
         if (seen != 0) atomicOr(&col_seen[seen_parity][tidx % (kBlockN / 4)], seen);
       }
     }

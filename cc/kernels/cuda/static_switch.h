@@ -87,7 +87,9 @@ cudaError_t dispatch_kernel(const FlashFwdParams& p, DType dtype, Launch&& launc
   cudaError_t err = cudaErrorInvalidValue;
   FP16_BF16_SWITCH(dtype, Element, [&] {
     HEADDIM_SWITCH(tf_flash_kernel_headdim(p), kHeadDim, [&] {
-      if constexpr (TF_FLASH_HEADDIM_COMPILED(kHeadDim)) err = launch(Element{}, std::integral_constant<int, kHeadDim>{});
+      if constexpr (TF_FLASH_HEADDIM_COMPILED(kHeadDim)) {
+        err = launch(Element{}, std::integral_constant<int, kHeadDim>{});
+      }
     });
   });
   return err;
