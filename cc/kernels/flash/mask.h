@@ -101,10 +101,12 @@ TF_FLASH_HOST_DEVICE bool block_visible(const FlashFwdParams& p, int b, int h, i
   return !p.block_mask.data || mask_at(p.block_mask, b, h, qb, kb);
 }
 
-// The element masks (attn_mask, block_mask) at one entry.
-TF_FLASH_HOST_DEVICE bool element_visible(const FlashFwdParams& p, int b, int h, int64_t row, int64_t col) {
+// The element masks (attn_mask, block_mask) at one entry. Index: the type the block indices are divided
+// in; int where positions fit (the GPU backward's inner loop: a 64-bit division there costs registers).
+template <class Index>
+TF_FLASH_HOST_DEVICE bool element_visible(const FlashFwdParams& p, int b, int h, Index row, Index col) {
   if (p.attn_mask.data && !mask_at(p.attn_mask, b, h, row, col)) return false;
-  return block_visible(p, b, h, row / p.block_q, col / p.block_k);
+  return block_visible(p, b, h, row / Index(p.block_q), col / Index(p.block_k));
 }
 
 // The whole rule for one entry: structured range, then element masks.
