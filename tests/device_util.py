@@ -32,8 +32,6 @@ GPU_UNSUPPORTED = [
     # The forward grid puts heads and batch on the y/z axes of the launch (at most 65535 each).
     ("more than 65535 heads or batch entries",
      lambda c: c.get("heads", 0) > 65535 or c.get("batch", 0) > 65535),
-    # cuda_entry.cu: "the CUDA forward needs a finite scale >= 0" (the CPU takes any finite scale).
-    ("a negative scale", lambda c: c.get("scale") is not None and c["scale"] < 0),
 ]
 
 

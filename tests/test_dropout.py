@@ -108,7 +108,7 @@ def test_philox_ref_matches_header(philox_harness):
 _ROW_HARNESS = r"""
 #include <cstdio>
 #include <vector>
-#include "cc/kernels/flash/philox.h"
+#include "cc/kernels/cpu/philox_avx2.h"
 int main() {
   unsigned long long seed, offset, bh; long long row, begin, end; float rate;
   while (std::scanf("%llu %llu %llu %lld %lld %lld %f", &seed, &offset, &bh, &row, &begin, &end, &rate) == 7) {

@@ -532,7 +532,7 @@ def test_mha_rejects_several_attention_axes_inputs():
 
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"causal": 1}, "causal=1"), ({"window": "a"}, "window='a'"), ({"dropout": -0.1}, "dropout=-0.1"),
-    ({"scale": 0}, "scale=0"), ({"block_size": (2, 0)}, "block_size=(2, 0)"), ({"seed": 1.5}, "seed=1.5"),
+    ({"scale": -1}, "scale=-1"), ({"block_size": (2, 0)}, "block_size=(2, 0)"), ({"seed": 1.5}, "seed=1.5"),
 ])
 def test_flash_attention_rejects_bad_arguments(kwargs, fragment):
     with pytest.raises(ValueError, match="Received") as info:

@@ -76,7 +76,7 @@ def configurations(draw):
         kwargs["dropout_rate"] = draw(st.sampled_from([0.1, 0.5, 0.9]))
         kwargs["seed"] = draw(st.integers(0, 2**63 - 1))
     if draw(st.booleans()):
-        kwargs["scale"] = draw(st.floats(-1.0, 2.0, allow_nan=False))
+        kwargs["scale"] = draw(st.floats(0.0, 2.0, allow_nan=False))
     return config, kwargs
 
 

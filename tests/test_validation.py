@@ -80,6 +80,8 @@ FUNCTION_CASES = [
     ("scale_nan", None, dict(scale=float("nan")), r"`scale`.*Received: scale=nan"),
     ("scale_past_float32", None, dict(scale=1e39), r"`scale`.*Received: scale=1e\+39"),
     ("scale_bool", None, dict(scale=True), r"`scale`.*Received: scale=True"),
+    ("scale_negative", None, dict(scale=-0.5), r"`scale` must be a finite float >= 0.*Received: scale=-0.5"),
+    ("scale_inf", None, dict(scale=float("inf")), r"`scale` must be a finite float >= 0.*Received: scale=inf"),
     ("dropout_one", None, dict(dropout_rate=1.0), r"`dropout_rate`.*Received: dropout_rate=1.0"),
     ("dropout_rounds_to_one", None, dict(dropout_rate=1 - 1e-10), r"`dropout_rate`.*Received: dropout_rate=0.99"),
     ("dropout_bool", None, dict(dropout_rate=True), r"`dropout_rate`.*Received: dropout_rate=True"),
@@ -292,3 +294,27 @@ def test_raw_gradient_op_names_rng_state():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"rng_state"):
         raw_ops.tf_flash_flash_attention_grad(d_output=out, output=out, lse=lse, d_lse=lse,
                                               rng_state=np.array([1, 2, 3], np.int64), **inputs)
+
+
+# One rule for the score scale on every device and in every front door: finite and >= 0 (0 is allowed: it
+# gives the mean of the visible values). The Python API and the layers refuse it with one message; the op
+# itself (cc/kernels/flash_attention_params.cc, what a SavedModel or XLA reaches, before any device's
+# kernel) with the same words, on the CPU here and on the GPU through the same check.
+@pytest.mark.parametrize("scale", [-0.5, float("inf"), float("-inf"), float("nan")])
+def test_scale_must_be_finite_and_non_negative_everywhere(scale):
+    q = tf.zeros([B, S, H, D])
+    with pytest.raises(ValueError, match=r"`scale` must be a finite float >= 0"):
+        tf_flash.flash_attention(q, q, q, scale=scale)
+    with pytest.raises(ValueError, match=r"`scale` must be a finite float >= 0"):
+        FlashAttention(scale=scale)
+    from tf_flash._ops import ops as raw_ops  # pylint: disable=import-outside-toplevel
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"scale must be finite and >= 0. Received: scale="):
+        raw_ops.tf_flash_flash_attention(**_raw_forward_inputs(scale=scale))
+
+
+def test_scale_zero_is_accepted():
+    q = tf.random.stateless_normal([B, S, H, D], seed=[1, 2])
+    out = tf_flash.flash_attention(q, q, q, scale=0.0)
+    # Every key weighs the same: the output is the mean of the values.
+    np.testing.assert_allclose(out.numpy(), np.broadcast_to(q.numpy().mean(axis=1, keepdims=True), q.shape),
+                               rtol=1e-5, atol=1e-5)

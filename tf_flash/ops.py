@@ -117,6 +117,16 @@ def normalize_softcap(softcap):
     return float(softcap)
 
 
+def normalize_scale(scale):
+    """The score scale -> the float the op takes: finite (float32 range) and >= 0, the rule of every device
+    (the op checks it again, cc/kernels/flash_attention_params.cc, with the same words)."""
+    if (_is_bool(scale) or not isinstance(scale, numbers.Real) or not math.isfinite(np.float32(scale))
+            or scale < 0):
+        raise ValueError("`scale` must be a finite float >= 0 (float32 range). "
+                         f"Received: scale={_describe(scale)}")
+    return float(scale)
+
+
 def _check_qkv(query, key, value):
     """Static checks of the shapes the kernels need (the kernels check again at run time: this gives the
     same message under tf.function, where TF's shape inference would otherwise answer first)."""
@@ -380,8 +390,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
             raise ValueError("`scale` must be given when the head dim of query is not known statically. "
                              f"Received: scale=None, query.shape={query.shape}")
         scale = 1.0 / math.sqrt(head_dim)
-    if _is_bool(scale) or not isinstance(scale, numbers.Real) or not math.isfinite(np.float32(scale)):
-        raise ValueError(f"`scale` must be a finite Python float (float32 range). Received: scale={_describe(scale)}")
+    scale = normalize_scale(scale)
     softcap = normalize_softcap(softcap)
     if deterministic is not None and not isinstance(deterministic, bool):
         raise ValueError(f"`deterministic` must be None or a bool. Received: deterministic={deterministic!r}")

@@ -108,7 +108,9 @@ tf::Status FlashAttrs::Validate() const {
   if (!(dropout_rate >= 0.f && dropout_rate < 1.f)) {
     return tf::errors::InvalidArgument("dropout_rate must be in [0, 1). Received: dropout_rate=", dropout_rate);
   }
-  if (!std::isfinite(scale)) return tf::errors::InvalidArgument("scale must be finite. Received: scale=", scale);
+  if (!(std::isfinite(scale) && scale >= 0.f)) {
+    return tf::errors::InvalidArgument("scale must be finite and >= 0. Received: scale=", scale);
+  }
   if (!(std::isfinite(softcap) && softcap >= 0.f)) {
     return tf::errors::InvalidArgument("softcap must be finite and >= 0 (0 = off). Received: softcap=", softcap);
   }
@@ -272,7 +274,7 @@ tf::Status CudaStatus(int error) {
 }
 
 tf::Status CheckCudaSupport(const FlashFwdParams& p, DType dtype, bool backward) {
-  const std::string reason = flash_cuda_unsupported(p, dtype, backward);
+  const std::string reason = cuda::check_supported(p, dtype, backward ? Direction::kBackward : Direction::kForward);
   if (!reason.empty()) return tf::errors::InvalidArgument("tf_flash GPU kernel: ", reason);
   return tf::Status();
 }

@@ -249,7 +249,7 @@ Result run_case(const Case& c, std::mt19937& rng) {
   dp.block_mask.data = reinterpret_cast<const bool*>(dbm);
 
   Result res{};
-  const std::string why = tf_flash::flash_cuda_unsupported(dp, dt, false);
+  const std::string why = tf_flash::cuda::check_supported(dp, dt, tf_flash::Direction::kForward);
   if (!why.empty()) {
     std::printf("  unsupported: %s\n", why.c_str());
     res.ok = false;
@@ -773,12 +773,6 @@ int run_bench(const std::vector<int>& dims) {
 }
 
 }  // namespace
-
-// The support check also consults the backward's constraints; when the harness is linked without the
-// backward objects this weak stand-in answers "supported" for them.
-namespace tf_flash {
-__attribute__((weak)) std::string flash_bwd_cuda_unsupported(const FlashFwdParams&, DType) { return ""; }
-}  // namespace tf_flash
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "test";

@@ -146,6 +146,11 @@ def padding_lengths(mask):
     return tf.where(is_prefix, lengths, size), is_prefix
 
 
+def check_scale(scale):
+    """None (1/sqrt(head dim)) or a finite float >= 0 (the check of tf_flash.flash_attention)."""
+    return None if scale is None else _flash_ops.normalize_scale(scale)
+
+
 def check_softcap(softcap):
     """None (off) or a positive finite number (the check of tf_flash.flash_attention)."""
     value = _flash_ops.normalize_softcap(softcap)

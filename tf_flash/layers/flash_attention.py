@@ -59,9 +59,7 @@ class FlashAttention(keras.layers.Layer):
             raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
         window = _common.check_window(window)
         dropout = _common.check_dropout(dropout)
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
-                                  or scale <= 0):
-            raise ValueError(f"`scale` must be None or a positive float. Received: scale={scale!r}")
+        scale = _common.check_scale(scale)
         block_mask = _common.check_block_mask(block_mask)
         block_size = _common.check_block_size(block_size)
         seed = _common.check_seed(seed)

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "cc/kernels/cpu/philox_avx2.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/philox.h"
@@ -92,19 +93,11 @@ void ZeroUnseenRows(const std::vector<uint8_t>& col_seen, Matrix* tile) {
 
 enum class TileCover { kSkip, kPartial, kFull };
 
-// How the block mask covers the tile [row0, row0+rows) x [col0, col0+cols) of (b, h).
+// How the block mask covers the tile [row0, row0+rows) x [col0, col0+cols) of (b, h) (mask.h's rule).
 TileCover BlockCover(const FlashFwdParams& p, int b, int h, int64_t row0, int64_t rows, int64_t col0,
                      int64_t cols) {
-  if (!p.block_mask.data) return TileCover::kFull;
-  bool any = false, all = true;
-  for (int64_t qb = row0 / p.block_q; qb <= (row0 + rows - 1) / p.block_q; ++qb) {
-    for (int64_t kb = col0 / p.block_k; kb <= (col0 + cols - 1) / p.block_k; ++kb) {
-      const bool visible = block_visible(p, b, h, qb, kb);
-      any |= visible;
-      all &= visible;
-    }
-  }
-  return !any ? TileCover::kSkip : (all ? TileCover::kFull : TileCover::kPartial);
+  const BlockCoverage c = block_coverage(p, b, h, row0, row0 + rows, col0, col0 + cols);
+  return !c.any ? TileCover::kSkip : (c.all ? TileCover::kFull : TileCover::kPartial);
 }
 
 // One unit of the threaded loops over (batch, head, query tile), numbered batch-major: its head, its
@@ -146,9 +139,7 @@ struct HeadContext {
                   std::vector<uint8_t>* col_seen) const {
     const int64_t rows = scores->rows(), cols = scores->cols();
     col_seen->clear();
-    const KeyRange first = key_range(p, row0, q_len, kv_len);
-    const KeyRange last = key_range(p, row0 + rows - 1, q_len, kv_len);
-    const bool structurally_full = last.begin <= col0 && first.end >= col0 + cols;
+    const bool structurally_full = tile_fully_visible(p, row0, row0 + rows, col0, col0 + cols, q_len, kv_len);
     if (structurally_full && block_cover == TileCover::kFull && !p.attn_mask.data) return true;
     col_seen->assign(cols, 0);
     bool any_visible = false;

@@ -29,12 +29,13 @@
 #include <cutlass/numeric_types.h>
 
 #include "cc/kernels/cuda/bwd_launch.h"
+#include "cc/kernels/cuda/common.cuh"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 #include "cc/kernels/flash/philox.h"
 
 namespace tf_flash {
-namespace bwd {
+namespace cuda {
 
 using namespace cute;
 
@@ -46,21 +47,15 @@ using namespace cute;
 //              to fit 163 KB): only once the dK GEMM is done, during the dQ GEMM and its atomics.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP, int kAtomNdKV, int kAtomMdQ,
           typename Element_, int kStages_ = 2>
-struct BwdTraits {
+struct BwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_> {
+  using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>;
   using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
   static constexpr int kStages = kStages_;
   static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kNWarps = kNWarps_;
-  static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
   static_assert(kBlockM <= kScratchRowPad && kScratchRowPad % kBlockM == 0, "scratch padding");
 
-  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, SM80_16x8x16_F32F16F16F32_TN,
-                                   SM80_16x8x16_F32BF16BF16F32_TN>;
-  using Atom = MMA_Atom<MmaOp>;
+  using Atom = typename Base::MmaAtom;
   // The N permutation of 16 per warp lets one ldmatrix.x4 feed two n8 MMAs.
   template <int WarpsM>
   using Mma = TiledMMA<Atom, Layout<Shape<Int<WarpsM>, Int<kNWarps / WarpsM>, _1>>,
@@ -77,12 +72,7 @@ struct BwdTraits {
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * kNWarps / kAtomNdKV) == 0, "dKV tiling");
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * kNWarps / kAtomMdQ) == 0, "dQ tiling");
 
-  // Row-major tiles in 8-row atoms of 64 (or 32) columns, XOR-swizzled so that ldmatrix, both plain and
-  // transposed, is free of bank conflicts.
-  static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
-  static constexpr int kSwizzle = kBlockKSmem == 32 ? 2 : 3;
-  using SmemLayoutAtom = decltype(composition(
-      Swizzle<kSwizzle, 3, 3>{}, Layout<Shape<_8, Int<kBlockKSmem>>, Stride<Int<kBlockKSmem>, _1>>{}));
+  using SmemLayoutAtom = typename Base::SmemLayoutAtom;
   using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   // Transposed views (same memory): Qt(d, m) = Q(m, d), Kt(d, n) = K(n, d).
@@ -98,18 +88,7 @@ struct BwdTraits {
   using SmemLayoutPdSt =
       decltype(composition(SmemLayoutPdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, GenRowMajor{})));
 
-  using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;
   using SmemCopyAtomStore = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
-
-  // Global <-> shared: 16-byte vectors, kGmemThreadsPerRow threads per row.
-  static constexpr int kGmemThreadsPerRow = kBlockKSmem / 8;
-  using GmemLayoutAtom = Layout<Shape<Int<kNThreads / kGmemThreadsPerRow>, Int<kGmemThreadsPerRow>>,
-                                Stride<Int<kGmemThreadsPerRow>, _1>>;
-  using GmemTiledCopyLoad = decltype(make_tiled_copy(
-      Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
-  using GmemTiledCopyStore = decltype(make_tiled_copy(Copy_Atom<UniversalCopy<cute::uint128_t>, Element>{},
-                                                      GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 
   // Shared memory (elements): Q, dO x kStages, K, V, P, dS; then floats: lse2, D x kStages.
   static constexpr int kQElems = kBlockM * kHeadDim;
@@ -118,80 +97,6 @@ struct BwdTraits {
   static constexpr int kSmemBytes = int(sizeof(Element)) * (2 * kStages * kQElems + 2 * kKVElems + 2 * kPElems) +
                                     2 * kStages * kBlockM * int(sizeof(float));
 };
-
-// ((2, 2), M, N) accumulator layout of the m16n8 MMA -> ((2, M), (2, N)) = (rows, cols) of the thread.
-template <class L>
-CUTE_HOST_DEVICE auto acc_rowcol(L const& l) {
-  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
-}
-
-CUTE_DEVICE float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-CUTE_DEVICE uint32_t pack2(float a, float b, cutlass::half_t*) {
-  __half2 h = __floats2half2_rn(a, b);
-  return reinterpret_cast<uint32_t&>(h);
-}
-CUTE_DEVICE uint32_t pack2(float a, float b, cutlass::bfloat16_t*) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return reinterpret_cast<uint32_t&>(h);
-}
-
-// fp32 register tensor -> Element register tensor of the same layout (two values per cvt).
-template <typename To, class Engine, class Layout>
-CUTE_DEVICE auto to_element(Tensor<Engine, Layout> const& t, float mul = 1.f) {
-  Tensor r = make_tensor<To>(t.layout());
-  uint32_t* out = reinterpret_cast<uint32_t*>(r.data());
-  static_assert(decltype(size(t))::value % 2 == 0, "even fragment");
-  CUTE_UNROLL
-  for (int i = 0; i < size(t); i += 2) out[i / 2] = pack2(t(i) * mul, t(i + 1) * mul, static_cast<To*>(nullptr));
-  return r;
-}
-
-// acc += A B^T over the K mode, operands staged shared -> registers one k-slice ahead.
-template <class TiledMma, class Acc, class RA, class RB, class SA, class SB, class CopyA, class CopyB, class ThrA,
-          class ThrB>
-CUTE_DEVICE void gemm_ss(TiledMma& mma, Acc& acc, RA& rA, RB& rB, SA const& sA, SB const& sB, CopyA const& copy_a,
-                         CopyB const& copy_b, ThrA const& thr_a, ThrB const& thr_b) {
-  Tensor rA_view = thr_a.retile_D(rA);
-  Tensor rB_view = thr_b.retile_D(rB);
-  copy(copy_a, sA(_, _, 0), rA_view(_, _, 0));
-  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(rA); ++k) {
-    if (k + 1 < size<2>(rA)) {
-      copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
-      copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
-    }
-    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
-  }
-}
-
-// Rows [0, valid_rows) x columns [0, valid_cols) of a [ROWS, COLS] global tile into shared memory with
-// cp.async (16-byte vectors; valid_cols is a multiple of 8); the rest is zero-filled (garbage there would
-// turn 0 * x into NaN in dK = dS^T Q or dQ = dS K, and padded head-dim columns must not contribute).
-template <class TiledCopy, class ThrCopy, class G, class S>
-CUTE_DEVICE void load_rows(TiledCopy const& tiled_copy, ThrCopy const& thr, G const& g, S& s, int valid_rows,
-                           int valid_cols) {
-  Tensor tg = thr.partition_S(g);
-  Tensor ts = thr.partition_D(s);
-  Tensor tc = thr.partition_S(make_identity_tensor(shape(g)));
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tg); ++m) {
-    const bool row_ok = get<0>(tc(0, m, 0)) < valid_rows;
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tg); ++k) {
-      if (row_ok && get<1>(tc(0, m, k)) < valid_cols) {
-        copy(tiled_copy, tg(_, m, k), ts(_, m, k));
-      } else {
-        clear(ts(_, m, k));
-      }
-    }
-  }
-}
 
 struct BwdScratch {
   float* dq_accum;  // [dq_splits, B, H, Sq_pad, dq_cols]: one dQ accumulator per split (bwd_dq_splits)
@@ -208,7 +113,7 @@ inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
   const int64_t sq_pad = padded_rows(p.seqlen_q);
   const int64_t rows = int64_t(p.batch) * p.num_heads * sq_pad;
   BwdScratch s;
-  s.dq_cols = bwd_headdim(p);
+  s.dq_cols = tf_flash_kernel_headdim(p);
   s.deterministic = p.deterministic;
   s.dq_splits = bwd_dq_splits(p);
   s.dq_split_stride = rows * s.dq_cols;
@@ -219,8 +124,6 @@ inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
   return s;
 }
 
-CUTE_HOST_DEVICE int64_t clamp_len(int64_t len, int64_t max_len) { return len < 0 ? 0 : (len > max_len ? max_len : len); }
-
 // ---- Kernel 1: D = rowsum(dO * O) - d_lse, lse2, zero dQ accumulator. 8 threads per (b, h, row). ----
 template <typename Element>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const FlashBwdParams p, BwdScratch s) {
@@ -228,7 +131,7 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const FlashBwdParam
   const int lane8 = threadIdx.x % 8;
   const int h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = int64_t(b) * p.num_heads + h;
-  const int64_t q_len = clamp_len(valid_q_len(p, b), p.seqlen_q);
+  const int64_t q_len = valid_q_len(p, b);
   float acc = 0.f;
   if (row < q_len) {
     const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + row * p.o_row_stride +
@@ -287,12 +190,187 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
   }
   const float sc = p.scale;
   uint4 out;
-  out.x = pack2(a.x * sc, a.y * sc, static_cast<Element*>(nullptr));
-  out.y = pack2(a.z * sc, a.w * sc, static_cast<Element*>(nullptr));
-  out.z = pack2(z.x * sc, z.y * sc, static_cast<Element*>(nullptr));
-  out.w = pack2(z.z * sc, z.w * sc, static_cast<Element*>(nullptr));
+  out.x = pack_float2<Element>(a.x * sc, a.y * sc);
+  out.y = pack_float2<Element>(a.z * sc, a.w * sc);
+  out.z = pack_float2<Element>(z.x * sc, z.y * sc);
+  out.w = pack_float2<Element>(z.z * sc, z.w * sc);
   Element* dst = static_cast<Element*>(p.d_q) + b * p.q_batch_stride + row * p.q_row_stride + h * p.q_head_stride + c;
   *reinterpret_cast<uint4*>(dst) = out;
+}
+
+// ---- The steps of bwd_dkdv_tile, each inlined into it (the kernel is register-bound) ----
+
+// General variant, first query tile: when the K or V tile holds a non-finite value (a rare case that pays
+// one extra sweep over the masks of this key tile's queries), zeroes the keys that attn_mask / block_mask
+// hide from every query of the GQA group, so that no 0 x NaN reaches dQ = dS K or dP = dO V^T.
+template <class Traits, class SmemKV>
+__device__ __forceinline__ void hide_unseen_keys(SmemKV& sK, SmemKV& sV, uint32_t* key_seen, const FlashFwdParams& p,
+                                                 int b, int h_first, int group, int n0, int64_t keys_end,
+                                                 int64_t q_len, int64_t kv_len, int tid) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  bool bad = false;
+  for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
+    const int r = idx / kHeadDim, d = idx % kHeadDim;
+    bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
+  }
+  if (!__syncthreads_or(bad)) return;
+  for (int i = tid; i < kBlockN / 32; i += Traits::kNThreads) key_seen[i] = 0;
+  __syncthreads();
+  constexpr int kRowLanes = Traits::kNThreads / kBlockN > 0 ? Traits::kNThreads / kBlockN : 1;
+  for (int idx = tid; idx < kBlockN * kRowLanes; idx += Traits::kNThreads) {
+    const int c = idx % kBlockN, lane = idx / kBlockN;
+    const int64_t col = int64_t(n0) + c;
+    bool seen = false;
+    for (int hh = h_first; hh < h_first + group && !seen && col < keys_end; ++hh) {
+      for (int64_t row = lane; row < q_len && !seen; row += kRowLanes) seen = visible(p, b, hh, row, col, q_len, kv_len);
+    }
+    if (seen) atomicOr(&key_seen[c / 32], 1u << (c % 32));
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
+    const int r = idx / kHeadDim, d = idx % kHeadDim;
+    if (!((key_seen[r / 32] >> (r % 32)) & 1u)) {
+      sK(r, d) = Element(0);
+      sV(r, d) = Element(0);
+    }
+  }
+  __syncthreads();
+}
+
+// The forward's dropout keep bits of this thread's entries of the tile at (m0, n0), one bit per entry of
+// the S accumulator (bit mi * cols + ni). One Philox call holds the draws of one m16 row block and four
+// adjacent n8 column groups (philox.h), which TiledMmaSdP gives each warp as MMA_N atoms 4c .. 4c + 3.
+template <int kWords, class ScoresRC, class CoordRC>
+__device__ __forceinline__ void dropout_keep_bits(uint32_t (&keep_mask)[kWords], ScoresRC const& S,
+                                                  CoordRC const& coord_rc, const FlashFwdParams& p, uint64_t bh,
+                                                  int m0, int n0, uint32_t threshold2) {
+  using namespace cute;
+  constexpr int kM = decltype(size<0>(S))::value / 2, kCols = decltype(size<1>(S))::value;
+  static_assert(kCols % 8 == 0, "a dropout draw spans four n8 column groups");
+  CUTE_UNROLL
+  for (int i = 0; i < kWords; ++i) keep_mask[i] = 0;
+  for_each_dropout_draw<kM, kCols / 8>(dropout_seed(p), bh, m0, n0, coord_rc, [&](int m, int c, const Philox4& draws) {
+    CUTE_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t bits = dropout_keep_bits4(draws.x[w], threshold2);  // (r, j = 0, 1), (r + 8, j = 0, 1)
+      const int idx0 = 2 * m * kCols + 2 * (4 * c + w), idx1 = idx0 + kCols;
+      keep_mask[idx0 / 32] |= (bits & 3u) << (idx0 % 32);
+      keep_mask[idx1 / 32] |= (bits >> 2) << (idx1 % 32);
+    }
+  });
+}
+
+template <int kWords>
+__device__ __forceinline__ bool kept(const uint32_t (&keep_mask)[kWords], int idx) {
+  return (keep_mask[idx / 32] >> (idx % 32)) & 1u;
+}
+
+// Scores S (rows x columns) of the tile at (m0, n0) -> the forward's probabilities P = exp2(S scale_log2 -
+// lse2), 0 where masked (need_mask: the tile is not fully visible structurally, or element masks apply);
+// with dropout also Pd = P Z / keep_prob for dV.
+template <bool kMasks, bool kDropout, int kBlockN, int kWords, class ScoresRC, class CoordRC>
+__device__ __forceinline__ void probabilities(ScoresRC& S, ScoresRC& Pd, CoordRC const& coord_rc,
+                                              const float* lse2, const FlashFwdParams& p, int b, int h, int m0,
+                                              int n0, int64_t q_len, int64_t kv_len, bool need_mask,
+                                              bool element_masks, float scale_log2,
+                                              const uint32_t (&keep_mask)[kWords], float keep_scale) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(S); ++mi) {
+    const int r = get<0>(coord_rc(mi, 0));
+    const int row = m0 + r;
+    const float l2 = lse2[r];
+    // This row's visible columns of the tile (mask.h, 64-bit), then a 32-bit test per element.
+    const TileSpan span =
+        need_mask ? visible_span_in_tile(p, row, q_len, kv_len, n0, kBlockN) : TileSpan{0, kBlockN};
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(S); ++ni) {
+      const int c = get<1>(coord_rc(0, ni));
+      // The forward's exponent (fwd_kernel.h); never above 0, so a rounding of lse cannot make P > 1
+      // (at |logits| where the float32 lse carries no fraction, P of the row max is then exactly 1).
+      float pv = fast_exp2(fminf(S(mi, ni) * scale_log2 - l2, 0.f));
+      if (need_mask) {
+        bool vis = c >= span.lo && c < span.hi;
+        if constexpr (kMasks) {
+          if (vis && element_masks) vis = element_visible(p, b, h, row, n0 + c);
+        }
+        if (!vis) pv = 0.f;
+      }
+      S(mi, ni) = pv;
+      if constexpr (kDropout) Pd(mi, ni) = kept(keep_mask, mi * size<1>(S) + ni) ? pv * keep_scale : 0.f;
+    }
+  }
+}
+
+// dP (rows x columns) -> dS = P (dP - D), through the tanh when soft-capped; with dropout dP is masked and
+// scaled as P was. Exactly 0 where P is: a value row this query cannot see may have made dP NaN there.
+template <bool kDropout, bool kSoftcap, int kWords, class ScoresRC, class CoordRC>
+__device__ __forceinline__ void scores_gradient(ScoresRC& dP, ScoresRC const& P, ScoresRC const& dTanh,
+                                                CoordRC const& coord_rc, const float* dvec,
+                                                const uint32_t (&keep_mask)[kWords], float keep_scale) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(dP); ++mi) {
+    const float dv = dvec[get<0>(coord_rc(mi, 0))];
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(dP); ++ni) {
+      float dpv = dP(mi, ni);
+      if constexpr (kDropout) dpv = kept(keep_mask, mi * size<1>(dP) + ni) ? dpv * keep_scale : 0.f;
+      float ds = P(mi, ni) == 0.f ? 0.f : P(mi, ni) * (dpv - dv);
+      if constexpr (kSoftcap) ds *= dTanh(mi, ni);
+      dP(mi, ni) = ds;
+    }
+  }
+}
+
+// dQ accumulator (global, fp32) += this thread's part of acc_dq, by atomics: on sm_90 the accumulator's
+// (even, odd) column pairs are adjacent in memory, one 8-byte red per pair.
+template <class AccDq, class GmemDq>
+__device__ __forceinline__ void atomic_add_dq(AccDq const& acc_dq, GmemDq& tdQgdQ) {
+  using namespace cute;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); i += 2)
+    atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
+#endif
+}
+
+// Epilogue: dK * scale and dV in the output dtype through shared memory (the K/V buffers) to 16-byte
+// global stores of the rows < seqlen_k and columns < head_dim (dK) / head_dim_v (dV).
+template <class Traits, class AccDkv, class SmemKV>
+__device__ __forceinline__ void store_dk_dv(AccDkv& acc_dk, AccDkv const& acc_dv, SmemKV& sK, SmemKV& sV,
+                                            typename Traits::TiledMmadKV const& mma_dkv, const FlashBwdParams& p,
+                                            int b, int h_kv, int n0, int tid) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
+  cp_async_wait<0>();
+  __syncthreads();
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+  auto thr_cdkv = copy_dkv.get_thread_slice(tid);
+  copy(copy_dkv, thr_cdkv.retile_S(rdK), thr_cdkv.partition_D(sK));
+  copy(copy_dkv, thr_cdkv.retile_S(rdV), thr_cdkv.partition_D(sV));
+  __syncthreads();
+
+  Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+                    int64_t(n0) * p.k_row_stride;
+  Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
+                    int64_t(n0) * p.v_row_stride;
+  Tensor gdK = make_tensor(make_gmem_ptr(dk_ptr), TileKV{}, make_stride(p.k_row_stride, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(dv_ptr), TileKV{}, make_stride(p.v_row_stride, _1{}));
+  typename Traits::GmemTiledCopyStore gmem_store;
+  auto store_thr = gmem_store.get_thread_slice(tid);
+  store_tile(gmem_store, store_thr, sK, gdK, p.seqlen_k - n0, p.head_dim);
+  store_tile(gmem_store, store_thr, sV, gdV, p.seqlen_k - n0, p.head_dim_v);
 }
 
 // ---- Kernel 2: dK, dV of one key tile; dQ by atomics. ----
@@ -324,22 +402,13 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const int n0 = n_block * kBlockN;
   const int group = p.num_heads / p.num_heads_kv;
-  const int q_len = int(clamp_len(valid_q_len(p, b), p.seqlen_q));
-  const int kv_len = int(clamp_len(valid_kv_len(p, b), p.seqlen_k));
-  // Query i sees key j iff j < kv_len, j <= i + right (right < 0: unbounded), j >= i - left (left < 0: unbounded).
-  int right = p.window_right;
-  if (p.causal) right = right < 0 ? 0 : min(right, 0);
-  const int left = p.window_left;
+  const int q_len = int(valid_q_len(p, b));
+  const int kv_len = int(valid_kv_len(p, b));
 
-  // Query tiles that can see this key tile.
-  int m_begin = 0;
-  int m_end = (q_len + kBlockM - 1) / kBlockM;
-  if (right >= 0) m_begin = int(max(int64_t(0), int64_t(n0) - right) / kBlockM);
-  if (left >= 0) {
-    const int64_t n_last = int64_t(min(n0 + kBlockN, kv_len)) - 1;
-    m_end = int(min(int64_t(m_end), (n_last + left) / kBlockM + 1));
-  }
-  if (n0 >= kv_len) m_end = m_begin;
+  // Query tiles that can see this key tile (mask.h).
+  const IndexRange query_rows = query_range_of_keys(p, n0, int64_t(n0) + kBlockN, q_len, kv_len);
+  const int m_begin = int(query_rows.begin / kBlockM);
+  const int m_end = int((query_rows.end + kBlockM - 1) / kBlockM);
   const int n_m = max(0, m_end - m_begin);
   const int n_iter = n_m * group;
 
@@ -351,11 +420,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     if (!has_block_mask) return true;
     const int h = h_kv * group + it / n_m;
     const int m0 = (m_begin + it % n_m) * kBlockM;
-    const int qb1 = min(m0 + kBlockM, q_len) - 1, kb1 = min(n0 + kBlockN, kv_len) - 1;
-    for (int qb = m0 / p.block_q; qb <= qb1 / p.block_q; ++qb)
-      for (int kb = n0 / p.block_k; kb <= kb1 / p.block_k; ++kb)
-        if (block_visible(p, b, h, qb, kb)) return true;
-    return false;
+    return block_coverage(p, b, h, m0, min(m0 + kBlockM, q_len), n0, min(n0 + kBlockN, kv_len)).any;
   };
   auto next_visible = [&](int it) -> int {
     while (it < n_iter && !tile_visible(it)) ++it;
@@ -407,8 +472,8 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     Tensor gdO = make_tensor(make_gmem_ptr(do_ptr), TileQ{}, make_stride(p.o_row_stride, _1{}));
     Tensor sQ = sQ_at(st);
     Tensor sdO = sdO_at(st);
-    load_rows(gmem_load, gmem_thr, gQ, sQ, q_len - m0, p.head_dim);
-    load_rows(gmem_load, gmem_thr, gdO, sdO, q_len - m0, p.head_dim_v);
+    partition_and_copy_tile_async(gmem_load, gmem_thr, gQ, sQ, q_len - m0, p.head_dim);
+    partition_and_copy_tile_async(gmem_load, gmem_thr, gdO, sdO, q_len - m0, p.head_dim_v);
     const int64_t r = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
     if (tid < kBlockM) {
       SM80_CP_ASYNC_CACHEALWAYS<float>::copy(s.lse2[r + tid], smem_lse[st * kBlockM + tid]);
@@ -427,10 +492,10 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
 
   auto copy_a_sdp = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
   auto copy_b_sdp = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_sdp);
-  auto copy_a_dkv = make_tiled_copy_A(typename Traits::SmemCopyAtomT{}, mma_dkv);
-  auto copy_b_dkv = make_tiled_copy_B(typename Traits::SmemCopyAtomT{}, mma_dkv);
+  auto copy_a_dkv = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  auto copy_b_dkv = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
   auto copy_a_dq = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
-  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomT{}, mma_dq);
+  auto copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
   auto thr_a_sdp = copy_a_sdp.get_thread_slice(tid);
   auto thr_b_sdp = copy_b_sdp.get_thread_slice(tid);
   auto thr_a_dkv = copy_a_dkv.get_thread_slice(tid);
@@ -485,12 +550,12 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   // ---- prologue ----
   // Keys that no valid query sees (beyond kv_len, or beyond q_len - 1 + right) load as zeros: NaN padding
   // there would reach dQ = dS K and dP = dO V^T as 0 x NaN.
-  const int64_t keys_end = right >= 0 && int64_t(q_len) + right < kv_len ? int64_t(q_len) + right : kv_len;
+  const int64_t keys_end = key_range_of_rows(p, 0, q_len, q_len, kv_len).end;
   const int keys_in_tile = int(keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN);
   int it = next_visible(0);
   if (it < n_iter) {
-    load_rows(gmem_load, gmem_thr, gK, sK, keys_in_tile, p.head_dim);
-    load_rows(gmem_load, gmem_thr, gV, sV, keys_in_tile, p.head_dim_v);
+    partition_and_copy_tile_async(gmem_load, gmem_thr, gK, sK, keys_in_tile, p.head_dim);
+    partition_and_copy_tile_async(gmem_load, gmem_thr, gV, sV, keys_in_tile, p.head_dim_v);
     load_q_do(it, 0);
   }
   cp_async_fence();
@@ -499,40 +564,6 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   // too, once the tile has landed, but only when the K or V tile holds a non-finite value (a rare case
   // that pays one extra sweep over the masks of this key tile's queries).
   __shared__ uint32_t key_seen[kBlockN / 32];
-  auto hide_unseen_keys = [&]() {
-    bool bad = false;
-    for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
-      const int r = idx / kHeadDim, d = idx % kHeadDim;
-      bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
-    }
-    if (!__syncthreads_or(bad)) return;
-    for (int i = tid; i < kBlockN / 32; i += Traits::kNThreads) key_seen[i] = 0;
-    __syncthreads();
-    constexpr int kRowLanes = Traits::kNThreads / kBlockN > 0 ? Traits::kNThreads / kBlockN : 1;
-    for (int idx = tid; idx < kBlockN * kRowLanes; idx += Traits::kNThreads) {
-      const int c = idx % kBlockN, lane = idx / kBlockN;
-      const int64_t col = int64_t(n0) + c;
-      bool seen = false;
-      for (int hh = h_kv * group; hh < (h_kv + 1) * group && !seen && col < keys_end; ++hh) {
-        for (int row = lane; row < q_len && !seen; row += kRowLanes) {
-          bool vis = (right < 0 || col <= int64_t(row) + right) && (left < 0 || col >= int64_t(row) - left);
-          if (vis && p.attn_mask.data) vis = mask_at(p.attn_mask, b, hh, row, col);
-          if (vis && p.block_mask.data) vis = block_visible(p, b, hh, row / p.block_q, col / p.block_k);
-          seen = vis;
-        }
-      }
-      if (seen) atomicOr(&key_seen[c / 32], 1u << (c % 32));
-    }
-    __syncthreads();
-    for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
-      const int r = idx / kHeadDim, d = idx % kHeadDim;
-      if (!((key_seen[r / 32] >> (r % 32)) & 1u)) {
-        sK(r, d) = Element(0);
-        sV(r, d) = Element(0);
-      }
-    }
-    __syncthreads();
-  };
   bool first_iteration = true;
 
   int stage = 0;
@@ -545,7 +576,9 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     if (Traits::kStages == 2 && it_next < n_iter) load_q_do(it_next, stage ^ 1);
     cp_async_fence();
     if constexpr (kMasks) {
-      if (first_iteration) hide_unseen_keys();
+      if (first_iteration) {
+        hide_unseen_keys<Traits>(sK, sV, key_seen, p, b, h_kv * group, group, n0, keys_end, q_len, kv_len, tid);
+      }
     }
     first_iteration = false;
 
@@ -561,8 +594,8 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     // scaled the same way (the keep bits are kept in registers between the two loops).
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    gemm_ss(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
-            thr_b_sdp);
+    gemm_smem_smem(mma_sdp, acc_s, tSrQ, tSrK, thr_a_sdp.partition_S(sQ), tSsK, copy_a_sdp, copy_b_sdp, thr_a_sdp,
+                   thr_b_sdp);
     // Soft-capping: the forward's operations (fwd_kernel.h); d(capped)/d(raw) = scale (1 - tanh^2), the
     // scale applied with dK's and dQ's.
     Tensor acc_dtanh = make_tensor_like(acc_s);
@@ -576,109 +609,45 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     }
     Tensor S = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     Tensor dTanh = make_tensor(acc_dtanh.data(), acc_rowcol(acc_dtanh.layout()));
-    const bool need_mask = has_attn_mask || (kMasks && has_block_mask && !(tile_in_one_kblock &&
-                                                                 m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
-                           n0 + kBlockN > kv_len || (right >= 0 && int64_t(n0) + kBlockN - 1 > int64_t(m0) + right) ||
-                           (left >= 0 && int64_t(n0) < int64_t(m0) + kBlockM - 1 - left);
+    const bool need_mask = has_attn_mask ||
+                           (kMasks && has_block_mask &&
+                            !(tile_in_one_kblock && m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
+                           !tile_fully_visible(p, m0, m0 + kBlockM, n0, int64_t(n0) + kBlockN, q_len, kv_len);
     constexpr int kFrag = decltype(size(acc_s))::value;
     uint32_t keep_mask[(kFrag + 31) / 32];  // bit mi * cols + ni: entry kept by dropout
     if constexpr (kDropout) {
-      // One Philox call holds this thread's draws for one m16 row block and four adjacent n8 column groups
-      // (philox.h's layout), which TiledMmaSdP gives each warp as MMA_N atoms 4c .. 4c + 3.
-      constexpr int kM = decltype(size<0>(S))::value / 2, kCols = decltype(size<1>(S))::value;
-      static_assert(kCols % 8 == 0, "a dropout draw spans four n8 column groups");
-      CUTE_UNROLL
-      for (int i = 0; i < (kFrag + 31) / 32; ++i) keep_mask[i] = 0;
-      const uint64_t bh = uint64_t(b) * p.num_heads + h;
-      const DropoutSeed seed = dropout_seed(p);
-      CUTE_UNROLL
-      for (int m = 0; m < kM; ++m) {
-        const int row = m0 + get<0>(tScS_rc(2 * m, 0));
-        CUTE_UNROLL
-        for (int c = 0; c < kCols / 8; ++c) {
-          const int col = n0 + get<1>(tScS_rc(0, 8 * c));
-          const Philox4 draws = dropout_draws(seed.seed, seed.offset, bh, row, col);
-          CUTE_UNROLL
-          for (int w = 0; w < 4; ++w) {
-            const uint32_t bits = dropout_keep_bits4(draws.x[w], threshold2);  // (r, j = 0, 1), (r + 8, j = 0, 1)
-            const int idx0 = 2 * m * kCols + 2 * (4 * c + w), idx1 = idx0 + kCols;
-            keep_mask[idx0 / 32] |= (bits & 3u) << (idx0 % 32);
-            keep_mask[idx1 / 32] |= (bits >> 2) << (idx1 % 32);
-          }
-        }
-      }
+      dropout_keep_bits(keep_mask, S, tScS_rc, p, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
     }
     Tensor acc_pd = make_tensor_like(acc_s);  // P Z / keep_prob for dV (dropout only)
     Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
-    CUTE_UNROLL
-    for (int mi = 0; mi < size<0>(S); ++mi) {
-      const int r = get<0>(tScS_rc(mi, 0));
-      const int row = m0 + r;
-      const float l2 = lse2[r];
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(S); ++ni) {
-        const int col = n0 + get<1>(tScS_rc(0, ni));
-        // The forward's exponent (fwd_kernel.h); never above 0, so a rounding of lse cannot make P > 1
-        // (at |logits| where the float32 lse carries no fraction, P of the row max is then exactly 1).
-        float pv = fast_exp2(fminf(S(mi, ni) * scale_log2 - l2, 0.f));
-        if (need_mask) {
-          // 64-bit: right and left are user attributes up to 2^31 - 1 (row + right overflowed int32).
-          bool vis = col < kv_len && row < q_len && (right < 0 || int64_t(col) <= int64_t(row) + right) &&
-                     (left < 0 || int64_t(col) >= int64_t(row) - left);
-          if constexpr (kMasks) {
-            if (vis && has_attn_mask) vis = mask_at(p.attn_mask, b, h, row, col);
-            if (vis && has_block_mask) vis = block_visible(p, b, h, row / p.block_q, col / p.block_k);
-          }
-          if (!vis) pv = 0.f;
-        }
-        S(mi, ni) = pv;
-        if constexpr (kDropout) {
-          const int idx = mi * size<1>(S) + ni;
-          Pd(mi, ni) = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? pv * keep_scale : 0.f;
-        }
-      }
-    }
+    probabilities<kMasks, kDropout, kBlockN>(S, Pd, tScS_rc, lse2, p, b, h, m0, n0, q_len, kv_len, need_mask,
+                                             has_attn_mask || has_block_mask, scale_log2, keep_mask, keep_scale);
     Tensor rP = [&] {
-      if constexpr (kDropout) return to_element<Element>(acc_pd);
-      else return to_element<Element>(acc_s);
+      if constexpr (kDropout) return convert_fragment<Element>(acc_pd);
+      else return convert_fragment<Element>(acc_s);
     }();
     copy(copy_pds, thr_pds.retile_S(rP), tPsP);
 
     // dP = dO V^T, dS = P (dP - D)
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_dp);
-    gemm_ss(mma_sdp, acc_dp, tdPrdO, tdPrV, thr_a_sdp.partition_S(sdO), tdPsV, copy_a_sdp, copy_b_sdp, thr_a_sdp,
-            thr_b_sdp);
+    gemm_smem_smem(mma_sdp, acc_dp, tdPrdO, tdPrV, thr_a_sdp.partition_S(sdO), tdPsV, copy_a_sdp, copy_b_sdp,
+                   thr_a_sdp, thr_b_sdp);
     Tensor dP = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
-    CUTE_UNROLL
-    for (int mi = 0; mi < size<0>(dP); ++mi) {
-      const float dv = dvec[get<0>(tScS_rc(mi, 0))];
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(dP); ++ni) {
-        float dpv = dP(mi, ni);
-        if constexpr (kDropout) {
-          const int idx = mi * size<1>(S) + ni;
-          dpv = (keep_mask[idx / 32] >> (idx % 32)) & 1u ? dpv * keep_scale : 0.f;
-        }
-        // Exactly 0 where P is: a value row this query cannot see may have made dP NaN there.
-        float ds = S(mi, ni) == 0.f ? 0.f : S(mi, ni) * (dpv - dv);
-        if constexpr (kSoftcap) ds *= dTanh(mi, ni);
-        dP(mi, ni) = ds;
-      }
-    }
-    Tensor rdS = to_element<Element>(acc_dp);
+    scores_gradient<kDropout, kSoftcap>(dP, S, dTanh, tScS_rc, dvec, keep_mask, keep_scale);
+    Tensor rdS = convert_fragment<Element>(acc_dp);
     copy(copy_pds, thr_pds.retile_S(rdS), tPsdS);
     __syncthreads();
 
     // dV += P^T dO
-    gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, thr_b_dkv.partition_S(sdOt), copy_a_dkv, copy_b_dkv,
-            thr_a_dkv, thr_b_dkv);
+    gemm_smem_smem(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, thr_b_dkv.partition_S(sdOt), copy_a_dkv, copy_b_dkv,
+                   thr_a_dkv, thr_b_dkv);
 
     if constexpr (Traits::kStages == 1) {
       // One buffer: dK goes first, so that the next tile's loads overlap the dQ GEMM and its atomics (which
       // read only dS and K).
-      gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
-              thr_a_dkv, thr_b_dkv);
+      gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
+                     thr_a_dkv, thr_b_dkv);
       __syncthreads();
       if (it_next < n_iter) load_q_do(it_next, 0);
       cp_async_fence();
@@ -687,26 +656,17 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     // dQ += dS K (unscaled; kernel 3 applies the softmax scale)
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
-    gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_a_dq, copy_b_dq, thr_a_dq, thr_b_dq);
+    gemm_smem_smem(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_a_dq, copy_b_dq, thr_a_dq, thr_b_dq);
     float* dq_ptr = dq_accum + ((int64_t(b) * p.num_heads + h) * s.sq_pad + m0) * kHeadDim;
     Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              Stride<Int<kHeadDim>, _1>{});
     Tensor tdQgdQ = thr_dq.partition_C(gdQ);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // sm_90: the accumulator's (even, odd) column pairs are adjacent in memory: one 8-byte red per pair.
-    static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); i += 2)
-      atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-#else
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
-#endif
+    atomic_add_dq(acc_dq, tdQgdQ);
 
     if constexpr (Traits::kStages == 2) {
       // dK += dS^T Q after the atomics were issued, so that they drain under these MMAs.
-      gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
-              thr_a_dkv, thr_b_dkv);
+      gemm_smem_smem(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, thr_b_dkv.partition_S(sQt), copy_a_dkv, copy_b_dkv,
+                     thr_a_dkv, thr_b_dkv);
     }
 
     stage = Traits::kStages == 2 ? stage ^ 1 : 0;
@@ -714,41 +674,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   }
 
   // ---- epilogue: dK * scale, dV through shared memory (K/V buffers) to global, rows < seqlen_k ----
-  cp_async_wait<0>();
-  __syncthreads();
-  Tensor rdK = to_element<Element>(acc_dk, p.scale);
-  Tensor rdV = to_element<Element>(acc_dv);
-  auto copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
-  auto thr_cdkv = copy_dkv.get_thread_slice(tid);
-  copy(copy_dkv, thr_cdkv.retile_S(rdK), thr_cdkv.partition_D(sK));
-  copy(copy_dkv, thr_cdkv.retile_S(rdV), thr_cdkv.partition_D(sV));
-  __syncthreads();
-
-  Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
-                    int64_t(n0) * p.k_row_stride;
-  Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride +
-                    int64_t(n0) * p.v_row_stride;
-  Tensor gdK = make_tensor(make_gmem_ptr(dk_ptr), TileKV{}, make_stride(p.k_row_stride, _1{}));
-  Tensor gdV = make_tensor(make_gmem_ptr(dv_ptr), TileKV{}, make_stride(p.v_row_stride, _1{}));
-  typename Traits::GmemTiledCopyStore gmem_store;
-  auto store_thr = gmem_store.get_thread_slice(tid);
-  Tensor tsK = store_thr.partition_S(sK);
-  Tensor tsV = store_thr.partition_S(sV);
-  Tensor tgK = store_thr.partition_D(gdK);
-  Tensor tgV = store_thr.partition_D(gdV);
-  Tensor tc = store_thr.partition_D(make_identity_tensor(TileKV{}));
-  const int rows = p.seqlen_k - n0;
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tgK); ++m) {
-    if (get<0>(tc(0, m, 0)) < rows) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tgK); ++k) {
-        const int col = get<1>(tc(0, m, k));
-        if (col < p.head_dim) copy(gmem_store, tsK(_, m, k), tgK(_, m, k));
-        if (col < p.head_dim_v) copy(gmem_store, tsV(_, m, k), tgV(_, m, k));
-      }
-    }
-  }
+  store_dk_dv<Traits>(acc_dk, acc_dv, sK, sV, mma_dkv, p, b, h_kv, n0, tid);
 }
 
 // Key tiles blockIdx.x, blockIdx.x + gridDim.x, ... of (kv head, batch). Default: one tile per CTA, dQ by
@@ -837,5 +763,5 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-}  // namespace bwd
+}  // namespace cuda
 }  // namespace tf_flash

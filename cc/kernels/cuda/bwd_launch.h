@@ -5,14 +5,13 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
 
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
 
 namespace tf_flash {
-namespace bwd {
+namespace cuda {
 
 // One explicit instantiation per (dtype, head dim), each in its own .cu so they compile in parallel.
 // Element is cutlass::half_t or cutlass::bfloat16_t.
@@ -24,19 +23,6 @@ constexpr int kScratchRowPad = 128;
 
 inline int64_t padded_rows(int64_t seqlen_q) {
   return (seqlen_q + kScratchRowPad - 1) / kScratchRowPad * kScratchRowPad;
-}
-
-// Compiled backward head dims: max(head_dim, head_dim_v) rounds up to one of these (0: none fits).
-inline int bwd_round_headdim(int d) {
-  return d <= 32 && TF_FLASH_HEADDIM_COMPILED(32)     ? 32
-         : d <= 64 && TF_FLASH_HEADDIM_COMPILED(64)   ? 64
-         : d <= 96 && TF_FLASH_HEADDIM_COMPILED(96)   ? 96
-         : d <= 128 && TF_FLASH_HEADDIM_COMPILED(128) ? 128
-         : d <= 256 && TF_FLASH_HEADDIM_COMPILED(256) ? 256
-                                                      : 0;
-}
-inline int bwd_headdim(const FlashFwdParams& p) {
-  return bwd_round_headdim(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v);
 }
 
 // The deterministic backward's dQ accumulators (one per CTA of a (kv head, batch)) take at most this much
@@ -60,7 +46,7 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
   const int64_t units = int64_t(p.batch) * p.num_heads_kv;
   const int64_t key_tiles = (int64_t(p.seqlen_k) + 127) / 128;
   const int64_t accum_bytes =
-      int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q) * bwd_headdim(p) * int64_t(sizeof(float));
+      int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q) * tf_flash_kernel_headdim(p) * int64_t(sizeof(float));
   int64_t max_splits = key_tiles < 2 * int64_t(sms) ? key_tiles : 2 * int64_t(sms);
   if (accum_bytes > 0 && max_splits > kMaxDeterministicDqBytes / accum_bytes)
     max_splits = kMaxDeterministicDqBytes / accum_bytes;
@@ -77,13 +63,8 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
 // Scratch: dQ accumulators [splits, B, H, Sq_pad, headdim] then lse2 and D, [B, H, Sq_pad] each, all float32.
 inline int64_t bwd_scratch_bytes(const FlashBwdParams& p) {
   const int64_t rows = int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q);
-  return rows * (int64_t(bwd_dq_splits(p)) * bwd_headdim(p) + 2) * int64_t(sizeof(float));
+  return rows * (int64_t(bwd_dq_splits(p)) * tf_flash_kernel_headdim(p) + 2) * int64_t(sizeof(float));
 }
 
-}  // namespace bwd
-
-// Empty when flash_bwd_cuda has a kernel for this (dtype, head dims, features), else the reason. The
-// CUDA entry's flash_cuda_unsupported(params, dtype, /*backward=*/true) should return this.
-std::string flash_bwd_cuda_unsupported(const FlashFwdParams& params, DType dtype);
-
+}  // namespace cuda
 }  // namespace tf_flash

@@ -1,22 +1,69 @@
-// Device helpers shared by the tf_flash CUDA kernels (forward and backward): accumulator layout views,
+// The device toolkit of the tf_flash CUDA kernels, forward and backward: accumulator layout views,
 // warp-quad reductions, fp32 -> fp16/bf16 conversion, shared-memory GEMM loops with ldmatrix
-// double-buffering, predicated cp.async tile copies, and the per-element visibility test.
+// double-buffering and predicated cp.async tile copies. The visibility rules are mask.h's, the dropout
+// draws philox.h's (with the device fast path of philox_device.cuh).
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
 #include "cutlass/numeric_conversion.h"
 #include "cutlass/numeric_types.h"
 
+#include "cc/kernels/cuda/philox_device.cuh"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 #include "cc/kernels/flash/philox.h"
 
 namespace tf_flash {
 namespace cuda {
+
+// ---- What the forward's and the backward's tile configurations share ----
+// Tile sizes; the SM80 m16n8k16 MMA atom of the element type (also run on sm_90); shared-memory rows of 64
+// (or 32) elements, XOR-swizzled in 8-row atoms so that ldmatrix (plain and transposed) and the 16-byte
+// cp.async stores hit distinct banks; global <-> shared copies in 16-byte vectors, kGmemThreadsPerRow
+// threads per row (cp.async with zero-fill in, plain stores out).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
+struct TileConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
+  static constexpr int kNThreads = kNWarps * 32;
+  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+  static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>,
+                "16-bit elements");
+
+  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
+                                     cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
+
+  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
+  using SmemLayoutAtom = decltype(cute::composition(
+      cute::Swizzle<kSmemRowElems == 64 ? 3 : 2, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>, cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+
+  static constexpr int kGmemThreadsPerRow = kSmemRowElems / 8;  // 8 elements per 16-byte vector
+  static_assert(kNThreads % kGmemThreadsPerRow == 0, "whole rows per thread block");
+  using GmemThreadLayout =
+      cute::Layout<cute::Shape<cute::Int<kNThreads / kGmemThreadsPerRow>, cute::Int<kGmemThreadsPerRow>>,
+                   cute::Stride<cute::Int<kGmemThreadsPerRow>, cute::_1>>;
+  using GmemTiledCopyLoad = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+  using GmemTiledCopyStore = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+};
 
 // ---- Layout views of an SM80 m16n8k16 accumulator fragment, shape ((2,2), MMA_M, MMA_N) ----
 // Row/column view: ((2, MMA_M), (2, MMA_N)); mode-0 of the fragment is (column pair, row half).
@@ -57,6 +104,19 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Two floats -> one register of two 16-bit values (round to nearest).
+template <class To>
+__device__ __forceinline__ uint32_t pack_float2(float a, float b) {
+  static_assert(std::is_same_v<To, cutlass::half_t> || std::is_same_v<To, cutlass::bfloat16_t>, "16-bit element");
+  if constexpr (std::is_same_v<To, cutlass::half_t>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return reinterpret_cast<const uint32_t&>(h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return reinterpret_cast<const uint32_t&>(h);
+  }
 }
 
 // fp32 register tensor -> register tensor of To with the same (static) layout, converted in pairs.
@@ -131,9 +191,59 @@ __device__ __forceinline__ void copy_tile_async(ZfillCopy const& zfill_copy, Src
   }
 }
 
-// Clamp a user-supplied length into [0, limit].
-__device__ __forceinline__ int64_t clamp_len(int64_t len, int64_t limit) {
-  return len < 0 ? 0 : (len > limit ? limit : len);
+// The same copy on whole tiles: `src` (global) and `dst` (shared) are partitioned here by `thr_copy`, a
+// thread slice of `zfill_copy`.
+template <class ZfillCopy, class ThrCopy, class Src, class Dst>
+__device__ __forceinline__ void partition_and_copy_tile_async(ZfillCopy const& zfill_copy, ThrCopy const& thr_copy,
+                                                              Src const& src, Dst& dst, int rows_left, int cols) {
+  auto dst_part = thr_copy.partition_D(dst);
+  copy_tile_async(zfill_copy, thr_copy.partition_S(src), dst_part,
+                  thr_copy.partition_S(cute::make_identity_tensor(cute::shape(src))), rows_left, cols);
+}
+
+// ---- Predicated tile stores: only the chunks of rows < rows_left and columns < cols ----
+// src, dst and coord (the identity tensor of the tile) partitioned alike by one thread slice of tiled_copy.
+template <class TiledCopy, class Src, class Dst, class Coord>
+__device__ __forceinline__ void copy_predicated(TiledCopy const& tiled_copy, Src const& src, Dst& dst,
+                                                Coord const& coord, int64_t rows_left, int cols) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (get<0>(coord(0, m, 0)) < rows_left) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(dst); ++k) {
+        if (get<1>(coord(0, m, k)) < cols) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+      }
+    }
+  }
+}
+
+// A shared-memory tile to global memory, partitioned here by thr_copy (a thread slice of tiled_copy).
+template <class TiledCopy, class ThrCopy, class Src, class Dst>
+__device__ __forceinline__ void store_tile(TiledCopy const& tiled_copy, ThrCopy const& thr_copy, Src const& src,
+                                           Dst& dst, int64_t rows_left, int cols) {
+  auto dst_part = thr_copy.partition_D(dst);
+  copy_predicated(tiled_copy, thr_copy.partition_S(src), dst_part,
+                  thr_copy.partition_D(cute::make_identity_tensor(cute::shape(dst))), rows_left, cols);
+}
+
+// ---- Dropout: the Philox draws of this thread's entries of a score tile (philox.h's layout) ----
+// Calls draw(m, c, draws) for each MMA row block m < kMmaM and each group c < kGroups of four adjacent n8
+// column atoms (4c .. 4c + 3), with the draws of the thread's entries there. coord_rc: the score tile's
+// identity tensor partitioned like the accumulator, in acc_rowcol's (row, column) view; tile_row0 and
+// tile_col0 place the tile (Index: int where positions fit, else int64_t).
+template <int kMmaM, int kGroups, class Index, class CoordRC, class Draw>
+__device__ __forceinline__ void for_each_dropout_draw(const DropoutSeed& seed, uint64_t batch_head, Index tile_row0,
+                                                      Index tile_col0, CoordRC const& coord_rc, Draw&& draw) {
+  CUTE_UNROLL
+  for (int m = 0; m < kMmaM; ++m) {
+    const Index row = tile_row0 + cute::get<0>(coord_rc(2 * m, 0));
+    CUTE_UNROLL
+    for (int c = 0; c < kGroups; ++c) {
+      const Index col = tile_col0 + cute::get<1>(coord_rc(0, 8 * c));
+      draw(m, c, dropout_draws(seed.seed, seed.offset, batch_head, row, col));
+    }
+  }
 }
 
 }  // namespace cuda

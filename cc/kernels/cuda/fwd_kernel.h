@@ -23,38 +23,21 @@
 namespace tf_flash {
 namespace cuda {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_, int kMinBlocks_ = 1,
-          bool kSoftmaxIlp_ = true>
-struct FwdTraits {
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, class Element_>
+struct FwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_> {
+  using Base = TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>;
   using Element = Element_;
-  // Softmax reductions as two interleaved partial chains per row, all rows' max first (more
-  // independent instructions for a latency-bound kernel) instead of one serial chain per row.
-  static constexpr bool kSoftmaxIlp = kSoftmaxIlp_;
-  static constexpr int kMinBlocksPerSM = kMinBlocks_;  // __launch_bounds__: caps registers at 64K / (threads * this)
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kNWarps = kNWarps_;
-  static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
   static_assert(kBlockM == 16 * kNWarps || kBlockM == 32 * kNWarps || kBlockM == 64 * kNWarps,
                 "each warp owns 16, 32 or 64 query rows");
   static_assert(kBlockN % 16 == 0, "key tile must be a multiple of 16");
 
-  using MmaAtom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
-                                     cute::MMA_Atom<cute::SM80_16x8x16_F32F16F16F32_TN>,
-                                     cute::MMA_Atom<cute::SM80_16x8x16_F32BF16BF16F32_TN>>;
   // Warps stacked along M; the N tile of 16 lets one ldmatrix.x4 feed two n8 atoms.
-  using TiledMma = cute::TiledMMA<MmaAtom, cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
-                                  cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
+  using TiledMma =
+      cute::TiledMMA<typename Base::MmaAtom, cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
+                     cute::Tile<cute::Int<16 * kNWarps>, cute::_16, cute::_16>>;
 
-  // Shared-memory rows of 64 (or 32) elements, XOR-swizzled so that ldmatrix and the 16-byte cp.async
-  // stores hit distinct banks.
-  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
-  static constexpr int kSwizzleBits = kSmemRowElems == 64 ? 3 : 2;
-  using SmemLayoutAtom = decltype(cute::composition(
-      cute::Swizzle<kSwizzleBits, 3, 3>{},
-      cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>, cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
+  using SmemLayoutAtom = typename Base::SmemLayoutAtom;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
   // V seen as (head dim, key) for the B operand of P V, read with ldmatrix.trans.
@@ -62,23 +45,9 @@ struct FwdTraits {
       SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutVt{}));
   using SmemLayoutO = SmemLayoutQ;  // the output tile reuses Q's shared memory
-
-  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
-  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
   using SmemCopyAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
-
-  static constexpr int kElemsPer16B = 16 / sizeof(Element);
-  static constexpr int kThreadsPerRow = kSmemRowElems / kElemsPer16B;
-  static_assert(kNThreads % kThreadsPerRow == 0, "");
-  using GmemThreadLayout = cute::Layout<cute::Shape<cute::Int<kNThreads / kThreadsPerRow>, cute::Int<kThreadsPerRow>>,
-                                        cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
-  using GmemTiledCopyQKV = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, GmemThreadLayout{},
-      cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>{}));
-  using GmemTiledCopyO = decltype(cute::make_tiled_copy(cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
-                                                        GmemThreadLayout{},
-                                                        cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPer16B>>>{}));
-  static_assert(kBlockM % (kNThreads / kThreadsPerRow) == 0 && kBlockN % (kNThreads / kThreadsPerRow) == 0, "");
+  static_assert(kBlockM % (Base::kNThreads / Base::kGmemThreadsPerRow) == 0 &&
+                kBlockN % (Base::kNThreads / Base::kGmemThreadsPerRow) == 0, "whole tiles per copy");
 
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
   // The general variant stages each tile's attn_mask (one byte per entry) after Q, K and V.
@@ -94,22 +63,247 @@ template <class E> struct FwdConfig<96, E> { using Traits = FwdTraits<96, 128, 6
 template <class E> struct FwdConfig<128, E> { using Traits = FwdTraits<128, 128, 64, 4, E>; };
 template <class E> struct FwdConfig<256, E> { using Traits = FwdTraits<256, 128, 64, 8, E>; };
 
-// Block-mask coverage of the tile [m0, m_end) x [n0, n_end) (valid rows and columns only).
-struct TileCoverage {
-  bool any, all;
-};
-__device__ __forceinline__ TileCoverage block_mask_coverage(const FlashFwdParams& p, int b, int h, int64_t m0,
-                                                            int64_t m_end, int64_t n0, int64_t n_end) {
-  TileCoverage c{false, true};
-  if (m_end <= m0 || n_end <= n0) return TileCoverage{false, false};
-  for (int64_t qb = m0 / p.block_q; qb <= (m_end - 1) / p.block_q; ++qb) {
-    for (int64_t kb = n0 / p.block_k; kb <= (n_end - 1) / p.block_k; ++kb) {
-      const bool v = mask_at(p.block_mask, b, h, qb, kb);
-      c.any |= v;
-      c.all &= v;
+// ---- The steps of flash_fwd_kernel, each inlined into it (the kernel is register-bound) ----
+
+// Stages the element masks (attn_mask, and block_mask when it covers the tile only in part) of the score
+// tile at (m0, n0) into mask_tile, one byte per entry, cooperatively: coalesced loads, 4 bytes at a time
+// where the layout allows, block indices divided once per 4 columns. Returns the key columns of this
+// thread's word column (tidx % (kBlockN / 4)) that some of its rows sees (also structurally), four per word.
+template <class Traits>
+__device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p, int b, int h, int64_t m0,
+                                                        int64_t n0, int64_t q_len, int64_t kv_len, bool has_attn,
+                                                        bool partial_blocks, uint8_t* mask_tile, int tidx) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  const BroadcastBoolMask& am = p.attn_mask;
+  const bool* mask_bh = has_attn ? am.data + b * am.batch_stride + h * am.head_stride : nullptr;
+  constexpr int kWordsPerRow = kBlockN / 4;
+  static_assert(Traits::kNThreads % kWordsPerRow == 0, "each thread stages one word column");
+  uint32_t seen = 0;  // this thread's word column, OR over its rows
+  for (int idx = tidx; idx < kBlockM * kWordsPerRow; idx += Traits::kNThreads) {
+    const int r = idx / kWordsPerRow, c = (idx % kWordsPerRow) * 4;
+    const int64_t row = m0 + r, col = n0 + c;
+    uint32_t word = 0;
+    if (row < q_len) {
+      if (has_attn) {
+        const bool* src = mask_bh + row * am.row_stride + col * am.col_stride;
+        if (am.col_stride == 1 && col + 4 <= kv_len && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
+          word = *reinterpret_cast<const uint32_t*>(src) & 0x01010101u;
+        } else {
+          for (int t = 0; t < 4; ++t)
+            if (col + t < kv_len && src[t * am.col_stride]) word |= 1u << (8 * t);
+        }
+      } else {
+        for (int t = 0; t < 4; ++t)
+          if (col + t < kv_len) word |= 1u << (8 * t);
+      }
+      if (partial_blocks && word != 0) {
+        const int64_t qb = row / p.block_q;
+        int64_t kb = col / p.block_k;
+        int64_t kb_end = (kb + 1) * p.block_k;  // first column of the next block
+        bool vis = mask_at(p.block_mask, b, h, qb, kb);
+        // Rolled: unrolled, its 64-bit divisions cost the general variant ~100 bytes of spills (d128).
+#pragma unroll 1
+        for (int t = 0; t < 4 && col + t < kv_len; ++t) {  // bytes past kv_len are 0 already
+          if (col + t >= kb_end) {
+            kb = (col + t) / p.block_k;
+            kb_end = (kb + 1) * p.block_k;
+            vis = mask_at(p.block_mask, b, h, qb, kb);
+          }
+          if (!vis) word &= ~(0xFFu << (8 * t));
+        }
+      }
+    }
+    if (word != 0) {  // what the row sees structurally, for col_seen
+      const KeyRange range = key_range(p, row, q_len, kv_len);
+      for (int t = 0; t < 4; ++t)
+        if (col + t < range.begin || col + t >= range.end) word &= ~(0xFFu << (8 * t));
+    }
+    seen |= word;
+    *reinterpret_cast<uint32_t*>(mask_tile + r * kBlockN + c) = word;
+  }
+  return seen;
+}
+
+// Zeroes the rows [lo, hi) of the V tile that no row of the query tile sees (col_seen bytes 0): P is 0
+// there, and 0 x NaN (garbage in masked-out values) must not reach the output. Uniform over the CTA.
+template <class Traits, class SmemV>
+__device__ __forceinline__ void zero_unseen_value_rows(SmemV& sV, const uint32_t* seen_words, int lo, int hi,
+                                                       int tidx) {
+  using Element = typename Traits::Element;
+  bool any_unseen = false;
+  for (int c = lo; c < hi; ++c) any_unseen |= ((seen_words[c / 4] >> (8 * (c % 4))) & 1u) == 0;
+  if (!any_unseen) return;  // uniform: every thread read the same words
+  for (int c = lo; c < hi; ++c) {
+    if (((seen_words[c / 4] >> (8 * (c % 4))) & 1u) == 0) {
+      for (int d = tidx; d < Traits::kHeadDim; d += Traits::kNThreads) sV(c, d) = Element(0);
     }
   }
-  return c;
+  __syncthreads();
+}
+
+// Sets the invisible scores of the tile at (m0, n0) to -inf: each row's structural span (mask.h), then,
+// when `staged`, the element masks staged in mask_tile.
+template <bool kElementMasks, int kBlockN, class Scores, class CoordRC>
+__device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, const FlashFwdParams& p, int64_t m0,
+                                            int64_t n0, int64_t q_len, int64_t kv_len, bool staged,
+                                            const uint8_t* mask_tile) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const int row_in_tile = get<0>(coord_rc(mi, 0));
+    // Column bounds relative to this tile, so that the per-element test is 32-bit.
+    const TileSpan span = visible_span_in_tile(p, m0 + row_in_tile, q_len, kv_len, n0, kBlockN);
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      const int col = get<1>(coord_rc(0, ni));
+      bool visible = col >= span.lo && col < span.hi;
+      if constexpr (kElementMasks) {
+        if (visible && staged) visible = mask_tile[row_in_tile * kBlockN + col] != 0;
+      }
+      if (!visible) s(mi, ni) = -INFINITY;
+    }
+  }
+}
+
+// The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows], row_sum[kRows];
+
+  __device__ __forceinline__ OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      row_max[i] = -INFINITY;
+      row_sum[i] = 0.f;
+    }
+  }
+
+  // Scores s (rows x columns) -> unnormalized probabilities: new running max, the running sum rescaled,
+  // exponentiate. acc_o is rescaled only when some row's max moved in this warp (after the first tiles it
+  // rarely does). kMask: rows may be entirely -inf. Reductions run as two interleaved partial chains per
+  // row, all rows' max first: more independent instructions for a latency-bound kernel.
+  template <bool kMask, class Scores, class AccO>
+  __device__ __forceinline__ void update(Scores& s, AccO& acc_o_rc, float scale_log2, bool first) {
+    using namespace cute;
+    constexpr int kCols = decltype(size<1>(s))::value;
+    float correction[kRows];
+    bool rescale = false;
+    float mx[kRows];
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      float a = row_max[mi], c = s(mi, 0);
+      CUTE_UNROLL
+      for (int ni = 1; ni < kCols; ni += 2) {
+        a = fmaxf(a, s(mi, ni));
+        if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
+      }
+      mx[mi] = fmaxf(a, c);
+    }
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const float mx_scaled = (!kMask || mx[mi] != -INFINITY) ? mx[mi] * scale_log2 : 0.f;
+      correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+      rescale |= correction[mi] != 1.f;
+      row_max[mi] = mx[mi];
+      float sum0 = 0.f, sum1 = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < kCols; ni += 2) {
+        const float e0 = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
+        const float e1 = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
+        s(mi, ni) = e0;
+        s(mi, ni + 1) = e1;
+        sum0 += e0;
+        sum1 += e1;
+      }
+      row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
+    }
+    if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) *= correction[mi];
+      }
+    }
+  }
+};
+
+// Dropout on the 16-bit probabilities rP of the tile at (m0, n0), two per register, after the normalizer
+// was taken, as in dropout(softmax(s)) @ v. One Philox call holds this thread's draws for one m16 row
+// block and four adjacent n8 column groups (philox.h): MMA_N atoms 4c .. 4c + 3, since the warp's columns
+// are contiguous and n0 is a multiple of 32.
+template <int kBlockN, class FragP, class CoordRC>
+__device__ __forceinline__ void apply_dropout(FragP& rP, CoordRC const& coord_rc, const FlashFwdParams& p,
+                                              uint64_t batch_head, int64_t m0, int64_t n0, uint32_t drop_threshold) {
+  using namespace cute;
+  constexpr int kM = decltype(size<1>(rP))::value, kN = decltype(size<2>(rP))::value;
+  static_assert(kN % 4 == 0 && kBlockN % 32 == 0, "a dropout draw spans four n8 column groups");
+  Tensor pairs = recast<uint32_t>(rP);  // 1-D index half + 2 * (m + kM * n)
+  static_assert(decltype(size(pairs))::value * 2 == decltype(size(rP))::value, "16-bit pairs");
+  const uint32_t threshold2 = drop_threshold * 0x10001u;
+  for_each_dropout_draw<kM, kN / 4>(dropout_seed(p), batch_head, m0, n0, coord_rc,
+                                    [&](int m, int c, const Philox4& draws) {
+    CUTE_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      CUTE_UNROLL
+      for (int half = 0; half < 2; ++half)
+        pairs(half + 2 * (m + kM * (4 * c + w))) &= dropout_keep_mask_x2(draws.x[w], half, threshold2);
+    }
+  });
+}
+
+// Epilogue, part 1: acc_o / row sum (times the dropout keep scale) and lse per valid row; rows past q_len
+// or that saw nothing get 0 and lse -inf.
+template <int kRows, class AccO, class CoordRC>
+__device__ __forceinline__ void normalize_and_write_lse(AccO& acc_o_rc, const OnlineSoftmax<kRows>& softmax,
+                                                        CoordRC const& coord_rc, const FlashFwdParams& p, int64_t m0,
+                                                        int64_t q_len, uint64_t batch_head, float scale_log2,
+                                                        float keep_scale) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    const float sum = quad_sum(softmax.row_sum[mi]);
+    const int64_t row = m0 + get<0>(coord_rc(mi, 0));
+    const bool valid = row < q_len && sum > 0.f;
+    const float inv = valid ? keep_scale / sum : 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) = valid ? acc_o_rc(mi, ni) * inv : 0.f;
+    if (p.lse != nullptr && get<1>(coord_rc(0, 0)) == 0 && row < p.seqlen_q) {
+      // lse = (max * scale_log2 + log2(sum)) * ln(2), rounded once: the backward rebuilds the exponents'
+      // reference max * scale_log2 + log2(sum) from it with one more rounding (bwd_preprocess_kernel).
+      const double lse2 = double(softmax.row_max[mi] * scale_log2) + double(log2f(sum));
+      p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? float(lse2 * 0.6931471805599453) : -INFINITY;
+    }
+  }
+}
+
+// Epilogue, part 2: O in the output dtype through shared memory (sO, Q's buffer, once no warp reads Q) to
+// 16-byte global stores of the rows < seqlen_q and columns < head_dim_v.
+template <class Traits, class AccO, class SmemO, class GmemO>
+__device__ __forceinline__ void store_output(AccO const& acc_o, SmemO& sO, GmemO& gO,
+                                             typename Traits::TiledMma const& tiled_mma, const FlashFwdParams& p,
+                                             int64_t m0, int tidx) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  Tensor rO = convert_fragment<Element>(acc_o);
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(tidx);
+  Tensor taccOrO = smem_thr_copy_o.retile_S(rO);
+  Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+  cp_async_wait<0>();
+  __syncthreads();  // no warp still reads Q
+  copy(smem_copy_o, taccOrO, taccOsO);
+  __syncthreads();
+
+  typename Traits::GmemTiledCopyStore gmem_copy_o;
+  auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(tidx);
+  Tensor tOsO = gmem_thr_copy_o.partition_S(sO);
+  Tensor tOgO = gmem_thr_copy_o.partition_D(gO);
+  Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}));
+  Tensor tOrO = make_tensor<Element>(shape(tOgO));
+  copy(gmem_copy_o, tOsO, tOrO);
+  copy_predicated(gmem_copy_o, tOrO, tOgO, tOcO, p.seqlen_q - m0, p.head_dim_v);
 }
 
 // Variants: the plain one handles causal, window, lengths, GQA and any sequence lengths. kMasks adds
@@ -117,7 +311,7 @@ __device__ __forceinline__ TileCoverage block_mask_coverage(const FlashFwdParams
 // tiles are masked per element) and attn_mask (read per element); kDropout adds dropout. Dropout
 // alone has its own variant: the mask code costs registers (and ~9% at d128) that it does not need.
 template <class Traits, bool kMasks, bool kDropout>
-__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) flash_fwd_kernel(const FlashFwdParams p) {
+__global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const FlashFwdParams p) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -132,8 +326,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   const int b = blockIdx.z;
   const int tidx = threadIdx.x;
 
-  const int64_t q_len = clamp_len(valid_q_len(p, b), p.seqlen_q);
-  const int64_t kv_len = clamp_len(valid_kv_len(p, b), p.seqlen_k);
+  const int64_t q_len = valid_q_len(p, b);
+  const int64_t kv_len = valid_kv_len(p, b);
   const int64_t m0 = int64_t(m_block) * kBlockM;
   const int64_t m_valid_end = m0 + kBlockM < q_len ? m0 + kBlockM : q_len;
 
@@ -177,7 +371,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});
   Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Traits::SmemLayoutVtNoSwizzle{});
 
-  typename Traits::GmemTiledCopyQKV gmem_copy;
+  typename Traits::GmemTiledCopyLoad gmem_copy;
   auto gmem_thr_copy = gmem_copy.get_thread_slice(tidx);
   Tensor tQgQ = gmem_thr_copy.partition_S(gQ);
   Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
@@ -209,31 +403,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
-  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
 
   // Block-mask state of the key tiles: computed once per CTA, in parallel, into a shared table of
   // flags (bit 0: some block visible, bit 1: all visible), so that skipping runs of hidden tiles costs
   // no global reads; tiles past the table's end are looked up directly.
   constexpr int kTileTable = kMasks ? 1024 : 1;
   __shared__ uint8_t tile_flags[kTileTable];
-  auto coverage_global = [&](int n_block) -> TileCoverage {
+  auto coverage_global = [&](int n_block) -> BlockCoverage {
     const int64_t n0 = int64_t(n_block) * kBlockN;
     const int64_t n_end = n0 + kBlockN < kv_len ? n0 + kBlockN : kv_len;
-    return block_mask_coverage(p, b, h, m0, m_valid_end, n0, n_end);
+    return block_coverage(p, b, h, m0, m_valid_end, n0, n_end);
   };
   const bool has_block_mask = kMasks && p.block_mask.data != nullptr;  // the other variants get none
   if (has_block_mask) {
     for (int n = n_block_min + tidx; n < n_block_max && n < kTileTable; n += Traits::kNThreads) {
-      const TileCoverage c = coverage_global(n);
+      const BlockCoverage c = coverage_global(n);
       tile_flags[n] = uint8_t((c.any ? 1 : 0) | (c.all ? 2 : 0));
     }
     __syncthreads();
   }
-  auto coverage = [&](int n_block) -> TileCoverage {
-    if (!has_block_mask) return TileCoverage{true, true};
+  auto coverage = [&](int n_block) -> BlockCoverage {
+    if (!has_block_mask) return BlockCoverage{true, true};
     if (n_block < kTileTable) {
       const int f = tile_flags[n_block];
-      return TileCoverage{(f & 1) != 0, (f & 2) != 0};
+      return BlockCoverage{(f & 1) != 0, (f & 2) != 0};
     }
     return coverage_global(n_block);
   };
@@ -264,12 +457,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
 
   clear(acc_o);
   Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
-  float row_max[kRows], row_sum[kRows];
-  CUTE_UNROLL
-  for (int i = 0; i < kRows; ++i) {
-    row_max[i] = -INFINITY;
-    row_sum[i] = 0.f;
-  }
+  OnlineSoftmax<kRows> softmax;
   // Scores are scaled in the exponent: p = 2^(s * scale * log2(e) - max * scale * log2(e)).
   const float scale_log2 = softmax_scale_log2(p);
   // Soft-capping (general variant only): s -> softcap * tanh(s * scale / softcap), then unscaled.
@@ -292,7 +480,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
   }
 
   bool first = true;
-  auto step = [&](auto mask_tag, const TileCoverage cover) __attribute__((always_inline)) {
+  auto step = [&](auto mask_tag, const BlockCoverage cover) __attribute__((always_inline)) {
     constexpr bool kMask = decltype(mask_tag)::value;
     const int64_t n0 = int64_t(n_block) * kBlockN;
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -314,10 +502,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     }
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
 
-    // Element masks (attn_mask, and block_mask on tiles it covers only in part) are evaluated once per
-    // tile entry, cooperatively (coalesced loads, 4 bytes at a time where the layout allows; block
-    // indices divided once per 4 columns), into a byte tile in shared memory that the barrier below
-    // publishes to every warp.
+    // Element masks are evaluated once per tile entry into a byte tile in shared memory that the barrier
+    // below publishes to every warp.
     uint8_t* const mask_tile = reinterpret_cast<uint8_t*>(smem) + Traits::kSmemBytes;
     bool staged = false;
     if constexpr (kMasks && kMask) {
@@ -325,52 +511,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
       const bool partial_blocks = !cover.all;
       staged = has_attn || partial_blocks;
       if (staged) {
-        const BroadcastBoolMask& am = p.attn_mask;
-        const bool* mask_bh = has_attn ? am.data + b * am.batch_stride + h * am.head_stride : nullptr;
-        constexpr int kWordsPerRow = kBlockN / 4;
-        static_assert(Traits::kNThreads % kWordsPerRow == 0, "each thread stages one word column");
-        uint32_t seen = 0;  // this thread's word column, OR over its rows
-        for (int idx = tidx; idx < kBlockM * kWordsPerRow; idx += Traits::kNThreads) {
-          const int r = idx / kWordsPerRow, c = (idx % kWordsPerRow) * 4;
-          const int64_t row = m0 + r, col = n0 + c;
-          uint32_t word = 0;
-          if (row < q_len) {
-            if (has_attn) {
-              const bool* src = mask_bh + row * am.row_stride + col * am.col_stride;
-              if (am.col_stride == 1 && col + 4 <= kv_len && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
-                word = *reinterpret_cast<const uint32_t*>(src) & 0x01010101u;
-              } else {
-                for (int t = 0; t < 4; ++t)
-                  if (col + t < kv_len && src[t * am.col_stride]) word |= 1u << (8 * t);
-              }
-            } else {
-              for (int t = 0; t < 4; ++t)
-                if (col + t < kv_len) word |= 1u << (8 * t);
-            }
-            if (partial_blocks && word != 0) {
-              const int64_t qb = row / p.block_q;
-              int64_t kb = col / p.block_k;
-              int64_t kb_end = (kb + 1) * p.block_k;  // first column of the next block
-              bool vis = mask_at(p.block_mask, b, h, qb, kb);
-              for (int t = 0; t < 4 && col + t < kv_len; ++t) {  // bytes past kv_len are 0 already
-                if (col + t >= kb_end) {
-                  kb = (col + t) / p.block_k;
-                  kb_end = (kb + 1) * p.block_k;
-                  vis = mask_at(p.block_mask, b, h, qb, kb);
-                }
-                if (!vis) word &= ~(0xFFu << (8 * t));
-              }
-            }
-          }
-          if (word != 0) {  // what the row sees structurally, for col_seen
-            const KeyRange range = key_range(p, row, q_len, kv_len);
-            for (int t = 0; t < 4; ++t)
-              if (col + t < range.begin || col + t >= range.end) word &= ~(0xFFu << (8 * t));
-          }
-          seen |= word;
-          *reinterpret_cast<uint32_t*>(mask_tile + r * kBlockN + c) = word;
-        }
-        if (seen != 0) atomicOr(&col_seen[seen_parity][tidx % kWordsPerRow], seen);
+        const uint32_t seen =
+            stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, partial_blocks, mask_tile, tidx);
+        if (seen != 0) atomicOr(&col_seen[seen_parity][tidx % (kBlockN / 4)], seen);
       }
     }
 
@@ -381,142 +524,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
 
     if constexpr (kMasks && kMask) {
       if (staged) {
-        // V rows that the element masks hide from every row of the tile are zeroed: P is 0 there, and
-        // 0 x NaN (garbage in masked-out values) must not reach the output.
         const int lo = int(first_row.begin - n0 > 0 ? first_row.begin - n0 : 0);
         const int hi = int(keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN);
-        const uint32_t* seen_words = col_seen[seen_parity];
-        bool any_unseen = false;
-        for (int c = lo; c < hi; ++c) any_unseen |= ((seen_words[c / 4] >> (8 * (c % 4))) & 1u) == 0;
-        if (any_unseen) {  // uniform: every thread read the same words
-          for (int c = lo; c < hi; ++c) {
-            if (((seen_words[c / 4] >> (8 * (c % 4))) & 1u) == 0) {
-              for (int d = tidx; d < kHeadDim; d += Traits::kNThreads) sV(c, d) = Element(0);
-            }
-          }
-          __syncthreads();
-        }
+        zero_unseen_value_rows<Traits>(sV, col_seen[seen_parity], lo, hi, tidx);
         for (int i = tidx; i < kSeenWords; i += Traits::kNThreads) col_seen[seen_parity ^ 1][i] = 0;
         seen_parity ^= 1;
       }
     }
+    if constexpr (kMask) mask_scores<kMasks, kBlockN>(s, tScS_rc, p, m0, n0, q_len, kv_len, staged, mask_tile);
 
-    if constexpr (kMask) {
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        const int row_in_tile = get<0>(tScS_rc(mi, 0));
-        const int64_t row = m0 + row_in_tile;
-        const KeyRange range = key_range(p, row, q_len, kv_len);
-        // Column bounds relative to this tile, clamped to [0, kBlockN], so the per-element test is 32-bit.
-        const int lo = int(range.begin - n0 < 0 ? 0 : (range.begin - n0 > kBlockN ? kBlockN : range.begin - n0));
-        const int hi = int(range.end - n0 < 0 ? 0 : (range.end - n0 > kBlockN ? kBlockN : range.end - n0));
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ++ni) {
-          const int col = get<1>(tScS_rc(0, ni));
-          bool visible = col >= lo && col < hi;
-          if constexpr (kMasks) {
-            if (visible && staged) visible = mask_tile[row_in_tile * kBlockN + col] != 0;
-          }
-          if (!visible) s(mi, ni) = -INFINITY;
-        }
-      }
-    }
-
-    // Online softmax: new running max, rescale the running sum, exponentiate. The output accumulator
-    // is rescaled only when some row's max moved in this warp (after the first tiles it rarely does).
-    float correction[kRows];
-    bool rescale = false;
-    if constexpr (Traits::kSoftmaxIlp) {
-      float mx[kRows];
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        float a = row_max[mi], c = s(mi, 0);
-        CUTE_UNROLL
-        for (int ni = 1; ni < kCols; ni += 2) {
-          a = fmaxf(a, s(mi, ni));
-          if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
-        }
-        mx[mi] = fmaxf(a, c);
-      }
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        const float mx_scaled = (!kMask || mx[mi] != -INFINITY) ? mx[mi] * scale_log2 : 0.f;
-        correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
-        rescale |= correction[mi] != 1.f;
-        row_max[mi] = mx[mi];
-        float sum0 = 0.f, sum1 = 0.f;
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ni += 2) {
-          const float e0 = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
-          const float e1 = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
-          s(mi, ni) = e0;
-          s(mi, ni + 1) = e1;
-          sum0 += e0;
-          sum1 += e1;
-        }
-        row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
-      }
-    } else {
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        float mx = row_max[mi];
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ++ni) mx = fmaxf(mx, s(mi, ni));
-        mx = quad_max(mx);
-        const float mx_scaled = (!kMask || mx != -INFINITY) ? mx * scale_log2 : 0.f;
-        correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
-        rescale |= correction[mi] != 1.f;
-        row_sum[mi] *= correction[mi];
-        row_max[mi] = mx;
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ++ni) {
-          const float e = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
-          s(mi, ni) = e;
-          sum += e;
-        }
-        row_sum[mi] += sum;
-      }
-    }
-    if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) {
-        CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) *= correction[mi];
-      }
-    }
+    softmax.template update<kMask>(s, acc_o_rc, scale_log2, first);
     first = false;
 
     Tensor rP = convert_fragment<Element>(acc_s);
     if constexpr (kDropout) {
-      if (has_dropout) {  // dropped after the normalizer is taken, as in dropout(softmax(s)) @ v
-        // Applied to the 16-bit probabilities, two per register. One Philox call holds this thread's draws
-        // for one m16 row block and four adjacent n8 column groups (philox.h's layout): MMA_N atoms
-        // 4c .. 4c + 3, since the warp's columns are contiguous and n0 is a multiple of 32.
-        constexpr int kM = decltype(size<1>(rP))::value, kN = decltype(size<2>(rP))::value;
-        static_assert(kN % 4 == 0 && kBlockN % 32 == 0, "a dropout draw spans four n8 column groups");
-        Tensor pairs = recast<uint32_t>(rP);  // 1-D index half + 2 * (m + kM * n)
-        static_assert(decltype(size(pairs))::value * 2 == decltype(size(rP))::value, "16-bit pairs");
-        const uint32_t threshold2 = drop_threshold * 0x10001u;
-        const DropoutSeed seed = dropout_seed(p);
-        CUTE_UNROLL
-        for (int m = 0; m < kM; ++m) {
-          const int64_t row = m0 + get<0>(tScS_rc(2 * m, 0));
-          CUTE_UNROLL
-          for (int c = 0; c < kN / 4; ++c) {
-            const int64_t col = n0 + get<1>(tScS_rc(0, 8 * c));
-            const Philox4 draws = dropout_draws(seed.seed, seed.offset, batch_head, row, col);
-            CUTE_UNROLL
-            for (int w = 0; w < 4; ++w) {
-              CUTE_UNROLL
-              for (int half = 0; half < 2; ++half)
-                pairs(half + 2 * (m + kM * (4 * c + w))) &= dropout_keep_mask_x2(draws.x[w], half, threshold2);
-            }
-          }
-        }
-      }
+      if (has_dropout) apply_dropout<kBlockN>(rP, tScS_rc, p, batch_head, m0, n0, drop_threshold);
     }
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
     gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_copy_v);
@@ -532,64 +554,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSM) fl
     if constexpr (kMasks) {
       const bool elem_masks = p.attn_mask.data != nullptr;
       while (n_block >= n_block_min) {
-        const TileCoverage cover = coverage(n_block);
+        const BlockCoverage cover = coverage(n_block);
         if (n_block < hi_unmasked && n_block >= lo_unmasked && cover.all && !elem_masks) step(std::false_type{}, cover);
         else step(std::true_type{}, cover);
       }
     } else {
       while (n_block >= n_block_min) {
-        if (n_block < hi_unmasked && n_block >= lo_unmasked) step(std::false_type{}, TileCoverage{true, true});
-        else step(std::true_type{}, TileCoverage{true, true});
+        if (n_block < hi_unmasked && n_block >= lo_unmasked) step(std::false_type{}, BlockCoverage{true, true});
+        else step(std::true_type{}, BlockCoverage{true, true});
       }
     }
   }
 
   // Epilogue: normalize, write lse, stage O through shared memory for 16-byte global stores.
   const float keep_scale = has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
-  CUTE_UNROLL
-  for (int mi = 0; mi < kRows; ++mi) {
-    const float sum = quad_sum(row_sum[mi]);
-    const int64_t row = m0 + get<0>(tScS_rc(mi, 0));
-    const bool valid = row < q_len && sum > 0.f;
-    const float inv = valid ? keep_scale / sum : 0.f;
-    CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(acc_o_rc); ++ni) acc_o_rc(mi, ni) = valid ? acc_o_rc(mi, ni) * inv : 0.f;
-    if (p.lse != nullptr && get<1>(tScS_rc(0, 0)) == 0 && row < p.seqlen_q) {
-      // lse = (max * scale_log2 + log2(sum)) * ln(2), rounded once: the backward rebuilds the exponents'
-      // reference max * scale_log2 + log2(sum) from it with one more rounding (bwd_preprocess_kernel).
-      const double lse2 = double(row_max[mi] * scale_log2) + double(log2f(sum));
-      p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? float(lse2 * 0.6931471805599453) : -INFINITY;
-    }
-  }
-
-  Tensor rO = convert_fragment<Element>(acc_o);
+  normalize_and_write_lse(acc_o_rc, softmax, tScS_rc, p, m0, q_len, batch_head, scale_log2, keep_scale);
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
-  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
-  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(tidx);
-  Tensor taccOrO = smem_thr_copy_o.retile_S(rO);
-  Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
-  cp_async_wait<0>();
-  __syncthreads();  // no warp still reads Q
-  copy(smem_copy_o, taccOrO, taccOsO);
-  __syncthreads();
-
-  typename Traits::GmemTiledCopyO gmem_copy_o;
-  auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(tidx);
-  Tensor tOsO = gmem_thr_copy_o.partition_S(sO);
-  Tensor tOgO = gmem_thr_copy_o.partition_D(gO);
-  Tensor tOcO = gmem_thr_copy_o.partition_D(make_identity_tensor(TileQ{}));
-  Tensor tOrO = make_tensor<Element>(shape(tOgO));
-  copy(gmem_copy_o, tOsO, tOrO);
-  const int64_t rows_left = p.seqlen_q - m0;
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tOgO); ++m) {
-    if (get<0>(tOcO(0, m, 0)) < rows_left) {
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tOgO); ++k) {
-        if (get<1>(tOcO(0, m, k)) < p.head_dim_v) copy(gmem_copy_o, tOrO(_, m, k), tOgO(_, m, k));
-      }
-    }
-  }
+  store_output<Traits>(acc_o, sO, gO, tiled_mma, p, m0, tidx);
 }
 
 }  // namespace cuda

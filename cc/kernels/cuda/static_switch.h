@@ -6,8 +6,15 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
 
 #include "cutlass/numeric_types.h"
+
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/params.h"
 
 // The kernels are compiled for these head dims (the key head dim and the value head dim both round up to
 // one of them; the unused columns are zero-filled). Define TF_FLASH_CUDA_REDUCED (CI) to compile only 64
@@ -26,6 +33,11 @@ constexpr int tf_flash_round_headdim(int d) {
          : d <= 128 && TF_FLASH_HEADDIM_COMPILED(128) ? 128
          : d <= 256 && TF_FLASH_HEADDIM_COMPILED(256) ? 256
                                                        : 0;
+}
+
+// The compiled head dim that runs params p, forward and backward: max(head_dim, head_dim_v) rounded up.
+inline int tf_flash_kernel_headdim(const tf_flash::FlashFwdParams& p) {
+  return tf_flash_round_headdim(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v);
 }
 
 #define BOOL_SWITCH(COND, CONST_NAME, ...)      \
@@ -63,3 +75,28 @@ constexpr int tf_flash_round_headdim(int d) {
       return __VA_ARGS__();                              \
     }                                                    \
   }()
+
+namespace tf_flash {
+namespace cuda {
+
+// The one head-dim and dtype dispatch of the CUDA entry points, forward and backward: runs
+// launch(Element{}, std::integral_constant<int, kHeadDim>{}) for the compiled kernel of (dtype,
+// tf_flash_kernel_headdim(p)) and returns its status; cudaErrorInvalidValue when none is compiled.
+template <class Launch>
+cudaError_t dispatch_kernel(const FlashFwdParams& p, DType dtype, Launch&& launch) {
+  cudaError_t err = cudaErrorInvalidValue;
+  FP16_BF16_SWITCH(dtype, Element, [&] {
+    HEADDIM_SWITCH(tf_flash_kernel_headdim(p), kHeadDim, [&] {
+      if constexpr (TF_FLASH_HEADDIM_COMPILED(kHeadDim)) {
+        err = launch(Element{}, std::integral_constant<int, kHeadDim>{});
+      }
+    });
+  });
+  return err;
+}
+
+// The kernels' global accesses are 16-byte vectors.
+inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+}  // namespace cuda
+}  // namespace tf_flash

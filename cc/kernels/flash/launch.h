@@ -24,8 +24,16 @@ int64_t flash_bwd_cpu_scratch_bytes(const FlashBwdParams& params, int num_thread
 void flash_bwd_cpu(const FlashBwdParams& params, DType dtype, int num_threads, const ParallelFor& parallel_for);
 
 // ---- CUDA (cc/kernels/cuda/), compiled only with nvcc; stream is a cudaStream_t ----
-// Empty string when the combination (dtype, head dims, features) has a compiled kernel, else the reason.
-std::string flash_cuda_unsupported(const FlashFwdParams& params, DType dtype, bool backward);
+// What each device supports is stated in one place per device: the CPU kernels run every input that
+// FillParams (cc/kernels/flash_attention_params.cc) accepts, which also holds the argument rules common to
+// both devices (scale finite and >= 0, window, block sizes, dropout rate, lengths); the CUDA kernels add
+// the limits of cuda::check_supported (cc/kernels/cuda/support.cu): dtypes, head dims, strides, grid size.
+enum class Direction { kForward, kBackward };
+namespace cuda {
+// Empty string when the CUDA kernels of `direction` (the backward needs the forward's too) run these
+// params, else the reason, naming the value received.
+std::string check_supported(const FlashFwdParams& params, DType dtype, Direction direction);
+}  // namespace cuda
 int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params);
 // Return a cudaError_t as int (0 = success) so this header needs no CUDA include.
 int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream);

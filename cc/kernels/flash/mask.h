@@ -1,54 +1,95 @@
-// Which (query row, key column) pairs are visible, shared by the CPU and CUDA kernels. Structured masks
-// (lengths, causal, window) bound a row's visible key range, so whole tiles outside it are skipped;
-// element masks (attention_mask, block_mask) are read inside the tiles that remain.
+// Which (query row, key column) pairs are visible: the one statement of the rules, shared by the CPU
+// kernel and the CUDA forward and backward. Structured masks (lengths, causal, window) bound a row's
+// visible key range (and a key's visible query range), so whole tiles outside it are skipped; element
+// masks (attention_mask, block_mask) are read inside the tiles that remain. All positions are 64-bit:
+// row + window overflows int32 for windows near 2^31.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cc/kernels/flash/params.h"
-#include "cc/kernels/flash/philox.h"
 
 namespace tf_flash {
 
-// Visible keys of query row `row` lie in [begin, end) before element masks; empty when begin >= end.
-struct KeyRange {
+// A half-open index range [begin, end); empty when begin >= end.
+struct IndexRange {
   int64_t begin, end;
 };
+using KeyRange = IndexRange;
 
+// A user-supplied length clamped into [0, limit].
+TF_FLASH_HOST_DEVICE int64_t clamp_len(int64_t len, int64_t limit) {
+  return len < 0 ? 0 : (len > limit ? limit : len);
+}
+// Valid query / key prefix of batch entry b.
 TF_FLASH_HOST_DEVICE int64_t valid_q_len(const FlashFwdParams& p, int b) {
-  return p.q_lengths ? p.q_lengths[b] : p.seqlen_q;
+  return clamp_len(p.q_lengths ? p.q_lengths[b] : p.seqlen_q, p.seqlen_q);
 }
 TF_FLASH_HOST_DEVICE int64_t valid_kv_len(const FlashFwdParams& p, int b) {
-  return p.kv_lengths ? p.kv_lengths[b] : p.seqlen_k;
+  return clamp_len(p.kv_lengths ? p.kv_lengths[b] : p.seqlen_k, p.seqlen_k);
 }
 
+// How far right of the diagonal a row sees: causal and window_right combined; -1 = unlimited.
+TF_FLASH_HOST_DEVICE int64_t right_extent(const FlashFwdParams& p) {
+  return p.causal ? 0 : p.window_right;  // causal: j <= row, whatever window_right (>= 0) allows
+}
+
+// Visible keys of query row `row` before element masks: key j iff j < kv_len, j <= row + right and
+// j >= row - window_left.
 TF_FLASH_HOST_DEVICE KeyRange key_range(const FlashFwdParams& p, int64_t row, int64_t q_len, int64_t kv_len) {
   if (row >= q_len) return {0, 0};
   int64_t begin = 0, end = kv_len;
-  if (p.causal) end = end < row + 1 ? end : row + 1;
-  if (p.window_right >= 0) end = end < row + p.window_right + 1 ? end : row + p.window_right + 1;
-  if (p.window_left >= 0) begin = row - p.window_left > 0 ? row - p.window_left : 0;
+  const int64_t right = right_extent(p);
+  if (right >= 0 && row + right + 1 < end) end = row + right + 1;
+  if (p.window_left >= 0 && row - p.window_left > 0) begin = row - p.window_left;
   return {begin, end};
 }
 
-// Key range visible to any row of [row_begin, row_end): the union of the per-row ranges.
+// Key range visible to any row of [row_begin, row_end): the union of the per-row ranges (contiguous:
+// begin and end are both non-decreasing in the row).
 TF_FLASH_HOST_DEVICE KeyRange key_range_of_rows(const FlashFwdParams& p, int64_t row_begin, int64_t row_end,
                                                 int64_t q_len, int64_t kv_len) {
   row_end = row_end < q_len ? row_end : q_len;
   if (row_begin >= row_end) return {0, 0};
   const KeyRange first = key_range(p, row_begin, q_len, kv_len);
   const KeyRange last = key_range(p, row_end - 1, q_len, kv_len);
-  return {first.begin, last.end};  // begin and end are both non-decreasing in the row
+  return {first.begin, last.end};
 }
 
-// The CUDA kernels' softmax is base 2: p = 2^(s * softmax_scale_log2(p) - lse * log2(e)), s the raw q.k
-// (or the soft-capped score, which carries the scale already). The forward and the backward both take
-// this one factor (rounded once, from double), so that they compute every exponent the same way.
-TF_FLASH_HOST_DEVICE float softmax_scale_log2(const FlashFwdParams& p) {
-  const double scale = p.softcap > 0.f ? 1.0 : double(p.scale);
-  const float scale_log2 = float(scale * 1.4426950408889634);
-  return scale_log2 > 1e-30f ? scale_log2 : 1e-30f;  // never 0: -inf * 0 would be NaN
+// Query rows that see some key of [col_begin, col_end) before element masks (the transpose of
+// key_range_of_rows, for the backward's loop over the query tiles of a key tile).
+TF_FLASH_HOST_DEVICE IndexRange query_range_of_keys(const FlashFwdParams& p, int64_t col_begin, int64_t col_end,
+                                                    int64_t q_len, int64_t kv_len) {
+  col_end = col_end < kv_len ? col_end : kv_len;
+  if (col_begin >= col_end) return {0, 0};
+  int64_t begin = 0, end = q_len;
+  const int64_t right = right_extent(p);
+  if (right >= 0 && col_begin - right > 0) begin = col_begin - right;  // row >= col - right
+  if (p.window_left >= 0 && col_end + p.window_left < end) end = col_end + p.window_left;  // row <= col + left
+  return {begin, end};
+}
+
+// True when every valid row of [row_begin, row_end) sees every key of [col_begin, col_end) before element
+// masks: such tiles need no per-element structural test.
+TF_FLASH_HOST_DEVICE bool tile_fully_visible(const FlashFwdParams& p, int64_t row_begin, int64_t row_end,
+                                             int64_t col_begin, int64_t col_end, int64_t q_len, int64_t kv_len) {
+  row_end = row_end < q_len ? row_end : q_len;
+  if (row_begin >= row_end) return false;
+  const KeyRange first = key_range(p, row_begin, q_len, kv_len);
+  const KeyRange last = key_range(p, row_end - 1, q_len, kv_len);
+  return col_begin >= last.begin && col_end <= first.end;
+}
+
+// The visible columns of row `row` inside the key tile [col0, col0 + tile_cols), relative to col0 and
+// clamped to [0, tile_cols], so that the per-element test inside a tile is 32-bit.
+struct TileSpan {
+  int lo, hi;
+};
+TF_FLASH_HOST_DEVICE TileSpan visible_span_in_tile(const FlashFwdParams& p, int64_t row, int64_t q_len,
+                                                   int64_t kv_len, int64_t col0, int tile_cols) {
+  const KeyRange range = key_range(p, row, q_len, kv_len);
+  const int64_t lo = range.begin - col0, hi = range.end - col0;
+  return {int(lo < 0 ? 0 : (lo > tile_cols ? tile_cols : lo)), int(hi < 0 ? 0 : (hi > tile_cols ? tile_cols : hi))};
 }
 
 TF_FLASH_HOST_DEVICE bool mask_at(const BroadcastBoolMask& m, int b, int h, int64_t row, int64_t col) {
@@ -58,6 +99,52 @@ TF_FLASH_HOST_DEVICE bool mask_at(const BroadcastBoolMask& m, int b, int h, int6
 // True when block (qb, kb) of block_mask may hold a visible entry; false blocks are never loaded.
 TF_FLASH_HOST_DEVICE bool block_visible(const FlashFwdParams& p, int b, int h, int64_t qb, int64_t kb) {
   return !p.block_mask.data || mask_at(p.block_mask, b, h, qb, kb);
+}
+
+// The element masks (attn_mask, block_mask) at one entry. Index: the type the block indices are divided
+// in; int where positions fit (the GPU backward's inner loop: a 64-bit division there costs registers).
+template <class Index>
+TF_FLASH_HOST_DEVICE bool element_visible(const FlashFwdParams& p, int b, int h, Index row, Index col) {
+  if (p.attn_mask.data && !mask_at(p.attn_mask, b, h, row, col)) return false;
+  return block_visible(p, b, h, row / Index(p.block_q), col / Index(p.block_k));
+}
+
+// The whole rule for one entry: structured range, then element masks.
+TF_FLASH_HOST_DEVICE bool visible(const FlashFwdParams& p, int b, int h, int64_t row, int64_t col, int64_t q_len,
+                                  int64_t kv_len) {
+  const KeyRange range = key_range(p, row, q_len, kv_len);
+  return col >= range.begin && col < range.end && element_visible(p, b, h, row, col);
+}
+
+// How block_mask covers the tile [row_begin, row_end) x [col_begin, col_end) (valid rows and columns
+// only): `any` block True (else the tile is skipped, never loaded), `all` True (else entries are masked
+// one by one). Without a block_mask every tile is covered in full; an empty tile is not covered.
+struct BlockCoverage {
+  bool any, all;
+};
+TF_FLASH_HOST_DEVICE BlockCoverage block_coverage(const FlashFwdParams& p, int b, int h, int64_t row_begin,
+                                                  int64_t row_end, int64_t col_begin, int64_t col_end) {
+  if (!p.block_mask.data) return {true, true};
+  if (row_end <= row_begin || col_end <= col_begin) return {false, false};
+  BlockCoverage c{false, true};
+  for (int64_t qb = row_begin / p.block_q; qb <= (row_end - 1) / p.block_q; ++qb) {
+    for (int64_t kb = col_begin / p.block_k; kb <= (col_end - 1) / p.block_k; ++kb) {
+      const bool v = mask_at(p.block_mask, b, h, qb, kb);
+      c.any |= v;
+      c.all &= v;
+      if (c.any && !c.all) return c;  // partial: no further block changes the answer
+    }
+  }
+  return c;
+}
+
+// The CUDA kernels' softmax is base 2: p = 2^(s * softmax_scale_log2(p) - lse * log2(e)), s the raw q.k
+// (or the soft-capped score, which carries the scale already). The forward and the backward both take
+// this one factor (rounded once, from double), so that they compute every exponent the same way.
+TF_FLASH_HOST_DEVICE float softmax_scale_log2(const FlashFwdParams& p) {
+  const double scale = p.softcap > 0.f ? 1.0 : double(p.scale);
+  const float scale_log2 = float(scale * 1.4426950408889634);
+  return scale_log2 > 1e-30f ? scale_log2 : 1e-30f;  // never 0: -inf * 0 would be NaN
 }
 
 }  // namespace tf_flash

@@ -4,6 +4,13 @@
 
 #include <cstdint>
 
+// Functions of the shared headers (mask.h, philox.h) compile for host and device under nvcc.
+#if defined(__CUDACC__)
+#define TF_FLASH_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define TF_FLASH_HOST_DEVICE inline
+#endif
+
 namespace tf_flash {
 
 // A boolean tensor broadcast to [batch, heads, rows, cols]: a stride of 0 repeats that axis.

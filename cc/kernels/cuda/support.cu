@@ -1,0 +1,71 @@
+// What the CUDA kernels support, stated once for the forward and the backward (launch.h says where
+// each device's support lives). The argument rules common to CPU and GPU (scale, window, block sizes,
+// dropout rate, lengths) are checked before, by FillParams; repeated here only where a kernel would
+// misbehave without them. Nothing here includes CuTe.
+#include <cstdint>
+#include <string>
+
+#include "cc/kernels/cuda/static_switch.h"
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/params.h"
+
+namespace tf_flash {
+namespace cuda {
+namespace {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+std::string compiled_headdims() {
+  std::string list;
+  for (int d : {32, 64, 96, 128, 256}) {
+    if (tf_flash_round_headdim(d) == d) list += (list.empty() ? "" : ", ") + std::to_string(d);
+  }
+  return list;
+}
+
+}  // namespace
+
+std::string check_supported(const FlashFwdParams& p, DType dtype, Direction direction) {
+  const std::string kernels = direction == Direction::kForward ? "the CUDA forward" : "the CUDA backward";
+  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16)
+    return kernels + " supports float16 and bfloat16 inputs only (received dtype=" + dtype_name(dtype) + ")";
+  if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim_v <= 0 || p.head_dim_v % 8 != 0)
+    return kernels + " needs head dims that are positive multiples of 8 (received head_dim=" +
+           std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) + ")";
+  if (tf_flash_kernel_headdim(p) == 0)
+    return kernels + " has no kernel for head_dim=" + std::to_string(p.head_dim) + ", head_dim_v=" +
+           std::to_string(p.head_dim_v) + " (compiled head dims: " + compiled_headdims() +
+           "; smaller head dims run in the next larger kernel)";
+  if (p.num_heads_kv <= 0 || p.num_heads % p.num_heads_kv != 0)
+    return "num_heads must be a multiple of num_heads_kv (received num_heads=" + std::to_string(p.num_heads) +
+           ", num_heads_kv=" + std::to_string(p.num_heads_kv) + ")";
+  if (p.num_heads > 65535 || p.batch > 65535)  // grid dimensions y and z
+    return kernels + " supports at most 65535 heads and 65535 batch entries (received num_heads=" +
+           std::to_string(p.num_heads) + ", batch=" + std::to_string(p.batch) + ")";
+  const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                             p.k_row_stride,   p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                             p.v_head_stride,  p.o_batch_stride, p.o_row_stride, p.o_head_stride};
+  for (int64_t s : strides) {
+    if (s % 8 != 0)
+      return kernels + " needs q/k/v/out strides that are multiples of 8 elements (received stride " +
+             std::to_string(s) + ")";
+  }
+  // FillParams' rules, repeated because a kernel would divide by zero or mis-scale without them (the
+  // harness in tests/cuda_harness calls the kernels without FillParams).
+  if (p.block_mask.data != nullptr && (p.block_q <= 0 || p.block_k <= 0))
+    return "block_mask needs positive block sizes (received block_q=" + std::to_string(p.block_q) +
+           ", block_k=" + std::to_string(p.block_k) + ")";
+  if (!(p.dropout_rate >= 0.f && p.dropout_rate < 1.f))
+    return "dropout_rate must be in [0, 1) (received " + std::to_string(p.dropout_rate) + ")";
+  return "";
+}
+
+}  // namespace cuda
+}  // namespace tf_flash
