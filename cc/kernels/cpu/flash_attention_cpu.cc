@@ -302,7 +302,8 @@ constexpr float kExactNormalizerLse = 64.f;
 // One (batch, head, query tile): row_ref / row_inv_sum for its rows (see BwdScratch).
 template <typename T>
 void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratch& scratch, int64_t unit,
-                    Matrix& q, Matrix& k, Matrix& s, std::vector<uint8_t>& col_seen) {
+                    std::vector<Matrix>& m, std::vector<uint8_t>& col_seen) {
+  Matrix &q = m[0], &k = m[1], &s = m[2], &v = m[3], &d_out = m[4], &d_p = m[5], &keep = m[6];
   const QueryTile tile(p, tiles.q, unit);
   const int b = tile.b, h = tile.h, hkv = tile.hkv;
   const int64_t row0 = tile.row0, rows = tile.rows;
@@ -345,11 +346,49 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
     s = s.array().exp().matrix();
     row_sum += s.rowwise().sum();
   }
+  auto renormalized = [&](int64_t r) {
+    return row_sum[r] > 0.f && std::isfinite(lse[r]) && std::abs(lse[r]) > kExactNormalizerLse;
+  };
+  bool any = false;
   for (int64_t r = 0; r < valid_rows; ++r) {
-    if (row_sum[r] > 0.f && std::isfinite(lse[r]) && std::abs(lse[r]) > kExactNormalizerLse) {
+    if (renormalized(r)) {
       row_ref[r] = row_max[r];
       row_inv_sum[r] = 1.f / row_sum[r];
+      any = true;
     }
+  }
+  if (!any) return;
+  // D of these rows as rowsum(P * dP), with P and dP computed exactly as the backward computes them (same
+  // operations on the same tiles), not as rowsum(dO * O): at such logits P is nearly one-hot and dS = P (dP - D)
+  // is a difference of two nearly equal numbers, so D must carry the same rounding as dP (dense attention's
+  // softmax gradient has the same property). Equal to rowsum(dO * O) in exact arithmetic.
+  LoadRows(static_cast<const T*>(p.d_out) + b * p.o_batch_stride + row0 * p.o_row_stride + h * p.o_head_stride,
+           p.o_row_stride, valid_rows, p.head_dim_v, 1.f, &d_out);
+  const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + hkv * p.v_head_stride;
+  Vector p_dot_dp = Vector::Zero(valid_rows);
+  for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
+    const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
+    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
+    if (cover == TileCover::kSkip) continue;
+    LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
+    ScoreTile(p, q, k, &s);
+    SoftcapScores(p.softcap, &s, nullptr);
+    if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
+    for (int64_t r = 0; r < valid_rows; ++r) {
+      s.row(r) = ((s.row(r).array() - row_ref[r]).exp() * row_inv_sum[r]).matrix();
+    }
+    LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
+    d_p.noalias() = d_out * v.transpose();
+    if (ctx.has_dropout()) {
+      ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
+      d_p.array() *= keep.array();
+    }
+    // Where P is 0 the product is 0 (an invisible value row may have made dP NaN there), as in the backward.
+    p_dot_dp += (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix().rowwise().sum();
+  }
+  float* delta = scratch.delta + offset;
+  for (int64_t r = 0; r < valid_rows; ++r) {
+    if (renormalized(r)) delta[r] = p_dot_dp[r] - (p.d_lse ? p.d_lse[offset + r] : 0.f);
   }
 }
 
@@ -487,10 +526,10 @@ void Backward(const FlashBwdParams& p, int num_threads, const ParallelFor& paral
     const int64_t num_units = int64_t{p.batch} * p.num_heads * CeilDiv(p.seqlen_q, tiles.q);
     parallel_for(num_units, int64_t{tiles.q} * std::max(p.seqlen_k, 1) * p.head_dim,
                  [&](int64_t begin, int64_t end) {
-                   Matrix q, k, s;
+                   std::vector<Matrix> matrices(7);
                    std::vector<uint8_t> col_seen;
                    for (int64_t unit = begin; unit < end; ++unit) {
-                     RowNormalizers<T>(p, tiles, scratch, unit, q, k, s, col_seen);
+                     RowNormalizers<T>(p, tiles, scratch, unit, matrices, col_seen);
                    }
                  });
   }
