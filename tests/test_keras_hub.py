@@ -104,8 +104,11 @@ def test_outputs_and_gradients_match_the_switch_off(rng, monkeypatch, device, ki
         assert (a is None) == (b is None), weight.path
         if b is None:  # a weight the sequence output does not use (BERT's pooler)
             continue
-        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(),
-                                   atol=f32_tol(device, 5e-5), rtol=f32_tol(device, 2e-4), err_msg=weight.path)
+        a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
+        # At float16 grade (GPU float32, device_util) a gradient summed over tokens and layers carries
+        # rounding of the order of its largest entries: small entries are held to that, not to themselves.
+        atol = f32_tol(device, 5e-5) if f32_tol(device, 1.0) == 1.0 else 1e-3 * np.abs(b).max()
+        np.testing.assert_allclose(a, b, atol=atol, rtol=f32_tol(device, 2e-4), err_msg=weight.path)
 
 
 def test_bert_with_dropout_runs_flash_in_training(rng, monkeypatch):
