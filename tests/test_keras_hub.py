@@ -100,15 +100,23 @@ def test_outputs_and_gradients_match_the_switch_off(rng, monkeypatch, device, ki
     atol, rtol = f32_tol(device, 5e-5), f32_tol(device, 1e-4)
     np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=atol, rtol=rtol)
     np.testing.assert_allclose(graph_got.numpy(), expected.numpy(), atol=atol, rtol=rtol)
+    pairs = []
     for weight, a, b in zip(model.trainable_weights, got_grads, expected_grads):
         assert (a is None) == (b is None), weight.path
-        if b is None:  # a weight the sequence output does not use (BERT's pooler)
-            continue
-        a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
-        # At float16 grade (GPU float32, device_util) a gradient summed over tokens and layers carries
-        # rounding of the order of its largest entries: small entries are held to that, not to themselves.
-        atol = f32_tol(device, 5e-5) if f32_tol(device, 1.0) == 1.0 else 1e-3 * np.abs(b).max()
-        np.testing.assert_allclose(a, b, atol=atol, rtol=f32_tol(device, 2e-4), err_msg=weight.path)
+        if b is not None:  # None: a weight the sequence output does not use (BERT's pooler)
+            pairs.append((weight.path, tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()))
+    float16_grade = f32_tol(device, 1.0) != 1.0
+    # At float16 grade (GPU float32, device_util) a gradient summed over tokens and layers carries rounding
+    # of the order of the model's gradients, not of its own entries (the key bias's is 0 in exact
+    # arithmetic): each tensor is held to 1% in norm, against the larger of its norm and a thousandth of
+    # the largest gradient norm.
+    largest = max(np.linalg.norm(b) for _, _, b in pairs)
+    for path, a, b in pairs:
+        if float16_grade:
+            err = np.linalg.norm(a - b)
+            assert err <= 1e-2 * max(np.linalg.norm(b), 1e-3 * largest), f"{path}: |a - b| = {err}"
+        else:
+            np.testing.assert_allclose(a, b, atol=5e-5, rtol=2e-4, err_msg=path)
 
 
 def test_bert_with_dropout_runs_flash_in_training(rng, monkeypatch):
