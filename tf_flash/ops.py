@@ -1,4 +1,5 @@
 """`tf_flash.flash_attention`: the public op, its argument checks and its registered gradient."""
+import contextlib
 import math
 import numbers
 import reprlib
@@ -239,9 +240,19 @@ def _absent(shape, dtype, device=None):
     key = (tuple(shape), dtype, device)
     tensor = _ABSENT.get(key)
     if tensor is None:
-        with tf.device(device):
+        with tf.device(device) if device else contextlib.nullcontext():
             tensor = _ABSENT[key] = tf.zeros(shape, dtype)
     return tensor
+
+
+def _current_device():
+    """The device scope of an eager call ("" outside any tf.device): where TF places the op, and so where
+    its absent inputs belong."""
+    try:
+        from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+        return context.context().device_name or ""
+    except Exception:  # pylint: disable=broad-except  (private TF API: never fail because of it)
+        return ""
 
 
 def _lengths(lengths, name, batch, seqlen, device=None):
@@ -398,7 +409,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     batch, heads = axis_size(query, 0), axis_size(query, 2)
     seqlen_q, seqlen_k = axis_size(query, 1), axis_size(key, 1)
     blocks_q, blocks_k = _num_blocks(seqlen_q, block_q), _num_blocks(seqlen_k, block_k)
-    device = query.device if tf.executing_eagerly() else None  # where eager absent inputs are kept
+    device = _current_device() if tf.executing_eagerly() else None  # where eager absent inputs are kept
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,
         q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q, device),
