@@ -327,14 +327,20 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
   Vector row_max = Vector::Constant(valid_rows, kNegInf);
   Vector row_sum = Vector::Zero(valid_rows);
   const KeyRange range = key_range_of_rows(p, row0, row0 + valid_rows, ctx.q_len, ctx.kv_len);
-  for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
-    const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
-    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
-    if (cover == TileCover::kSkip) continue;
-    LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-    ScoreTile(p, q, k, &s);
-    SoftcapScores(p.softcap, &s, nullptr);
-    if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
+  // The forward's score tiles of these rows (ForwardUnit's loop without V), masked: body(col0, cols) on each.
+  auto for_each_score_tile = [&](auto&& body) {
+    for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
+      const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
+      const TileCover cover =
+          BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
+      if (cover == TileCover::kSkip) continue;
+      LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
+      ScoreTile(p, q, k, &s);
+      SoftcapScores(p.softcap, &s, nullptr);
+      if (ctx.MaskScores(row0, col0, cover, &s, &col_seen)) body(col0, cols);
+    }
+  };
+  for_each_score_tile([&](int64_t, int64_t) {
     const Vector tile_max = s.rowwise().maxCoeff();
     for (int64_t r = 0; r < valid_rows; ++r) {
       const float new_max = std::max(row_max[r], tile_max[r]);
@@ -345,7 +351,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
     }
     s = s.array().exp().matrix();
     row_sum += s.rowwise().sum();
-  }
+  });
   auto renormalized = [&](int64_t r) {
     return row_sum[r] > 0.f && std::isfinite(lse[r]) && std::abs(lse[r]) > kExactNormalizerLse;
   };
@@ -366,14 +372,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
            p.o_row_stride, valid_rows, p.head_dim_v, 1.f, &d_out);
   const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + hkv * p.v_head_stride;
   Vector p_dot_dp = Vector::Zero(valid_rows);
-  for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
-    const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
-    const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
-    if (cover == TileCover::kSkip) continue;
-    LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-    ScoreTile(p, q, k, &s);
-    SoftcapScores(p.softcap, &s, nullptr);
-    if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
+  for_each_score_tile([&](int64_t col0, int64_t cols) {
     for (int64_t r = 0; r < valid_rows; ++r) {
       s.row(r) = ((s.row(r).array() - row_ref[r]).exp() * row_inv_sum[r]).matrix();
     }
@@ -385,7 +384,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
     }
     // Where P is 0 the product is 0 (an invisible value row may have made dP NaN there), as in the backward.
     p_dot_dp += (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix().rowwise().sum();
-  }
+  });
   float* delta = scratch.delta + offset;
   for (int64_t r = 0; r < valid_rows; ++r) {
     if (renormalized(r)) delta[r] = p_dot_dp[r] - (p.d_lse ? p.d_lse[offset + r] : 0.f);
