@@ -366,7 +366,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         entries are scaled by 1 / (1 - that probability), so the expectation is exact.
       seed: int or int64 [2]; same seed and inputs give the same output. None draws one from TF's
         global random state (reproducible under `tf.random.set_seed`).
-      scale: score scale, default 1/sqrt(D).
+      scale: score scale, finite and >= 0 (on every device); default 1/sqrt(D).
       softcap: logit soft-capping (Gemma 2): the scaled scores s become softcap * tanh(s / softcap)
         before the softmax. None (or 0) = off; else a positive finite number.
       deterministic: True: the backward gives bit-identical gradients for identical inputs on one device
