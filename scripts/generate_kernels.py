@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Writes the CUDA instantiation files cc/kernels/cuda/flash_{fwd,bwd}_{dtype}_hdim{d}.cu: one explicit
-instantiation of the forward / backward launcher per (direction, dtype, head dim), each in its own file so
-that nvcc compiles them in parallel. The files are checked in; tests/test_generated_kernels.py runs this
+"""Writes the CUDA instantiation files cc/kernels/cuda/flash_{fwd,bwd,fwd_sm90}_{dtype}_hdim{d}.cu: one
+explicit instantiation of a launcher per (kernel family and direction, dtype, head dim), each in its own
+file so that nvcc compiles them in parallel. The files are checked in; tests/test_generated_kernels.py runs this
 script with --check, which fails when a file differs from what it would write (or is stale).
 
     python3 scripts/generate_kernels.py           # (re)write the files, remove stale ones
@@ -31,10 +31,15 @@ template cudaError_t run_flash_{direction}<{element}, {d}>(const {params}&, cuda
 }}  // namespace tf_flash
 #endif
 """
-# What differs between the two directions' files.
+# What differs between the launchers' files: the sm_80 family's forward and backward, and the Hopper
+# family's forward (head dims 64, 128 and 256 only; the others run in the sm_80 family).
 DIRECTIONS = {
-    "fwd": dict(title="Forward", kernel="fwd_kernel.h", header="fwd_launch.h", params="FlashFwdParams"),
-    "bwd": dict(title="Backward", kernel="bwd_kernel.h", header="bwd_kernel.h", params="FlashBwdParams"),
+    "fwd": dict(title="Forward", kernel="fwd_kernel.h", header="fwd_launch.h", params="FlashFwdParams",
+                head_dims=HEAD_DIMS),
+    "bwd": dict(title="Backward", kernel="bwd_kernel.h", header="bwd_kernel.h", params="FlashBwdParams",
+                head_dims=HEAD_DIMS),
+    "fwd_sm90": dict(title="Hopper forward", kernel="fwd_kernel_sm90.h", header="fwd_launch_sm90.h",
+                     params="FlashFwdParams", head_dims=(64, 128, 256)),
 }
 
 
@@ -43,7 +48,7 @@ def expected_files():
     files = {}
     for direction, fields in DIRECTIONS.items():
         for dtype, element in DTYPES.items():
-            for d in HEAD_DIMS:
+            for d in fields["head_dims"]:
                 name = f"flash_{direction}_{dtype}_hdim{d}.cu"
                 files[name] = TEMPLATE.format(direction=direction, dtype=dtype, element=element, d=d, **fields)
     return files

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device round for the forward kernel: build (16 cores), test, benchmark, tile variants, profile.
 # Usage on the GPU machine: tests/cuda_harness/device_round.sh [steps...]
-#   steps: build test bigoffset fp32 bench tiles feat regs ncu sanitize torch   (default: all but torch)
+#   steps: build sass test bigoffset fp32 bench bench80 tiles feat regs ncu sanitize racecheck torch
+#   (default: build test bigoffset bench tiles ncu sanitize). bench80: the benchmark with the forward held on
+#   the sm_80 family (TF_FLASH_CUDA_FORWARD=sm80), for a same-run comparison with the Hopper family.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/out}"
@@ -13,11 +15,16 @@ for step in $steps; do
     build) ARCHS="${ARCHS:-90a}" JOBS=16 "$root/tests/cuda_harness/build.sh" "$bin" > "$out/build.log" 2>&1 ||
              { tail -30 "$out/build.log"; exit 1; }
            grep -h "spill" "$out/build.log" | sed 's/.*function .\(_Z[^ ]*\)., \(.*\)/\2  \1/' | cut -c1-160 ;;
-    test) "$bin/fwd_harness" test > "$out/test.log" 2>&1; rc=$?; grep -E "FAIL|unsupported|passed" "$out/test.log" | tail -15
+    sass) for o in "$bin"/flash_fwd_sm90_bf16_hdim*.o; do
+            echo "$(basename "$o"): $(cuobjdump -sass "$o" | grep -oE "HGMMA|USETMAXREG|UTMALDG|LDL|STL" | sort | uniq -c | tr '\n' ' ')"
+          done ;;
+    test) timeout 300 "$bin/fwd_harness" test > "$out/test.log" 2>&1; rc=$?; grep -E "FAIL|unsupported|passed" "$out/test.log" | tail -15
           [ $rc = 0 ] || echo "TEST FAILURES" ;;
     bigoffset) "$bin/fwd_harness" bigoffset ;;
     fp32) "$bin/fwd_harness" fp32 ;;
-    bench) "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench.log" 2>&1; cat "$out/bench.log" ;;
+    bench) timeout 300 "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench.log" 2>&1; cat "$out/bench.log" ;;
+    bench80) TF_FLASH_CUDA_FORWARD=sm80 timeout 300 "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench80.log" 2>&1
+             cat "$out/bench80.log" ;;
     tiles) "$bin/fwd_harness" tiles 2>&1 | tee "$out/tiles.log" ;;
     feat) "$bin/fwd_harness" feat 2>&1 | tee "$out/feat.log" ;;
     regs) grep -A1 "Compiling entry function" "$out/build.log" | grep -o "_ZN8tf_flash[^']*\|Used [0-9]* registers" | paste - - | sed 's/_ZN8tf_flash4cuda16flash_fwd_kernelINS0_9FwdTraitsI//' | cut -c1-120 | sort -u ;;
@@ -25,8 +32,10 @@ for step in $steps; do
            --section WarpStateStats --section SchedulerStats --section LaunchStats --section ComputeWorkloadAnalysis \
            --section MemoryWorkloadAnalysis "$bin/fwd_harness" one 128 0 8192 > "$out/ncu.log" 2>&1
          grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|Shared Memory Configuration|Block Limit|Eligible Warps|Executed Ipc" "$out/ncu.log" | head -40 ;;
-    sanitize) compute-sanitizer --tool memcheck "$bin/fwd_harness" test quick > "$out/sanitize.log" 2>&1
+    sanitize) timeout 300 compute-sanitizer --tool memcheck "$bin/fwd_harness" test quick > "$out/sanitize.log" 2>&1
               tail -3 "$out/sanitize.log" ;;
+    racecheck) timeout 300 compute-sanitizer --tool racecheck "$bin/fwd_harness" test quick > "$out/racecheck.log" 2>&1
+               tail -3 "$out/racecheck.log" ;;
     torch) python3 "$root/tests/cuda_harness/torch_peer.py" 64 128 > "$out/torch.log" 2>&1; grep -c . "$out/torch.log" ;;
   esac
 done

@@ -90,7 +90,14 @@ struct Result {
   long nan_out, nan_lse;
   bool ok;
   float ms;
+  const char* family;  // the kernel family that ran (flash_cuda_kernel_counts)
 };
+
+// Which family the last forward launch used.
+const char* last_family(const tf_flash::CudaKernelCounts& before) {
+  const tf_flash::CudaKernelCounts now = tf_flash::flash_cuda_kernel_counts();
+  return now.forward_sm90 > before.forward_sm90 ? "sm90" : now.forward_sm80 > before.forward_sm80 ? "sm80" : "-";
+}
 
 // float64 reference and same-dtype standard attention for one case, on host copies.
 void reference(const Case& c, const FlashFwdParams& p, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
@@ -258,9 +265,11 @@ Result run_case(const Case& c, std::mt19937& rng) {
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
+  const tf_flash::CudaKernelCounts counts = tf_flash::flash_cuda_kernel_counts();
   CHECK_CUDA(cudaEventRecord(e0));
   const int err = tf_flash::flash_fwd_cuda(dp, dt, nullptr);
   CHECK_CUDA(cudaEventRecord(e1));
+  res.family = last_family(counts);
   if (err != 0) {
     std::printf("  launch error %d: %s\n", err, tf_flash::flash_cuda_error_string(err));
     std::exit(2);
@@ -333,15 +342,15 @@ std::vector<Case> make_cases(bool quick) {
 int run_tests(bool quick) {
   std::mt19937 rng(1234);
   int fails = 0, n = 0;
-  std::printf("%-14s %-5s %4s %4s %5s %5s  %10s %10s %9s %s\n", "case", "dtype", "D", "Dv", "Sq", "Sk", "max_err",
-              "std_err", "lse_err", "result");
+  std::printf("%-14s %-5s %4s %4s %5s %5s  %10s %10s %9s %-6s %s\n", "case", "dtype", "D", "Dv", "Sq", "Sk",
+              "max_err", "std_err", "lse_err", "kernel", "result");
   for (const Case& c : make_cases(quick)) {
     const Result r = run_case(c, rng);
     ++n;
     if (!r.ok) ++fails;
-    std::printf("%-14s %-5s %4d %4d %5d %5d  %10.3g %10.3g %9.3g %s%s\n", c.name,
+    std::printf("%-14s %-5s %4d %4d %5d %5d  %10.3g %10.3g %9.3g %-6s %s%s\n", c.name,
                 c.dtype == DType::kFloat16 ? "fp16" : "bf16", c.D, c.Dv, c.Sq, c.Sk, r.err, r.err_std, r.lse_err,
-                r.ok ? "ok" : "FAIL", (r.nan_out || r.nan_lse) ? " (NaN/unwritten)" : "");
+                r.family ? r.family : "-", r.ok ? "ok" : "FAIL", (r.nan_out || r.nan_lse) ? " (NaN/unwritten)" : "");
   }
   std::printf("%d/%d cases passed\n", n - fails, n);
   return fails ? 1 : 0;
@@ -726,8 +735,8 @@ int run_bench(const std::vector<int>& dims) {
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
-  std::printf("%-5s %4s %6s %5s %6s  %9s %9s %9s  %8s\n", "dtype", "d", "causal", "batch", "seqlen", "med_ms",
-              "min_ms", "max_ms", "TFLOP/s");
+  std::printf("%-5s %4s %6s %5s %6s  %9s %9s %9s  %8s %s\n", "dtype", "d", "causal", "batch", "seqlen", "med_ms",
+              "min_ms", "max_ms", "TFLOP/s", "kernel");
   for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
     const bool fp16 = dt == DType::kFloat16;
     fill_normalish<<<1024, 256>>>(q, n, 1, fp16);
@@ -747,7 +756,9 @@ int run_bench(const std::vector<int>& dims) {
           p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
           p.scale = 1.f / std::sqrt(float(d));
           p.causal = causal;
+          const tf_flash::CudaKernelCounts counts = tf_flash::flash_cuda_kernel_counts();
           for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, dt, nullptr)));
+          const char* family = last_family(counts);
           std::vector<float> ms;
           for (int it = 0; it < 30; ++it) {
             CHECK_CUDA(cudaEventRecord(e0));
@@ -762,8 +773,8 @@ int run_bench(const std::vector<int>& dims) {
           std::sort(ms.begin(), ms.end());
           const double med = ms[ms.size() / 2];
           const double flops = 4.0 * b * double(s) * s * h * d / (causal ? 2 : 1);
-          std::printf("%-5s %4d %6d %5d %6d  %9.4f %9.4f %9.4f  %8.1f\n", fp16 ? "fp16" : "bf16", d, causal, b, s, med,
-                      ms.front(), ms.back(), flops / (med * 1e-3) / 1e12);
+          std::printf("%-5s %4d %6d %5d %6d  %9.4f %9.4f %9.4f  %8.1f %s\n", fp16 ? "fp16" : "bf16", d, causal, b, s,
+                      med, ms.front(), ms.back(), flops / (med * 1e-3) / 1e12, family);
         }
       }
     }

@@ -227,6 +227,47 @@ struct OnlineSoftmax {
       }
     }
   }
+
+  // update() in two steps, for a kernel whose O accumulator is still being written by an asynchronous GEMM
+  // when the scores arrive (the Hopper forward): the new running max and each row's correction factor for
+  // O (applied by the caller once its GEMM is done), then the exponentials and the running sum. Rows may
+  // be entirely -inf.
+  template <class Scores>
+  __device__ __forceinline__ void rescale_max(Scores& s, float (&correction)[kRows], float scale_log2, bool first) {
+    using namespace cute;
+    constexpr int kCols = decltype(size<1>(s))::value;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      float a = row_max[mi], c = s(mi, 0);
+      CUTE_UNROLL
+      for (int ni = 1; ni < kCols; ni += 2) {
+        a = fmaxf(a, s(mi, ni));
+        if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
+      }
+      const float mx = quad_max(fmaxf(a, c));
+      const float mx_scaled = mx != -INFINITY ? mx * scale_log2 : 0.f;
+      correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+      row_max[mi] = mx;
+    }
+  }
+  template <class Scores>
+  __device__ __forceinline__ void exponentiate(Scores& s, const float (&correction)[kRows], float scale_log2) {
+    using namespace cute;
+    constexpr int kCols = decltype(size<1>(s))::value;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const float mx_scaled = row_max[mi] != -INFINITY ? row_max[mi] * scale_log2 : 0.f;
+      float sum0 = 0.f, sum1 = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < kCols; ni += 2) {
+        s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
+        s(mi, ni + 1) = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
+        sum0 += s(mi, ni);
+        sum1 += s(mi, ni + 1);
+      }
+      row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
+    }
+  }
 };
 
 // Dropout on the 16-bit probabilities rP of the tile at (m0, n0), two per register, after the normalizer

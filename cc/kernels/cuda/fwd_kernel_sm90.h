@@ -1,0 +1,400 @@
+// Hopper (sm_90a) forward kernel, tf_flash's second CUDA family (FlashAttention-3's design, our code):
+// one CTA per (query tile of 128 rows, head, batch) runs three warpgroups. The producer (one thread of
+// warpgroup 0) brings Q once and the visible K/V tiles into a ring of kStages shared-memory stages with
+// the bulk tensor copy engine (TMA), each stage guarded by mbarriers (cutlass::PipelineTmaAsync); it
+// keeps 24 registers so that the two consumer warpgroups get 240 (setmaxnreg). Each consumer owns 64
+// query rows and runs wgmma: S = Q K^T from shared memory, O += P V with P from registers. Inside a
+// warpgroup the softmax of tile j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile
+// down); between the two warpgroups named barriers take turns issuing GEMMs ("ping-pong"), so that one's
+// softmax runs while the other's GEMMs do.
+//
+// Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
+// lengths (TMA zero-fills past the tensor's end). Element masks, block-sparse, dropout and soft-capping
+// run in the sm_80 family (cuda_entry.cu chooses, at run time).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/pipeline/sm90_pipeline.hpp"
+
+#include "cc/kernels/cuda/common.cuh"
+#include "cc/kernels/cuda/fwd_kernel.h"
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/params.h"
+
+namespace tf_flash {
+namespace cuda {
+
+template <int kHeadDim_, int kBlockN_, int kStages_, class Element_>
+struct FwdTraitsSm90 {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = 128, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr int kMmaWarpGroups = 2;  // each owns 64 query rows
+  static constexpr int kMmaThreads = 128 * kMmaWarpGroups;
+  static constexpr int kNThreads = kMmaThreads + 128;  // and the producer warpgroup
+  static constexpr int kProducerRegs = 24, kMmaRegs = 240;  // 24 * 128 + 240 * 256 <= 64K registers
+  static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
+  static_assert(kBlockN % 16 == 0, "key tile: whole k-slices of P V");
+
+  using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
+  using WarpGroups = cute::Layout<cute::Shape<cute::Int<kMmaWarpGroups>, cute::_1, cute::_1>>;
+  using TiledMmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, TileQK>(), WarpGroups{}));
+  // V stays as loaded (key rows, head dim contiguous): the B operand of P V is then head-dim-major (MN).
+  using TiledMmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, TilePV, cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      WarpGroups{}));
+
+  using SmemLayoutQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                                   cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  // (head dim, key, stage): the same bytes as a K-major (key, head dim) tile, seen transposed.
+  using SmemLayoutVt = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}, cute::Step<cute::_2, cute::_1, cute::_3>{}));
+
+  // Global tensors as the TMA sees them: (rows, head dim, heads, batch), head dim contiguous; V transposed.
+  using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using GmemStrideVt = cute::Stride<cute::_1, int64_t, int64_t, int64_t>;
+  using TmaQ = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}),
+      SmemLayoutQ{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}, cute::_1{}));
+  using TmaK = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}),
+      cute::take<0, 2>(SmemLayoutK{}), cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStrideVt{}),
+      cute::take<0, 2>(SmemLayoutVt{}), cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::_1{}));
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);  // one K or V stage
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    // 128-byte swizzled tiles want 1024-byte alignment (the swizzle pattern's period).
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutQ>> q;  // later O, row by row
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutVt>> v;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
+    typename Pipeline::SharedStorage pipeline_k, pipeline_v;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  // Output: per warpgroup, its 64 rows from shared memory (Q's buffer) in 16-byte stores.
+  static constexpr int kStoreThreadsPerRow = kHeadDim / 8;
+  using GmemTiledCopyStore = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+      cute::Layout<cute::Shape<cute::Int<128 / kStoreThreadsPerRow>, cute::Int<kStoreThreadsPerRow>>,
+                   cute::Stride<cute::Int<kStoreThreadsPerRow>, cute::_1>>{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+};
+
+// Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V).
+template <int kHeadDim, class Element> struct FwdConfigSm90;
+template <class E> struct FwdConfigSm90<64, E> { using Traits = FwdTraitsSm90<64, 128, 2, E>; };
+template <class E> struct FwdConfigSm90<128, E> { using Traits = FwdTraitsSm90<128, 128, 2, E>; };
+template <class E> struct FwdConfigSm90<256, E> { using Traits = FwdTraitsSm90<256, 64, 2, E>; };
+
+// Kernel arguments: the params and the three TMA descriptors (built on the host: they hold the pointers).
+template <class Traits>
+struct FwdArgsSm90 {
+  FlashFwdParams p;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaV tma_v;
+};
+
+// ---- Layout views of a wgmma accumulator, shape ((2, 2, N/8), MMA_M, MMA_N) ----
+// Row/column view: ((2, MMA_M), (2, N/8, MMA_N)); mode 0 of the fragment is (column pair, row half, n8 group).
+template <class Layout>
+__host__ __device__ constexpr auto gmma_acc_rowcol(Layout layout) {
+  static_assert(decltype(cute::rank<0>(layout))::value == 3, "expected a wgmma accumulator");
+  return cute::make_layout(cute::make_layout(cute::get<0, 1>(layout), cute::get<1>(layout)),
+                           cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 2>(layout), cute::get<2>(layout)));
+}
+
+// The accumulator of S reused as the register A operand of P V: two n8 groups form one k16 slice,
+// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, N/16 * MMA_N).
+template <class Layout>
+__host__ __device__ constexpr auto gmma_acc_as_a_operand(Layout layout) {
+  auto groups = cute::logical_divide(cute::get<0, 2>(layout), cute::Tile<cute::_2>{});  // ((2, N/16))
+  return cute::make_layout(
+      cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 1>(layout), cute::get<0, 0>(groups)),
+      cute::get<1>(layout), cute::coalesce(cute::make_layout(cute::get<0, 1>(groups), cute::get<2>(layout))));
+}
+
+// Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
+// waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
+template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const& a, FragB const& b, FragC& c) {
+  using namespace cute;
+  constexpr bool kRegisterA = !is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(tiled_mma, a(_, _, k), b(_, _, k), c);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
+}
+
+// Named barriers of the kernel (ids after CUTLASS's reserved ones).
+enum class Sm90Barrier : uint32_t {
+  kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + 1 for warpgroup 1
+  kValueRowsZeroed = 2,  // both consumers zeroed the unseen rows of a V stage
+  kOutputWg0 = 3,  // a consumer's output rows are in shared memory; + 1 for warpgroup 1
+};
+__device__ __forceinline__ void named_sync(int threads, Sm90Barrier id, int offset = 0) {
+  cutlass::arch::NamedBarrier::sync(threads, uint32_t(id) + offset);
+}
+__device__ __forceinline__ void named_arrive(int threads, Sm90Barrier id, int offset = 0) {
+  cutlass::arch::NamedBarrier::arrive(threads, uint32_t(id) + offset);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    flash_fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kMmaThreads = Traits::kMmaThreads;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  extern __shared__ __align__(1024) char smem_buf[];
+  auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
+  const FlashFwdParams& p = args.p;
+
+  // Heaviest query tiles (the last ones under a causal mask) are scheduled first.
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int h_kv = h / (p.num_heads / p.num_heads_kv);
+  const int64_t q_len = valid_q_len(p, b), kv_len = valid_kv_len(p, b);
+  const int64_t m0 = int64_t(m_block) * kBlockM;
+  const int64_t m_valid_end = m0 + kBlockM < q_len ? m0 + kBlockM : q_len;
+
+  // Key tiles some valid row of this query tile sees (the same rule as the sm_80 family).
+  int n_block_min = 0, n_block_max = 0;
+  KeyRange first_row{0, 0}, last_row{0, 0};
+  if (m0 < q_len) {
+    first_row = key_range(p, m0, q_len, kv_len);
+    last_row = key_range(p, m_valid_end - 1, q_len, kv_len);
+    if (last_row.end > first_row.begin) {
+      n_block_min = int(first_row.begin / kBlockN);
+      n_block_max = int((last_row.end + kBlockN - 1) / kBlockN);
+    }
+  }
+  const bool has_work = n_block_max > n_block_min;
+
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.begin()), typename Traits::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(shared.v.begin()), typename Traits::SmemLayoutVt{});
+
+  const int warp_group = int(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(args.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
+    shared.barrier_q.init(1);
+  }
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = kMmaThreads;
+  Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();  // barriers initialized
+
+  if (warp_group == 0) {
+    // ---- Producer: one thread issues every copy; K of tile j goes out before V of tile j + 1, the order
+    // in which the consumers need them ----
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (threadIdx.x != 0 || !has_work) return;
+    Tensor mQ = args.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.num_heads, p.batch));
+    Tensor mK = args.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.num_heads_kv, p.batch));
+    Tensor mVt = args.tma_v.get_tma_tensor(make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch));
+    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_block, _0{}));
+    Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+    Tensor gVt = local_tile(mVt(_, _, h_kv, b), Shape<Int<kHeadDim>, Int<kBlockN>>{}, make_coord(_0{}, _));
+    // (TMA) for Q, (TMA, tile) and (TMA, stage) for K and V: the copy engine moves a whole mode 0.
+    auto q_parts = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto k_parts = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto v_parts = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
+    Tensor tKgK = get<0>(k_parts);
+    Tensor tKsK = get<1>(k_parts);
+    Tensor tVgV = get<0>(v_parts);
+    Tensor tVsV = get<1>(v_parts);
+
+    using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
+    shared.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
+    copy(args.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q)), get<0>(q_parts), get<1>(q_parts));
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    auto load_k = [&](int n) {
+      pipeline_k.producer_acquire(write);
+      copy(args.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n), tKsK(_, write.index()));
+    };
+    auto load_v = [&](int n, PipelineState state) {
+      pipeline_v.producer_acquire(state);
+      copy(args.tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, n), tVsV(_, state.index()));
+    };
+    int n = n_block_max - 1;
+    load_k(n);
+    PipelineState write_v = write;
+    ++write;
+    for (; n > n_block_min; --n) {
+      load_k(n - 1);
+      load_v(n, write_v);
+      write_v = write;
+      ++write;
+    }
+    load_v(n_block_min, write_v);
+    return;
+  }
+
+  // ---- Consumers ----
+  cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
+  const int mma_tidx = int(threadIdx.x) - 128;
+  const int wg = warp_group - 1;  // 0 or 1: query rows 64 wg .. 64 wg + 63 of the tile
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
+  auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stage)
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tOrP = make_tensor<Element>(gmma_acc_as_a_operand(tSrS.layout()));
+  Tensor s_rc = make_tensor(tSrS.data(), gmma_acc_rowcol(tSrS.layout()));
+  Tensor o_rc = make_tensor(tOrO.data(), gmma_acc_rowcol(tOrO.layout()));
+  // (row, column) inside the score tile of each accumulator element.
+  Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
+  constexpr int kRows = decltype(size<0>(cS_rc))::value;
+  OnlineSoftmax<kRows> softmax;
+  clear(tOrO);
+  const float scale_log2 = softmax_scale_log2(p);
+  const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
+
+  if (has_work) {
+    // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full.
+    const int hi_unmasked = int(first_row.end / kBlockN);
+    const int lo_unmasked = int((last_row.begin + kBlockN - 1) / kBlockN);
+    // Keys no row of the tile sees, [0, first_row.begin) and [keys_end, seqlen_k), may hold anything
+    // (NaN in padding): their V rows are zeroed in shared memory, since P = 0 there and 0 x NaN is NaN.
+    // Past seqlen_k the TMA has zero-filled already.
+    const int64_t keys_end = last_row.end < kv_len ? last_row.end : kv_len;
+    auto zero_unseen_values = [&](int n, PipelineState stage) {
+      const int64_t n0 = int64_t(n) * kBlockN;
+      const int lo = int(first_row.begin - n0 > 0 ? first_row.begin - n0 : 0);
+      const int64_t hi64 = keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN;
+      const int hi = n0 + kBlockN > p.seqlen_k && keys_end == p.seqlen_k ? kBlockN : int(hi64);
+      if (lo == 0 && hi == kBlockN) return;  // uniform over both consumers: every row of the stage is seen
+      pipeline_v.consumer_wait(stage);
+      Tensor sV = sVt(_, _, stage.index());
+      for (int i = mma_tidx; i < kHeadDim * kBlockN; i += kMmaThreads) {
+        const int key = i / kHeadDim, d = i % kHeadDim;
+        if (key < lo || key >= hi) sV(d, key) = Element(0);
+      }
+      cutlass::arch::fence_view_async_shared();  // visible to the tensor cores (async proxy)
+      named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);
+    };
+
+    // Ping-pong: warpgroup 0 issues first.
+    if (wg == 0) named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 0);
+    shared.barrier_q.wait(0);
+
+    auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
+    // Scores of tile n -> unnormalized probabilities; `correction` rescales O for the new running max.
+    float correction[kRows];
+    auto softmax_of_tile = [&](int n, bool first) __attribute__((always_inline)) {
+      if (tile_masked(n)) {
+        mask_scores<false, kBlockN>(s_rc, cS_rc, p, m0, int64_t(n) * kBlockN, q_len, kv_len, false, nullptr);
+      }
+      softmax.rescale_max(s_rc, correction, scale_log2, first);
+      softmax.exponentiate(s_rc, correction, scale_log2);
+    };
+
+    PipelineState read;
+    int n = n_block_max - 1;
+    // First tile: S, softmax, P (no P V yet).
+    pipeline_k.consumer_wait(read);
+    warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+    warpgroup_wait<0>();
+    pipeline_k.consumer_release(read);
+    softmax_of_tile(n, true);
+    copy(make_tensor(convert_fragment<Element>(tSrS).data(), tOrP.layout()), tOrP);
+
+    // Each step: S of tile n and O += P V of tile n + 1 issued together; the softmax of S runs while the
+    // tensor cores do P V; then O is rescaled by the change of the running max and P becomes tile n's.
+    for (--n; n >= n_block_min; --n) {
+      PipelineState read_v = read;  // tile n + 1
+      ++read;
+      if (n + 1 == n_block_max - 1) zero_unseen_values(n + 1, read_v);  // only edge tiles: see above
+      pipeline_k.consumer_wait(read);
+      named_sync(kMmaThreads, Sm90Barrier::kIssueWg0, wg);
+      warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+      pipeline_v.consumer_wait(read_v);
+      warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+      named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 1 - wg);
+      warpgroup_wait<1>();  // S done
+      pipeline_k.consumer_release(read);
+      softmax_of_tile(n, false);
+      warpgroup_wait<0>();  // P V done
+      pipeline_v.consumer_release(read_v);
+      copy(make_tensor(convert_fragment<Element>(tSrS).data(), tOrP.layout()), tOrP);
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<0>(o_rc); ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(o_rc); ++ni) o_rc(mi, ni) *= correction[mi];
+      }
+    }
+    // The last P V (tile n_block_min), outside the ping-pong.
+    zero_unseen_values(n_block_min, read);
+    pipeline_v.consumer_wait(read);
+    warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
+    warpgroup_wait<0>();
+    pipeline_v.consumer_release(read);
+  }
+
+  // ---- Epilogue: normalize, lse, then O through shared memory (this warpgroup's Q rows, which only its
+  // own, finished GEMMs read) to 16-byte global stores ----
+  normalize_and_write_lse(o_rc, softmax, cS_rc, p, m0, q_len, batch_head, scale_log2, 1.f);
+  Tensor sO = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
+  Tensor rO = convert_fragment<Element>(tOrO);
+  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_pv);
+  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(mma_tidx);
+  Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+  copy(smem_copy_o, smem_thr_copy_o.retile_S(rO), taccOsO);
+  named_sync(128, Sm90Barrier::kOutputWg0, wg);
+
+  Element* o_ptr = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(int64_t(p.seqlen_q), Int<kHeadDim>{}),
+                          make_stride(p.o_row_stride, _1{}));
+  Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(2 * m_block + wg, 0));
+  Tensor sO_rows = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, 0));
+  typename Traits::GmemTiledCopyStore gmem_copy_o;
+  auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(int(threadIdx.x) % 128);
+  store_tile(gmem_copy_o, gmem_thr_copy_o, sO_rows, gO, p.seqlen_q - (m0 + 64 * wg), p.head_dim_v);
+#endif
+}
+
+}  // namespace cuda
+}  // namespace tf_flash
