@@ -200,6 +200,23 @@ TF_FLASH_REGISTER_CPU(Eigen::bfloat16)
 
 REGISTER_KERNEL_BUILDER(Name("TfFlash>BuildInfo").Device(tf::DEVICE_CPU), BuildInfoOp);
 
+class KernelCountsOp : public tf::OpKernel {
+ public:
+  using tf::OpKernel::OpKernel;
+  void Compute(tf::OpKernelContext* ctx) override {
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {3}, &out));
+    auto counts = out->vec<int64_t>();
+#if TF_FLASH_WITH_CUDA
+    const CudaKernelCounts c = flash_cuda_kernel_counts();
+    counts(0) = c.forward_sm80, counts(1) = c.forward_sm90, counts(2) = c.backward_sm80;
+#else
+    counts.setZero();
+#endif
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TfFlash>KernelCounts").Device(tf::DEVICE_CPU), KernelCountsOp);
+
 #if TF_FLASH_WITH_CUDA
 // The seed is read on the host into the params; lengths and masks stay on the device.
 #define TF_FLASH_REGISTER_GPU(T)                                                                \

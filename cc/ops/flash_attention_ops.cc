@@ -119,4 +119,14 @@ REGISTER_OP("TfFlash>BuildInfo")
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("What the library was compiled with, as 'key=value;...' (cuda=0/1, cuda_archs=...).");
 
+REGISTER_OP("TfFlash>KernelCounts")
+    .Output("counts: int64")
+    .SetIsStateful()  // the value changes between calls: never constant-folded or cached
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(3));
+      return Status();
+    })
+    .Doc("CUDA kernel launches of this process by family: [forward sm_80, forward sm_90 (Hopper), backward sm_80]; "
+         "zeros in a CPU-only library.");
+
 }  // namespace tf_flash

@@ -99,7 +99,9 @@ struct FwdTraitsSm90 {
       cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
 };
 
-// Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V).
+// Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V). Measured on the H100
+// (benchmarks/results/tf_gpu_round5/): wider key tiles (d128: 160, d64: 192) spill a few registers and
+// were slower at 1k-4k tokens (d128 non-causal 4k: 497 against 594 TFLOP/s).
 template <int kHeadDim, class Element> struct FwdConfigSm90;
 template <class E> struct FwdConfigSm90<64, E> { using Traits = FwdTraitsSm90<64, 128, 2, E>; };
 template <class E> struct FwdConfigSm90<128, E> { using Traits = FwdTraitsSm90<128, 128, 2, E>; };
@@ -265,134 +267,133 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       ++write;
     }
     load_v(n_block_min, write_v);
-    return;
-  }
+  } else {
+    // ---- Consumers: the other branch of this if/else (setmaxnreg moves registers between branches) ----
+    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
+    const int mma_tidx = int(threadIdx.x) - 128;
+    const int wg = warp_group - 1;  // 0 or 1: query rows 64 wg .. 64 wg + 63 of the tile
+    typename Traits::TiledMmaQK mma_qk;
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
+    auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stage)
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor tOrP = make_tensor<Element>(gmma_acc_as_a_operand(tSrS.layout()));
+    Tensor s_rc = make_tensor(tSrS.data(), gmma_acc_rowcol(tSrS.layout()));
+    Tensor o_rc = make_tensor(tOrO.data(), gmma_acc_rowcol(tOrO.layout()));
+    // (row, column) inside the score tile of each accumulator element.
+    Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
+    constexpr int kRows = decltype(size<0>(cS_rc))::value;
+    OnlineSoftmax<kRows> softmax;
+    clear(tOrO);
+    const float scale_log2 = softmax_scale_log2(p);
+    const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
 
-  // ---- Consumers ----
-  cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
-  const int mma_tidx = int(threadIdx.x) - 128;
-  const int wg = warp_group - 1;  // 0 or 1: query rows 64 wg .. 64 wg + 63 of the tile
-  typename Traits::TiledMmaQK mma_qk;
-  typename Traits::TiledMmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
-  auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-  Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
-  Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stage)
-  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-  Tensor tOrP = make_tensor<Element>(gmma_acc_as_a_operand(tSrS.layout()));
-  Tensor s_rc = make_tensor(tSrS.data(), gmma_acc_rowcol(tSrS.layout()));
-  Tensor o_rc = make_tensor(tOrO.data(), gmma_acc_rowcol(tOrO.layout()));
-  // (row, column) inside the score tile of each accumulator element.
-  Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
-  constexpr int kRows = decltype(size<0>(cS_rc))::value;
-  OnlineSoftmax<kRows> softmax;
-  clear(tOrO);
-  const float scale_log2 = softmax_scale_log2(p);
-  const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
+    if (has_work) {
+      // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full.
+      const int hi_unmasked = int(first_row.end / kBlockN);
+      const int lo_unmasked = int((last_row.begin + kBlockN - 1) / kBlockN);
+      // Keys no row of the tile sees, [0, first_row.begin) and [keys_end, seqlen_k), may hold anything
+      // (NaN in padding): their V rows are zeroed in shared memory, since P = 0 there and 0 x NaN is NaN.
+      // Past seqlen_k the TMA has zero-filled already.
+      const int64_t keys_end = last_row.end < kv_len ? last_row.end : kv_len;
+      auto zero_unseen_values = [&](int n, PipelineState stage) {
+        const int64_t n0 = int64_t(n) * kBlockN;
+        const int lo = int(first_row.begin - n0 > 0 ? first_row.begin - n0 : 0);
+        const int64_t hi64 = keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN;
+        const int hi = n0 + kBlockN > p.seqlen_k && keys_end == p.seqlen_k ? kBlockN : int(hi64);
+        if (lo == 0 && hi == kBlockN) return;  // uniform over both consumers: every row of the stage is seen
+        pipeline_v.consumer_wait(stage);
+        Tensor sV = sVt(_, _, stage.index());
+        for (int i = mma_tidx; i < kHeadDim * kBlockN; i += kMmaThreads) {
+          const int key = i / kHeadDim, d = i % kHeadDim;
+          if (key < lo || key >= hi) sV(d, key) = Element(0);
+        }
+        cutlass::arch::fence_view_async_shared();  // visible to the tensor cores (async proxy)
+        named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);
+      };
 
-  if (has_work) {
-    // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full.
-    const int hi_unmasked = int(first_row.end / kBlockN);
-    const int lo_unmasked = int((last_row.begin + kBlockN - 1) / kBlockN);
-    // Keys no row of the tile sees, [0, first_row.begin) and [keys_end, seqlen_k), may hold anything
-    // (NaN in padding): their V rows are zeroed in shared memory, since P = 0 there and 0 x NaN is NaN.
-    // Past seqlen_k the TMA has zero-filled already.
-    const int64_t keys_end = last_row.end < kv_len ? last_row.end : kv_len;
-    auto zero_unseen_values = [&](int n, PipelineState stage) {
-      const int64_t n0 = int64_t(n) * kBlockN;
-      const int lo = int(first_row.begin - n0 > 0 ? first_row.begin - n0 : 0);
-      const int64_t hi64 = keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN;
-      const int hi = n0 + kBlockN > p.seqlen_k && keys_end == p.seqlen_k ? kBlockN : int(hi64);
-      if (lo == 0 && hi == kBlockN) return;  // uniform over both consumers: every row of the stage is seen
-      pipeline_v.consumer_wait(stage);
-      Tensor sV = sVt(_, _, stage.index());
-      for (int i = mma_tidx; i < kHeadDim * kBlockN; i += kMmaThreads) {
-        const int key = i / kHeadDim, d = i % kHeadDim;
-        if (key < lo || key >= hi) sV(d, key) = Element(0);
-      }
-      cutlass::arch::fence_view_async_shared();  // visible to the tensor cores (async proxy)
-      named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);
-    };
+      // Ping-pong: warpgroup 0 issues first.
+      if (wg == 0) named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 0);
+      shared.barrier_q.wait(0);
 
-    // Ping-pong: warpgroup 0 issues first.
-    if (wg == 0) named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 0);
-    shared.barrier_q.wait(0);
+      auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
+      // Scores of tile n -> unnormalized probabilities; `correction` rescales O for the new running max.
+      float correction[kRows];
+      auto softmax_of_tile = [&](int n, bool first) __attribute__((always_inline)) {
+        if (tile_masked(n)) {
+          mask_scores<false, kBlockN>(s_rc, cS_rc, p, m0, int64_t(n) * kBlockN, q_len, kv_len, false, nullptr);
+        }
+        softmax.rescale_max(s_rc, correction, scale_log2, first);
+        softmax.exponentiate(s_rc, correction, scale_log2);
+      };
 
-    auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
-    // Scores of tile n -> unnormalized probabilities; `correction` rescales O for the new running max.
-    float correction[kRows];
-    auto softmax_of_tile = [&](int n, bool first) __attribute__((always_inline)) {
-      if (tile_masked(n)) {
-        mask_scores<false, kBlockN>(s_rc, cS_rc, p, m0, int64_t(n) * kBlockN, q_len, kv_len, false, nullptr);
-      }
-      softmax.rescale_max(s_rc, correction, scale_log2, first);
-      softmax.exponentiate(s_rc, correction, scale_log2);
-    };
-
-    PipelineState read;
-    int n = n_block_max - 1;
-    // First tile: S, softmax, P (no P V yet).
-    pipeline_k.consumer_wait(read);
-    warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
-    warpgroup_wait<0>();
-    pipeline_k.consumer_release(read);
-    softmax_of_tile(n, true);
-    copy(make_tensor(convert_fragment<Element>(tSrS).data(), tOrP.layout()), tOrP);
-
-    // Each step: S of tile n and O += P V of tile n + 1 issued together; the softmax of S runs while the
-    // tensor cores do P V; then O is rescaled by the change of the running max and P becomes tile n's.
-    for (--n; n >= n_block_min; --n) {
-      PipelineState read_v = read;  // tile n + 1
-      ++read;
-      if (n + 1 == n_block_max - 1) zero_unseen_values(n + 1, read_v);  // only edge tiles: see above
+      PipelineState read;
+      int n = n_block_max - 1;
+      // First tile: S, softmax, P (no P V yet).
       pipeline_k.consumer_wait(read);
-      named_sync(kMmaThreads, Sm90Barrier::kIssueWg0, wg);
       warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
-      pipeline_v.consumer_wait(read_v);
-      warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-      named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 1 - wg);
-      warpgroup_wait<1>();  // S done
+      warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
-      softmax_of_tile(n, false);
-      warpgroup_wait<0>();  // P V done
-      pipeline_v.consumer_release(read_v);
+      softmax_of_tile(n, true);
       copy(make_tensor(convert_fragment<Element>(tSrS).data(), tOrP.layout()), tOrP);
-      CUTE_UNROLL
-      for (int mi = 0; mi < size<0>(o_rc); ++mi) {
+
+      // Each step: S of tile n and O += P V of tile n + 1 issued together; the softmax of S runs while the
+      // tensor cores do P V; then O is rescaled by the change of the running max and P becomes tile n's.
+      for (--n; n >= n_block_min; --n) {
+        PipelineState read_v = read;  // tile n + 1
+        ++read;
+        if (n + 1 == n_block_max - 1) zero_unseen_values(n + 1, read_v);  // only edge tiles: see above
+        pipeline_k.consumer_wait(read);
+        named_sync(kMmaThreads, Sm90Barrier::kIssueWg0, wg);
+        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+        pipeline_v.consumer_wait(read_v);
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 1 - wg);
+        warpgroup_wait<1>();  // S done
+        pipeline_k.consumer_release(read);
+        softmax_of_tile(n, false);
+        warpgroup_wait<0>();  // P V done
+        pipeline_v.consumer_release(read_v);
+        copy(make_tensor(convert_fragment<Element>(tSrS).data(), tOrP.layout()), tOrP);
         CUTE_UNROLL
-        for (int ni = 0; ni < size<1>(o_rc); ++ni) o_rc(mi, ni) *= correction[mi];
+        for (int mi = 0; mi < size<0>(o_rc); ++mi) {
+          CUTE_UNROLL
+          for (int ni = 0; ni < size<1>(o_rc); ++ni) o_rc(mi, ni) *= correction[mi];
+        }
       }
+      // The last P V (tile n_block_min), outside the ping-pong.
+      zero_unseen_values(n_block_min, read);
+      pipeline_v.consumer_wait(read);
+      warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(read);
     }
-    // The last P V (tile n_block_min), outside the ping-pong.
-    zero_unseen_values(n_block_min, read);
-    pipeline_v.consumer_wait(read);
-    warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
-    warpgroup_wait<0>();
-    pipeline_v.consumer_release(read);
+
+    // ---- Epilogue: normalize, lse, then O through shared memory (this warpgroup's Q rows, which only its
+    // own, finished GEMMs read) to 16-byte global stores ----
+    normalize_and_write_lse(o_rc, softmax, cS_rc, p, m0, q_len, batch_head, scale_log2, 1.f);
+    Tensor sO = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
+    Tensor rO = convert_fragment<Element>(tOrO);
+    auto smem_copy_o = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_pv);
+    auto smem_thr_copy_o = smem_copy_o.get_thread_slice(mma_tidx);
+    Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
+    copy(smem_copy_o, smem_thr_copy_o.retile_S(rO), taccOsO);
+    named_sync(128, Sm90Barrier::kOutputWg0, wg);
+
+    Element* o_ptr = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+    Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(int64_t(p.seqlen_q), Int<kHeadDim>{}),
+                            make_stride(p.o_row_stride, _1{}));
+    Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(2 * m_block + wg, 0));
+    Tensor sO_rows = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, 0));
+    typename Traits::GmemTiledCopyStore gmem_copy_o;
+    auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(int(threadIdx.x) % 128);
+    store_tile(gmem_copy_o, gmem_thr_copy_o, sO_rows, gO, p.seqlen_q - (m0 + 64 * wg), p.head_dim_v);
   }
-
-  // ---- Epilogue: normalize, lse, then O through shared memory (this warpgroup's Q rows, which only its
-  // own, finished GEMMs read) to 16-byte global stores ----
-  normalize_and_write_lse(o_rc, softmax, cS_rc, p, m0, q_len, batch_head, scale_log2, 1.f);
-  Tensor sO = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
-  Tensor rO = convert_fragment<Element>(tOrO);
-  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_pv);
-  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(mma_tidx);
-  Tensor taccOsO = smem_thr_copy_o.partition_D(sO);
-  copy(smem_copy_o, smem_thr_copy_o.retile_S(rO), taccOsO);
-  named_sync(128, Sm90Barrier::kOutputWg0, wg);
-
-  Element* o_ptr = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
-  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(int64_t(p.seqlen_q), Int<kHeadDim>{}),
-                          make_stride(p.o_row_stride, _1{}));
-  Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(2 * m_block + wg, 0));
-  Tensor sO_rows = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, 0));
-  typename Traits::GmemTiledCopyStore gmem_copy_o;
-  auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(int(threadIdx.x) % 128);
-  store_tile(gmem_copy_o, gmem_thr_copy_o, sO_rows, gO, p.seqlen_q - (m0 + 64 * wg), p.head_dim_v);
 #endif
 }
 
