@@ -1,8 +1,9 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash._ops.cuda_kernel_counts):
-the Hopper forward (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs it takes, the
-sm_80 family for the rest (element and block masks, dropout, soft-capping, head dims 32 and 96) and on
-every other GPU (cc/kernels/cuda/cuda_entry.cu). Each case also checks the result against float64
-attention, so that a family that ran is also a family that is right."""
+the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
+sm_80 family for the rest (element and block masks, dropout, soft-capping, head dims 32 and 96; in the
+backward also head dim 256 and the deterministic dQ) and on every other GPU (cc/kernels/cuda/family.h).
+Each case also checks the result against float64 attention, so that a family that ran is also a family
+that is right."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -67,21 +68,37 @@ def test_head_dim_32_runs_sm80(rng):
     assert ran["forward_sm80"] == 1 and ran["forward_sm90"] == 0, ran
 
 
-def test_backward_after_a_hopper_forward(rng):
-    """The backward (sm_80 family) reads the Hopper forward's out and lse: gradients against float64."""
-    b, s, h, d = 1, 200, 2, 128
-    q, k, v, dout = (rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(4))
-    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("features", [dict(causal=True), dict(), dict(window=(70, 20)), dict(dropout_rate=0.1, seed=5),
+                                      dict(deterministic=True)])
+def test_backward_family_and_gradients(dtype, head_dim, features, rng):
+    """The backward takes the Hopper dK/dV kernel for head dims 64 and 128 without dropout, masks or
+    deterministic dQ, the sm_80 one otherwise; gradients against float64 either way (GQA, odd lengths)."""
+    b, sq, sk, h, hkv = 2, 200, 333, 4, 2
+    q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
+    before = cuda_kernel_counts()
     with tf.device("/GPU:0"), tf.GradientTape() as tape:
         tape.watch([tq, tk, tv])
-        out = tf_flash.flash_attention(tq, tk, tv, causal=True)
+        out = tf_flash.flash_attention(tq, tk, tv, **features)
         loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
     grads = tape.gradient(loss, [tq, tk, tv])
+    after = cuda_kernel_counts()
+    hopper = (_hopper_expected() and head_dim in (64, 128) and "dropout_rate" not in features
+              and "deterministic" not in features)
+    family = "backward_sm90" if hopper else "backward_sm80"
+    assert after[family] - before[family] == 1, (features, before, after)
+    if "dropout_rate" in features:
+        return  # the dropout gradients are checked against the CPU's mask in test_dropout.py
     from reference import reference_attention_grad
-    ref_grads = reference_attention_grad(q, k, v, dout, causal=True)
-    for g, r in zip(grads, ref_grads):
-        g = tf.cast(g, tf.float64).numpy()
-        assert np.linalg.norm(g - r) <= 2e-2 * np.linalg.norm(r), (np.linalg.norm(g - r), np.linalg.norm(r))
+    masks = {key: val for key, val in features.items() if key in ("causal", "window")}
+    ref_grads = reference_attention_grad(q, k, v, dout, **masks)
+    tol = 1e-2 if dtype == tf.float16 else 3e-2
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        err = np.linalg.norm(tf.cast(g, tf.float64).numpy() - r)
+        assert err <= tol * np.linalg.norm(r), (name, err, np.linalg.norm(r))
 
 
 def test_xla_front_door_reaches_the_same_family(rng):

@@ -61,12 +61,13 @@ def build_info():
 
 def cuda_kernel_counts():
     """CUDA kernel launches of this process by family, e.g. {'forward_sm80': 3, 'forward_sm90': 12,
-    'backward_sm80': 12}: how a test (or a user) sees which kernels ran. The forward takes the Hopper family
-    (sm_90a: TMA, wgmma) on H100/H200 for the inputs it supports and the sm_80 family elsewhere; setting
-    TF_FLASH_CUDA_FORWARD=sm80 before the first call keeps it on sm_80. All zeros in a CPU-only library."""
+    'backward_sm80': 3, 'backward_sm90': 12}: how a test (or a user) sees which kernels ran. The Hopper
+    family (sm_90a: TMA, wgmma) runs on H100/H200 for the inputs it supports, the sm_80 family elsewhere;
+    TF_FLASH_CUDA_FAMILY=sm80, set before the first call, keeps every GPU on sm_80. All zeros in a
+    CPU-only library."""
     with tf.init_scope():
         counts = ops.tf_flash_kernel_counts().numpy().tolist()
-    return dict(zip(("forward_sm80", "forward_sm90", "backward_sm80"), counts))
+    return dict(zip(("forward_sm80", "forward_sm90", "backward_sm80", "backward_sm90"), counts))
 
 
 def _check_tf_version():

@@ -123,10 +123,10 @@ REGISTER_OP("TfFlash>KernelCounts")
     .Output("counts: int64")
     .SetIsStateful()  // the value changes between calls: never constant-folded or cached
     .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(3));
+      c->set_output(0, c->Vector(4));
       return Status();
     })
-    .Doc("CUDA kernel launches of this process by family: [forward sm_80, forward sm_90 (Hopper), backward sm_80]; "
-         "zeros in a CPU-only library.");
+    .Doc("CUDA kernel launches of this process by family: [forward sm_80, forward sm_90 (Hopper), backward sm_80, "
+         "backward sm_90]; zeros in a CPU-only library.");
 
 }  // namespace tf_flash

@@ -287,7 +287,12 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const tf_flash::CudaKernelCounts before = tf_flash::flash_cuda_kernel_counts();
   const int err = flash_bwd_cuda(p, c.dtype, stream);
+  const tf_flash::CudaKernelCounts after = tf_flash::flash_cuda_kernel_counts();
+  const char* family = after.backward_sm90 > before.backward_sm90   ? "sm90"
+                       : after.backward_sm80 > before.backward_sm80 ? "sm80"
+                                                                     : "-";
   if (err != 0) {
     std::printf("FAIL %-40s flash_bwd_cuda returned %d (%s)\n", c.name.c_str(), err,
                 cudaGetErrorString(cudaError_t(err)));
@@ -317,9 +322,9 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   const double tol = c.dtype == DType::kFloat16 ? 4e-3 : 2e-2;
   const bool ok = eq.nan == 0 && ek.nan == 0 && ev.nan == 0 && eq.value() < tol && ek.value() < tol &&
                   ev.value() < tol;
-  std::printf("%s %-44s %s d=%3d/%3d b=%d sq=%4d sk=%4d h=%d/%d  rel dq %.2e dk %.2e dv %.2e  nan %ld/%ld/%ld\n",
+  std::printf("%s %-44s %s d=%3d/%3d b=%d sq=%4d sk=%4d h=%d/%d  rel dq %.2e dk %.2e dv %.2e  nan %ld/%ld/%ld %s\n",
               ok ? "ok  " : "FAIL", c.name.c_str(), c.dtype == DType::kFloat16 ? "fp16" : "bf16", D, Dv, B, Sq, Sk, H,
-              Hkv, eq.value(), ek.value(), ev.value(), eq.nan, ek.nan, ev.nan);
+              Hkv, eq.value(), ek.value(), ev.value(), eq.nan, ek.nan, ev.nan, family);
   (void)verbose;
   cudaFree(const_cast<void*>(p.q));
   cudaFree(const_cast<void*>(p.k));

@@ -3,7 +3,7 @@
 # Usage on the GPU machine: tests/cuda_harness/device_round.sh [steps...]
 #   steps: build sass test bigoffset fp32 bench bench80 tiles feat regs ncu sanitize racecheck torch
 #   (default: build test bigoffset bench tiles ncu sanitize). bench80: the benchmark with the forward held on
-#   the sm_80 family (TF_FLASH_CUDA_FORWARD=sm80), for a same-run comparison with the Hopper family.
+#   the sm_80 family (TF_FLASH_CUDA_FAMILY=sm80), for a same-run comparison with the Hopper family.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/out}"
@@ -23,7 +23,7 @@ for step in $steps; do
     bigoffset) "$bin/fwd_harness" bigoffset ;;
     fp32) "$bin/fwd_harness" fp32 ;;
     bench) timeout 300 "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench.log" 2>&1; cat "$out/bench.log" ;;
-    bench80) TF_FLASH_CUDA_FORWARD=sm80 timeout 300 "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench80.log" 2>&1
+    bench80) TF_FLASH_CUDA_FAMILY=sm80 timeout 300 "$bin/fwd_harness" bench ${BENCH_DIMS:-64 128 256} > "$out/bench80.log" 2>&1
              cat "$out/bench80.log" ;;
     tiles) "$bin/fwd_harness" tiles 2>&1 | tee "$out/tiles.log" ;;
     feat) "$bin/fwd_harness" feat 2>&1 | tee "$out/feat.log" ;;

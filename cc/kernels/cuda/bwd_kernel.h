@@ -28,8 +28,10 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "cc/kernels/cuda/bwd_kernel_sm90.h"
 #include "cc/kernels/cuda/bwd_launch.h"
 #include "cc/kernels/cuda/common.cuh"
+#include "cc/kernels/cuda/family.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 #include "cc/kernels/flash/philox.h"
@@ -97,32 +99,6 @@ struct BwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>
   static constexpr int kSmemBytes = int(sizeof(Element)) * (2 * kStages * kQElems + 2 * kKVElems + 2 * kPElems) +
                                     2 * kStages * kBlockM * int(sizeof(float));
 };
-
-struct BwdScratch {
-  float* dq_accum;  // [dq_splits, B, H, Sq_pad, dq_cols]: one dQ accumulator per split (bwd_dq_splits)
-  float* lse2;      // [B, H, Sq_pad]  lse * log2(e); +inf where P must be 0
-  float* dvec;      // [B, H, Sq_pad]  rowsum(dO * O) - d_lse
-  int64_t sq_pad;
-  int dq_cols;      // the kernel's head dim: max(head_dim, head_dim_v) rounded up to a compiled one
-  bool deterministic;  // one dQ accumulator per CTA (dq_splits CTAs per (kv head, batch)), no race
-  int dq_splits;       // 1 unless deterministic
-  int64_t dq_split_stride;
-};
-
-inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
-  const int64_t sq_pad = padded_rows(p.seqlen_q);
-  const int64_t rows = int64_t(p.batch) * p.num_heads * sq_pad;
-  BwdScratch s;
-  s.dq_cols = tf_flash_kernel_headdim(p);
-  s.deterministic = p.deterministic;
-  s.dq_splits = bwd_dq_splits(p);
-  s.dq_split_stride = rows * s.dq_cols;
-  s.dq_accum = p.scratch;
-  s.lse2 = p.scratch + s.dq_splits * s.dq_split_stride;
-  s.dvec = s.lse2 + rows;
-  s.sq_pad = sq_pad;
-  return s;
-}
 
 // ---- Kernel 1: D = rowsum(dO * O) - d_lse, lse2, zero dQ accumulator. 8 threads per (b, h, row). ----
 template <typename Element>
@@ -322,22 +298,6 @@ __device__ __forceinline__ void scores_gradient(ScoresRC& dP, ScoresRC const& P,
       dP(mi, ni) = ds;
     }
   }
-}
-
-// dQ accumulator (global, fp32) += this thread's part of acc_dq, by atomics: on sm_90 the accumulator's
-// (even, odd) column pairs are adjacent in memory, one 8-byte red per pair.
-template <class AccDq, class GmemDq>
-__device__ __forceinline__ void atomic_add_dq(AccDq const& acc_dq, GmemDq& tdQgdQ) {
-  using namespace cute;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); i += 2)
-    atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-#else
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
-#endif
 }
 
 // Epilogue: dK * scale and dV in the output dtype through shared memory (the K/V buffers) to 16-byte
@@ -729,6 +689,13 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
+  auto launch_convert_dq = [&]() -> cudaError_t {
+    if (p.seqlen_q == 0) return cudaSuccess;
+    constexpr int kRowsPerBlock = 128 / (kHeadDim / 8);
+    dim3 grid(unsigned((p.seqlen_q + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(p.num_heads), unsigned(p.batch));
+    bwd_convert_dq_kernel<Element, kHeadDim><<<grid, 128, 0, stream>>>(p, s);
+    return cudaGetLastError();
+  };
   if (p.seqlen_k > 0) {  // with seqlen_q == 0 it visits no tile and writes dK = dV = 0
     constexpr int smem = Traits::kSmemBytes;
     const int num_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
@@ -745,6 +712,20 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
     const bool softcap = p.softcap > 0.f;
+    // The Hopper kernel takes the plain case (no element or block masks, dropout, soft-capping) with dQ by
+    // atomics, head dims 64 and 128; everything else, and a library without sm_90a code, runs here.
+    if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+      if (p.attn_mask.data == nullptr && p.block_mask.data == nullptr && !dropout && !softcap && !s.deterministic &&
+          hopper_family_allowed()) {
+        const cudaError_t e = run_bwd_dkdv_sm90<Element, kHeadDim>(p, s, stream);
+        if (e != cudaErrorNoKernelImageForDevice) {
+          if (e != cudaSuccess) return e;
+          backward_sm90_launches.fetch_add(1, std::memory_order_relaxed);
+          return launch_convert_dq();
+        }
+      }
+    }
+    backward_sm80_launches.fetch_add(1, std::memory_order_relaxed);
     cudaError_t e = softcap ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true, true>)
                                        : launch(bwd_dkdv_kernel<Traits, true, false, true>))
                     : masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
@@ -753,14 +734,7 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                                        : launch(bwd_dkdv_kernel<Traits, false, false>));
     if (e != cudaSuccess) return e;
   }
-  if (p.seqlen_q > 0) {
-    constexpr int kRowsPerBlock = 128 / (kHeadDim / 8);
-    dim3 grid(unsigned((p.seqlen_q + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(p.num_heads), unsigned(p.batch));
-    bwd_convert_dq_kernel<Element, kHeadDim><<<grid, 128, 0, stream>>>(p, s);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  return launch_convert_dq();
 }
 
 }  // namespace cuda

@@ -66,5 +66,32 @@ inline int64_t bwd_scratch_bytes(const FlashBwdParams& p) {
   return rows * (int64_t(bwd_dq_splits(p)) * tf_flash_kernel_headdim(p) + 2) * int64_t(sizeof(float));
 }
 
+// Where those pieces live in params.scratch, as the kernels of both backward families see them.
+struct BwdScratch {
+  float* dq_accum;  // [dq_splits, B, H, Sq_pad, dq_cols]: one dQ accumulator per split (bwd_dq_splits)
+  float* lse2;      // [B, H, Sq_pad]  lse * log2(e); +inf where P must be 0
+  float* dvec;      // [B, H, Sq_pad]  rowsum(dO * O) - d_lse
+  int64_t sq_pad;
+  int dq_cols;      // the kernel's head dim: max(head_dim, head_dim_v) rounded up to a compiled one
+  bool deterministic;  // one dQ accumulator per CTA (dq_splits CTAs per (kv head, batch)), no race
+  int dq_splits;       // 1 unless deterministic
+  int64_t dq_split_stride;
+};
+
+inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
+  const int64_t sq_pad = padded_rows(p.seqlen_q);
+  const int64_t rows = int64_t(p.batch) * p.num_heads * sq_pad;
+  BwdScratch s;
+  s.dq_cols = tf_flash_kernel_headdim(p);
+  s.deterministic = p.deterministic;
+  s.dq_splits = bwd_dq_splits(p);
+  s.dq_split_stride = rows * s.dq_cols;
+  s.dq_accum = p.scratch;
+  s.lse2 = p.scratch + s.dq_splits * s.dq_split_stride;
+  s.dvec = s.lse2 + rows;
+  s.sq_pad = sq_pad;
+  return s;
+}
+
 }  // namespace cuda
 }  // namespace tf_flash

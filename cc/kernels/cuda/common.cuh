@@ -227,6 +227,22 @@ __device__ __forceinline__ void store_tile(TiledCopy const& tiled_copy, ThrCopy 
                   thr_copy.partition_D(cute::make_identity_tensor(cute::shape(dst))), rows_left, cols);
 }
 
+// dQ accumulator (global, fp32) += this thread's part of acc_dq, by atomics: on sm_90 the accumulator's
+// (even, odd) column pairs are adjacent in memory, one 8-byte red per pair.
+template <class AccDq, class GmemDq>
+__device__ __forceinline__ void atomic_add_dq(AccDq const& acc_dq, GmemDq& tdQgdQ) {
+  using namespace cute;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); i += 2)
+    atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
+#else
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));
+#endif
+}
+
 // ---- Dropout: the Philox draws of this thread's entries of a score tile (philox.h's layout) ----
 // Calls draw(m, c, draws) for each MMA row block m < kMmaM and each group c < kGroups of four adjacent n8
 // column atoms (4c .. 4c + 3), with the draws of the thread's entries there. coord_rc: the score tile's

@@ -1,14 +1,12 @@
 // CUDA entry points of launch.h for the forward direction: flash_fwd_cuda, which chooses the kernel
-// family (Hopper or sm_80) at run time, flash_cuda_kernel_counts and flash_cuda_error_string. The
-// backward entry points live in flash_bwd_api.cu, the support check of both in support.cu. Nothing here
-// includes CuTe: the kernels are reached through fwd_api.h.
+// family (Hopper or sm_80, family.h) at run time, and flash_cuda_error_string. The backward entry points
+// live in flash_bwd_api.cu, the support check of both in support.cu. Nothing here includes CuTe: the
+// kernels are reached through fwd_api.h.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
+#include "cc/kernels/cuda/family.h"
 #include "cc/kernels/cuda/fwd_api.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
@@ -17,42 +15,18 @@
 namespace tf_flash {
 namespace cuda {
 
-std::atomic<int64_t> forward_sm80_launches{0}, forward_sm90_launches{0}, backward_sm80_launches{0};
-
 namespace {
 
-// Compute capability major of the current device, read once per device.
-int device_major() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> majors[kMaxDevices] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-  int major = majors[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return 0;
-    majors[device].store(major, std::memory_order_relaxed);
-  }
-  return major;
-}
-
-// TF_FLASH_CUDA_FORWARD=sm80 keeps the forward on the sm_80 family on every GPU (comparisons, bisecting).
-bool hopper_forward_allowed() {
-  static const bool allowed = [] {
-    const char* choice = std::getenv("TF_FLASH_CUDA_FORWARD");
-    return choice == nullptr || std::strcmp(choice, "sm80") != 0;
-  }();
-  return allowed;
-}
-
-// What the Hopper forward takes: an sm_90 GPU, head dims 64/128/256, no element or block masks, no
-// dropout, no soft-capping (those run in the sm_80 family).
+// What the Hopper forward takes: head dims 64/128/256, no element or block masks, no dropout, no
+// soft-capping (those run in the sm_80 family).
 bool hopper_forward_runs(const FlashFwdParams& p) {
   const int d = tf_flash_kernel_headdim(p);
   return (d == 64 || d == 128 || d == 256) && p.attn_mask.data == nullptr && p.block_mask.data == nullptr &&
-         p.dropout_rate == 0.f && p.softcap == 0.f && hopper_forward_allowed() && device_major() == 9;
+         p.dropout_rate == 0.f && p.softcap == 0.f && hopper_family_allowed();
 }
 
 }  // namespace
+
 }  // namespace cuda
 
 int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
@@ -79,11 +53,6 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
   });
   if (err == cudaSuccess) cuda::forward_sm80_launches.fetch_add(1, std::memory_order_relaxed);
   return int(err);
-}
-
-CudaKernelCounts flash_cuda_kernel_counts() {
-  return CudaKernelCounts{cuda::forward_sm80_launches.load(), cuda::forward_sm90_launches.load(),
-                          cuda::backward_sm80_launches.load()};
 }
 
 const char* flash_cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }

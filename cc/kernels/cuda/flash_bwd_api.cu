@@ -2,7 +2,6 @@
 // is support.cu's, the dispatch static_switch.h's, both shared with the forward (cuda_entry.cu).
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "cc/kernels/cuda/bwd_launch.h"
@@ -10,10 +9,6 @@
 #include "cc/kernels/flash/launch.h"
 
 namespace tf_flash {
-namespace cuda {
-extern std::atomic<int64_t> backward_sm80_launches;  // cuda_entry.cu
-}  // namespace cuda
-
 int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params) { return cuda::bwd_scratch_bytes(params); }
 
 int flash_bwd_cuda(const FlashBwdParams& p, DType dtype, void* stream_ptr) {
@@ -25,11 +20,9 @@ int flash_bwd_cuda(const FlashBwdParams& p, DType dtype, void* stream_ptr) {
   }
   if (p.batch == 0 || p.num_heads == 0) return int(cudaSuccess);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const cudaError_t err = cuda::dispatch_kernel(p, dtype, [&](auto element, auto head_dim) {
-    return cuda::run_flash_bwd<decltype(element), decltype(head_dim)::value>(p, stream);
-  });
-  if (err == cudaSuccess) cuda::backward_sm80_launches.fetch_add(1, std::memory_order_relaxed);
-  return int(err);
+  return int(cuda::dispatch_kernel(p, dtype, [&](auto element, auto head_dim) {
+    return cuda::run_flash_bwd<decltype(element), decltype(head_dim)::value>(p, stream);  // counts its launches
+  }));
 }
 
 }  // namespace tf_flash

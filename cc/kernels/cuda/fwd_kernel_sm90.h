@@ -155,16 +155,18 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const&
   if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
 }
 
-// Named barriers of the kernel (ids after CUTLASS's reserved ones).
+// Named barriers of the forward kernel (ids after CUTLASS's reserved ones).
 enum class Sm90Barrier : uint32_t {
   kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + 1 for warpgroup 1
   kValueRowsZeroed = 2,  // both consumers zeroed the unseen rows of a V stage
   kOutputWg0 = 3,  // a consumer's output rows are in shared memory; + 1 for warpgroup 1
 };
-__device__ __forceinline__ void named_sync(int threads, Sm90Barrier id, int offset = 0) {
+template <class BarrierId>
+__device__ __forceinline__ void named_sync(int threads, BarrierId id, int offset = 0) {
   cutlass::arch::NamedBarrier::sync(threads, uint32_t(id) + offset);
 }
-__device__ __forceinline__ void named_arrive(int threads, Sm90Barrier id, int offset = 0) {
+template <class BarrierId>
+__device__ __forceinline__ void named_arrive(int threads, BarrierId id, int offset = 0) {
   cutlass::arch::NamedBarrier::arrive(threads, uint32_t(id) + offset);
 }
 

@@ -39,10 +39,10 @@ int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params);
 int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream);
 int flash_bwd_cuda(const FlashBwdParams& params, DType dtype, void* stream);
 const char* flash_cuda_error_string(int error);
-// Kernel launches of this process by family (the forward picks the Hopper family on sm_90 GPUs for the
-// params it takes, else sm_80's): what tests read to prove which kernels ran.
+// Kernel launches of this process by family (the Hopper family on sm_90 GPUs for the params it takes,
+// else sm_80's; cc/kernels/cuda/family.h): what tests read to prove which kernels ran.
 struct CudaKernelCounts {
-  int64_t forward_sm80 = 0, forward_sm90 = 0, backward_sm80 = 0;
+  int64_t forward_sm80 = 0, forward_sm90 = 0, backward_sm80 = 0, backward_sm90 = 0;
 };
 CudaKernelCounts flash_cuda_kernel_counts();
 // Copies `rows` contiguous rows of src_dim elements into rows of dst_dim elements (cropping, or padding

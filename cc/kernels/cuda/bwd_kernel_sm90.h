@@ -1,0 +1,418 @@
+// Hopper (sm_90a) dK/dV kernel of the backward (kernel 2 of bwd_kernel.h's three; the preprocess and the
+// dQ conversion are shared with the sm_80 family, and so is the scratch layout, bwd_launch.h). One CTA per
+// (key tile of 128, kv head, batch) runs three warpgroups: the producer (one thread) brings K and V once
+// and, for every query tile of 64 rows of every query head of the GQA group, Q and dO through a two-stage
+// TMA ring (cutlass::PipelineTmaAsync); each of the two consumer warpgroups owns 64 keys and keeps their
+// dK, dV accumulators in registers. Per query tile, with wgmma:
+//   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
+//   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
+//   dV += P^T dO and dK += dS^T Q (P^T, dS^T from registers),
+//   dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split the head dim), added to the fp32
+//   dQ accumulator with 8-byte atomics.
+// Visibility is mask.h's (causal, window, lengths): query tiles that see no key of the tile are never
+// visited, tiles that straddle a boundary are masked per element (by replacement: P = dS = 0). Keys no
+// valid query sees and query rows past q_len are zeroed in shared memory (0 x NaN must not reach a GEMM).
+// Element masks, block masks, dropout, soft-capping and the deterministic dQ run in the sm_80 family;
+// run_flash_bwd (bwd_kernel.h) chooses.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/numeric_types.h"
+#include "cutlass/pipeline/sm90_pipeline.hpp"
+
+#include "cc/kernels/cuda/bwd_launch.h"
+#include "cc/kernels/cuda/common.cuh"
+#include "cc/kernels/cuda/fwd_kernel_sm90.h"
+#include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/params.h"
+
+namespace tf_flash {
+namespace cuda {
+
+template <int kHeadDim_, class Element_>
+struct BwdTraitsSm90 {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 128, kStages = 2;
+  static constexpr int kMmaThreads = 256, kNThreads = 384;
+  static constexpr int kProducerRegs = 24, kMmaRegs = 240;
+  static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
+
+  using WarpGroupsM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;  // each owns 64 keys
+  using WarpGroupsN = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;  // each owns half the head dim
+  // S^T = K Q^T, dP^T = V dO^T: (keys, queries, head dim), both operands K-major.
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kHeadDim>>>(),
+      WarpGroupsM{}));
+  // dV += P^T dO, dK += dS^T Q: (keys, head dim, queries), A from registers, B head-dim-major.
+  using TiledMmadKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      WarpGroupsM{}));
+  // dQ = dS K: (queries, head dim / 2 per warpgroup, keys); dS query-major, K head-dim-major.
+  using TiledMmadQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
+      WarpGroupsN{}));
+
+  // Q and dO: (queries, head dim, stage), loaded by TMA; the same bytes seen as (head dim, queries, stage).
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutQt = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  // K and V: (keys, head dim); K also as (head dim, keys).
+  using SmemLayoutK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                                   cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKt = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                    cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                                    cute::Step<cute::_2, cute::_1>{}));
+  // dS: (queries, keys, buffer), queries contiguous; written as dS^T (keys, queries, buffer). Two buffers:
+  // one warpgroup may write the next tile's while the other still reads this one's.
+  using SmemLayoutdS = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::_2>{}));
+  using SmemLayoutdSt = decltype(cute::composition(
+      SmemLayoutdS{}, cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{},
+                                        cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
+
+  using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, head dim, heads, batch)
+  using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                                                GmemShape{}, GmemStride{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(SmemLayoutQ{}),
+                                            cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}, cute::_1{}));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
+                                            cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}, cute::_1{}));
+  static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element);  // one stage of Q and dO
+  static constexpr uint32_t kTmaBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  struct SharedStorage {
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutQ>> d_o;
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> v;
+    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutdS>> ds;
+    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    typename Pipeline::SharedStorage pipeline_q;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+};
+
+template <class Traits>
+struct BwdArgsSm90 {
+  FlashBwdParams p;
+  BwdScratch s;
+  typename Traits::TmaQ tma_q, tma_do;
+  typename Traits::TmaK tma_k, tma_v;
+};
+
+enum class BwdSm90Barrier : uint32_t {
+  kRowsZeroed = 0,  // both consumers zeroed the unseen rows of a tile in shared memory
+  kDsReady = 1,     // both consumers wrote their dS^T rows
+};
+
+// Zeroes rows [lo, hi) of a (rows, head dim) shared-memory tile, cooperatively over both consumer
+// warpgroups, and makes the zeros visible to the tensor cores and the copy engine (async proxy).
+template <int kHeadDim, class Tile>
+__device__ __forceinline__ void zero_tile_rows(Tile&& tile, int lo, int hi, int tid, int threads) {
+    using Element = typename std::decay_t<Tile>::value_type;
+  for (int i = tid; i < (hi - lo) * kHeadDim; i += threads) tile(lo + i / kHeadDim, i % kHeadDim) = Element(0);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    bwd_dkdv_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kMmaThreads = Traits::kMmaThreads;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename Pipeline::PipelineState;
+
+  extern __shared__ __align__(1024) char smem_buf[];
+  auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
+  const FlashBwdParams& p = args.p;
+  const BwdScratch& s = args.s;
+
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_block * kBlockN;
+  const int group = p.num_heads / p.num_heads_kv;
+  const int64_t q_len = valid_q_len(p, b), kv_len = valid_kv_len(p, b);
+  // Query tiles that see some key of this tile (mask.h), for each query head of the group.
+  const IndexRange query_rows = query_range_of_keys(p, n0, int64_t(n0) + kBlockN, q_len, kv_len);
+  const int m_begin = int(query_rows.begin / kBlockM);
+  const int m_end = int((query_rows.end + kBlockM - 1) / kBlockM);
+  const int n_m = m_end > m_begin ? m_end - m_begin : 0;
+  const int n_iter = n_m * group;
+
+  Tensor sQ = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(shared.d_o.begin()), typename Traits::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(shared.d_o.begin()), typename Traits::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(shared.k.begin()), typename Traits::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(shared.v.begin()), typename Traits::SmemLayoutK{});
+  Tensor sKt = make_tensor(make_smem_ptr(shared.k.begin()), typename Traits::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdS{});
+  Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdSt{});
+
+  const int warp_group = int(threadIdx.x) / 128;
+  if (threadIdx.x == 0) {
+    cute::prefetch_tma_descriptor(args.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(args.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
+    shared.barrier_kv.init(1);
+  }
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipeline_params.transaction_bytes = Traits::kTmaBytesQdO;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = kMmaThreads;
+  Pipeline pipeline_q(shared.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();  // barriers initialized
+
+  if (warp_group == 0) {
+    // ---- Producer: K and V once, then Q and dO of every (query head, query tile) ----
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (threadIdx.x == 0 && n_iter > 0) {
+      using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
+      Tensor mK = args.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.num_heads_kv, p.batch));
+      Tensor mV = args.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.batch));
+      Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+      Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+      auto k_parts = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto v_parts = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      shared.barrier_kv.arrive_and_expect_tx(Traits::kTmaBytesKV);
+      copy(args.tma_k.with(reinterpret_cast<BarrierType&>(shared.barrier_kv)), get<0>(k_parts), get<1>(k_parts));
+      copy(args.tma_v.with(reinterpret_cast<BarrierType&>(shared.barrier_kv)), get<0>(v_parts), get<1>(v_parts));
+
+      Tensor mQ = args.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.num_heads, p.batch));
+      Tensor mdO = args.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch));
+      PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+      for (int it = 0; it < n_iter; ++it) {
+        const int h = h_kv * group + it / n_m;
+        const int m_tile = m_begin + it % n_m;
+        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
+        Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
+        auto q_parts = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        auto do_parts = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+        pipeline_q.producer_acquire(write);
+        BarrierType& full = *pipeline_q.producer_get_barrier(write);
+        copy(args.tma_q.with(full), get<0>(q_parts), get<1>(q_parts)(_, write.index()));
+        copy(args.tma_do.with(full), get<0>(do_parts), get<1>(do_parts)(_, write.index()));
+        ++write;
+      }
+    }
+  } else {
+    // ---- Consumers ----
+    cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
+    const int mma_tidx = int(threadIdx.x) - 128;
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(mma_tidx);
+    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
+    auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, MMA_N, MMA_K, stage)
+    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);  // (MMA, MMA_N, MMA_K, stage)
+    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_N, MMA_K, stage)
+    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_N, MMA_K, stage)
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, buffer)
+    Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+    Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    clear(acc_dk);
+    clear(acc_dv);
+    // (key row, query column) inside the S^T tile of each accumulator element.
+    Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
+    constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
+    static_assert(kRows * kCols <= 32, "one visibility bit per element");
+    auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
+    auto thr_copy_ds = copy_ds.get_thread_slice(mma_tidx);
+    const float scale_log2 = softmax_scale_log2(p);  // the forward's factor (mask.h)
+
+    if (n_iter > 0) {
+      shared.barrier_kv.wait(0);
+      // Keys that no valid query sees, and query rows past q_len, may hold anything (NaN padding); past the
+      // tensors' ends the TMA has zero-filled already.
+      const int64_t keys_end = key_range_of_rows(p, 0, q_len, q_len, kv_len).end;
+      const int key_lo = int(keys_end - n0 < kBlockN ? (keys_end - n0 > 0 ? keys_end - n0 : 0) : kBlockN);
+      const int key_hi = int(p.seqlen_k - n0 < kBlockN ? p.seqlen_k - n0 : kBlockN);
+      if (key_lo < key_hi) {
+        zero_tile_rows<kHeadDim>(sK, key_lo, key_hi, mma_tidx, kMmaThreads);
+        zero_tile_rows<kHeadDim>(sV, key_lo, key_hi, mma_tidx, kMmaThreads);
+        cutlass::arch::fence_view_async_shared();
+        named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+      }
+
+      PipelineState read;
+      for (int it = 0; it < n_iter; ++it) {
+        const int h = h_kv * group + it / n_m;
+        const int m0 = (m_begin + it % n_m) * kBlockM;
+        const int stage = read.index();
+        const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
+        // lse2 and D of this thread's query columns, fetched while the tiles land.
+        float lse2[kCols], dvec[kCols];
+        CUTE_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) {
+          const int col = get<1>(cS_rc(0, ni));
+          lse2[ni] = s.lse2[row0 + col];
+          dvec[ni] = s.dvec[row0 + col];
+        }
+        pipeline_q.consumer_wait(read);
+        const int64_t q_lo = q_len - m0, q_hi = p.seqlen_q - m0 < kBlockM ? p.seqlen_q - m0 : kBlockM;
+        if (q_lo < q_hi) {  // uniform: both consumers see the same tile
+          zero_tile_rows<kHeadDim>(sQ(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
+          zero_tile_rows<kHeadDim>(sdO(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
+          cutlass::arch::fence_view_async_shared();
+          named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+        }
+
+        Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+        warpgroup_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        warpgroup_wait<1>();  // S^T done
+
+        // P^T; invisible entries (tiles across a boundary only) become 0 by replacement.
+        Tensor S = make_tensor(acc_s.data(), gmma_acc_rowcol(acc_s.layout()));
+        const bool need_mask = !tile_fully_visible(p, m0, m0 + kBlockM, n0, int64_t(n0) + kBlockN, q_len, kv_len);
+        uint32_t hidden = 0;  // bit mi * kCols + ni
+        if (need_mask) {
+          CUTE_UNROLL
+          for (int ni = 0; ni < kCols; ++ni) {
+            const TileSpan span = visible_span_in_tile(p, m0 + get<1>(cS_rc(0, ni)), q_len, kv_len, n0, kBlockN);
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              const int key = get<0>(cS_rc(mi, 0));
+              if (key < span.lo || key >= span.hi) hidden |= 1u << (mi * kCols + ni);
+            }
+          }
+        }
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          CUTE_UNROLL
+          for (int ni = 0; ni < kCols; ++ni) {
+            const float prob = fast_exp2(S(mi, ni) * scale_log2 - lse2[ni]);
+            S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
+          }
+        }
+        warpgroup_wait<0>();  // dP^T done
+        Tensor dP = make_tensor(acc_dp.data(), gmma_acc_rowcol(acc_dp.layout()));
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          CUTE_UNROLL
+          for (int ni = 0; ni < kCols; ++ni) {
+            const float ds = S(mi, ni) * (dP(mi, ni) - dvec[ni]);
+            dP(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : ds;
+          }
+        }
+
+        // dV += P^T dO, dK += dS^T Q (A operands from registers); dS^T also to shared memory for dQ.
+        Tensor rP = convert_fragment<Element>(acc_s);
+        Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
+        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
+        Tensor rdS = convert_fragment<Element>(acc_dp);
+        Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
+        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
+        const int buffer = it % 2;
+        copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
+        cutlass::arch::fence_view_async_shared();
+        named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
+
+        // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
+        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
+        warpgroup_wait<0>();  // dV, dK and dQ done: this stage of Q and dO is free
+        pipeline_q.consumer_release(read);
+        ++read;
+        float* dq_ptr = s.dq_accum + row0 * kHeadDim;
+        Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+        Tensor tdQgdQ = thr_dq.partition_C(gdQ);
+        atomic_add_dq(acc_dq, tdQgdQ);
+      }
+    }
+
+    // ---- Epilogue: dK * scale and dV in the output dtype, rows < seqlen_k, columns < head_dim (_v) ----
+    Tensor cD = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+    Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); i += 2) {  // (even, odd) column pairs: one 4-byte store each
+      const int64_t key = n0 + get<0>(cD(i));
+      const int col = get<1>(cD(i));
+      if (key >= p.seqlen_k) continue;
+      if (col < p.head_dim)
+        *reinterpret_cast<uint32_t*>(dk_ptr + key * p.k_row_stride + col) =
+            pack_float2<Element>(acc_dk(i) * p.scale, acc_dk(i + 1) * p.scale);
+      if (col < p.head_dim_v)
+        *reinterpret_cast<uint32_t*>(dv_ptr + key * p.v_row_stride + col) = pack_float2<Element>(acc_dv(i), acc_dv(i + 1));
+    }
+  }
+#endif
+}
+
+// Kernel 2 of run_flash_bwd on the Hopper family: cudaErrorNoKernelImageForDevice (nothing launched) when
+// the library holds no sm_90a code for it.
+template <class Element, int kHeadDim>
+cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
+  using namespace cute;
+  using Traits = BwdTraitsSm90<kHeadDim, Element>;
+  auto kernel = &bwd_dkdv_kernel_sm90<Traits>;
+  static const bool has_sm90a_code = [&] {
+    cudaFuncAttributes attributes;
+    if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
+  }();
+  if (!has_sm90a_code) return cudaErrorNoKernelImageForDevice;
+
+  BwdArgsSm90<Traits> args;
+  args.p = p;
+  args.s = s;
+  auto gmem = [](const void* ptr, int rows, int dim, int heads, int64_t row_stride, int64_t head_stride,
+                 int64_t batch_stride, int batch) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), make_shape(rows, dim, heads, batch),
+                       make_stride(row_stride, _1{}, head_stride, batch_stride));
+  };
+  using TileQ = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>;
+  using TileK = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
+  const auto smem_q = take<0, 2>(typename Traits::SmemLayoutQ{});
+  args.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.q, p.seqlen_q, p.head_dim, p.num_heads, p.q_row_stride,
+                                                   p.q_head_stride, p.q_batch_stride, p.batch), smem_q, TileQ{}, _1{});
+  args.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.d_out, p.seqlen_q, p.head_dim_v, p.num_heads, p.o_row_stride,
+                                                    p.o_head_stride, p.o_batch_stride, p.batch), smem_q, TileQ{}, _1{});
+  args.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.k, p.seqlen_k, p.head_dim, p.num_heads_kv, p.k_row_stride,
+                                                   p.k_head_stride, p.k_batch_stride, p.batch),
+                             typename Traits::SmemLayoutK{}, TileK{}, _1{});
+  args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.v, p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.v_row_stride,
+                                                   p.v_head_stride, p.v_batch_stride, p.batch),
+                             typename Traits::SmemLayoutK{}, TileK{}, _1{});
+  constexpr int kSmem = Traits::kSmemBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.num_heads_kv, p.batch);
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace tf_flash

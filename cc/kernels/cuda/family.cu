@@ -1,0 +1,52 @@
+// The run-time choice of kernel family (family.h) and the launch counts of launch.h's
+// flash_cuda_kernel_counts.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "cc/kernels/cuda/family.h"
+#include "cc/kernels/flash/launch.h"
+
+namespace tf_flash {
+namespace cuda {
+
+std::atomic<int64_t> forward_sm80_launches{0}, forward_sm90_launches{0}, backward_sm80_launches{0},
+    backward_sm90_launches{0};
+
+namespace {
+
+// Compute capability major of the current device, read once per device.
+int device_major() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> majors[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  int major = majors[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return 0;
+    majors[device].store(major, std::memory_order_relaxed);
+  }
+  return major;
+}
+
+}  // namespace
+
+bool hopper_family_allowed() {
+  static const bool allowed = [] {
+    const char* choice = std::getenv("TF_FLASH_CUDA_FAMILY");
+    return choice == nullptr || std::strcmp(choice, "sm80") != 0;
+  }();
+  return allowed && device_major() == 9;
+}
+
+}  // namespace cuda
+
+CudaKernelCounts flash_cuda_kernel_counts() {
+  return CudaKernelCounts{cuda::forward_sm80_launches.load(), cuda::forward_sm90_launches.load(),
+                          cuda::backward_sm80_launches.load(), cuda::backward_sm90_launches.load()};
+}
+
+}  // namespace tf_flash
