@@ -17,11 +17,12 @@ namespace cuda {
 
 namespace {
 
-// What the Hopper forward takes: head dims 64/128/256, no element or block masks, no dropout, no
-// soft-capping (those run in the sm_80 family).
+// What the Hopper forward takes: head dims 64/128/256, keys to attend to (a TMA descriptor has no
+// empty dimension), no element or block masks, no dropout, no soft-capping (those run in the sm_80 family).
 bool hopper_forward_runs(const FlashFwdParams& p) {
   const int d = tf_flash_kernel_headdim(p);
-  return (d == 64 || d == 128 || d == 256) && p.attn_mask.data == nullptr && p.block_mask.data == nullptr &&
+  return (d == 64 || d == 128 || d == 256) && p.seqlen_k > 0 && p.attn_mask.data == nullptr &&
+         p.block_mask.data == nullptr &&
          p.dropout_rate == 0.f && p.softcap == 0.f && hopper_family_allowed();
 }
 
