@@ -10,6 +10,8 @@
 //      sm_90), dK += dS^T Q. Q/dO/lse/D of the next tile are fetched with cp.async while the current one is
 //      computed (with a single buffer, d256: while dQ is).
 //   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
+// On sm_90 GPUs kernel 2 is the Hopper family's (bwd_kernel_sm90.h) for the plain case: head dims 64 and
+// 128, no element or block masks, dropout, soft-capping or deterministic dQ (run_flash_bwd chooses).
 // Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
 // visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask / an
 // unaligned block_mask is given); block_mask tiles whose blocks are all False are never loaded. Dropout
