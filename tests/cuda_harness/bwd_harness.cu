@@ -48,6 +48,7 @@ struct Case {
   bool attn_mask = false;
   int block_mask = 0;  // 0 none; else block size (block_q = block_k)
   bool d_lse = false;
+  bool nan_pad = false;  // NaN in q, dO, out past q_len and in k, v past kv_len (never visible)
 };
 
 template <typename E>
@@ -251,6 +252,19 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   to_device_bits(c.dtype, v, &hv);
   to_device_bits(c.dtype, o_in, &ho);
   to_device_bits(c.dtype, dout, &hdo);
+  if (c.nan_pad) {  // the reference used the finite values: the kernels must never read these
+    const uint16_t nan_bits = c.dtype == DType::kFloat16 ? 0x7E00 : 0x7FC0;
+    auto poison = [&](std::vector<uint16_t>& t, int seq, int heads, int dim, const std::vector<int32_t>& len) {
+      for (int bb = 0; bb < B; ++bb)
+        for (int i = len[bb]; i < seq; ++i)
+          for (size_t e = 0; e < size_t(heads) * dim; ++e) t[(size_t(bb) * seq + i) * heads * dim + e] = nan_bits;
+    };
+    poison(hq, Sq, H, D, qlen);
+    poison(hdo, Sq, H, Dv, qlen);
+    poison(ho, Sq, H, Dv, qlen);
+    poison(hk, Sk, Hkv, D, kvlen);
+    poison(hv, Sk, Hkv, Dv, kvlen);
+  }
   auto upload = [](const void* src, size_t bytes) {
     void* d = nullptr;
     CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(bytes, 16)));
@@ -398,6 +412,13 @@ static int run_tests() {
     add(c, "q/kv lengths causal");
     c.causal = false, c.wl = 60, c.wr = 10;
     add(c, "q/kv lengths window");
+    c.wl = c.wr = -1, c.nan_pad = true;
+    for (int d : {64, 128, 256}) {
+      c.d = d, c.causal = false;
+      add(c, "q/kv lengths, NaN padding");
+      c.causal = true;
+      add(c, "q/kv lengths causal, NaN padding");
+    }
   }
   {
     Case c;

@@ -83,6 +83,7 @@ struct Case {
   int block_q = 0, block_k = 0;  // block mask when > 0
   float dropout = 0.f;
   float scale = -1.f;  // < 0: 1/sqrt(D)
+  bool nan_pad = false;  // NaN in q past q_len and in k, v past kv_len (never visible)
 };
 
 struct Result {
@@ -238,6 +239,20 @@ Result run_case(const Case& c, std::mt19937& rng) {
   std::vector<float> ref_std;
   reference(c, p, q, k, v, ref, ref_lse, ref_std);
 
+  if (c.nan_pad) {  // after the reference: the kernels must never let these reach an output
+    const uint16_t nan_bits = dt == DType::kFloat16 ? 0x7E00 : 0x7FC0;
+    auto poison = [&](std::vector<uint16_t>& t, int seq, int heads, int dim, const std::vector<int32_t>& len) {
+      for (int bb = 0; bb < c.B; ++bb)
+        for (int i = len[bb]; i < seq; ++i)
+          for (size_t e = 0; e < size_t(heads) * dim; ++e) t[(size_t(bb) * seq + i) * heads * dim + e] = nan_bits;
+    };
+    if (c.qlen) poison(q, c.Sq, c.H, c.D, qlens);
+    if (c.kvlen) {
+      poison(k, c.Sk, c.Hkv, c.D, kvlens);
+      poison(v, c.Sk, c.Hkv, c.Dv, kvlens);
+    }
+  }
+
   // Device copies (pointers swapped into a second params struct).
   FlashFwdParams dp = p;
   uint16_t *dq = to_device(q), *dk = to_device(k), *dv = to_device(v);
@@ -321,6 +336,11 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back({"window-causal", dt, 1, 2, 2, 300, 280, d, d, true, 150});
       cs.push_back({"lengths", dt, 3, 2, 2, 130, 257, d, d, false, -1, -1, true, true});
       cs.push_back({"causal-lengths", dt, 3, 2, 1, 200, 200, d, d, true, -1, -1, true, true});
+      Case nan_padded{"lengths-nanpad", dt, 3, 2, 2, 300, 333, d, d, false, -1, -1, true, true};
+      nan_padded.nan_pad = true;
+      cs.push_back(nan_padded);
+      nan_padded.name = "causal-nanpad", nan_padded.causal = true;
+      cs.push_back(nan_padded);
       cs.push_back({"gqa", dt, 2, 8, 2, 129, 129, d, d});
       cs.push_back({"tiny", dt, 1, 1, 1, 1, 1, d, d});
       cs.push_back({"seqk1", dt, 1, 2, 2, 70, 1, d, d, true});
