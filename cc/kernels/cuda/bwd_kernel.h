@@ -727,7 +727,6 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
         }
       }
     }
-    backward_sm80_launches.fetch_add(1, std::memory_order_relaxed);
     cudaError_t e = softcap ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true, true>)
                                        : launch(bwd_dkdv_kernel<Traits, true, false, true>))
                     : masks ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true>)
@@ -735,6 +734,7 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                             : (dropout ? launch(bwd_dkdv_kernel<Traits, false, true>)
                                        : launch(bwd_dkdv_kernel<Traits, false, false>));
     if (e != cudaSuccess) return e;
+    backward_sm80_launches.fetch_add(1, std::memory_order_relaxed);
   }
   return launch_convert_dq();
 }
