@@ -107,9 +107,13 @@ def _tf_run_config(cfg, args):
         del grads
         return {"peak_mb": info["peak"] / 2**20, "inputs_mb": base / 2**20,
                 "extra_mb": (info["peak"] - base) / 2**20}
+    counts = None
+    if cfg["impl"] == "tf_flash":  # which CUDA kernel family ran (all zeros on the CPU)
+        from tf_flash._ops import cuda_kernel_counts as counts
     for mode in cfg["modes"]:
         fn = fwd if mode == "fwd" else fwd_bwd
         try:
+            before = counts() if counts else None
             with tf.device(args.device):
                 t0 = time.perf_counter()
                 first = fn(q, k, v, dout)
@@ -121,6 +125,9 @@ def _tf_run_config(cfg, args):
                     lambda r: (r if mode == "fwd" else r[0])[0, 0, 0, 0].numpy(),
                     args.warmup, args.repeats)
             stats["first_call_s"] = compile_s
+            if before is not None:
+                after = counts()
+                stats["kernels"] = ",".join(k for k in after if after[k] > before[k])
             stats["tflops"] = common.attention_flops(cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["dim"],
                                                      cfg["causal"], mode) / stats["median_s"] / 1e12
             result[mode] = stats
@@ -399,9 +406,10 @@ def report(configs, results, info, args, stem):
             spread = (m["q3_s"] - m["q1_s"]) / m["median_s"] * 100 if "median_s" in m else None
             rows.append([c["impl"], c["dtype"], c["dim"], "yes" if c["causal"] else "no", c["batch"], c["seqlen"], mode,
                          _cell(r, mode, "median_s", 1e3, 3), _cell(r, mode, "tflops"), common.fmt(spread, 1),
-                         m.get("calls_per_sample", "")])
+                         m.get("calls_per_sample", ""), m.get("kernels", "")])
     lines += ["## All timings", "", common.markdown_table(
-        ["impl", "dtype", "d", "causal", "b", "s", "mode", "median ms", "TFLOP/s", "spread %", "calls/sample"],
+        ["impl", "dtype", "d", "causal", "b", "s", "mode", "median ms", "TFLOP/s", "spread %", "calls/sample",
+         "kernels"],
         rows), ""]
     if extras:
         rows = []
