@@ -123,11 +123,11 @@ enum class BwdSm90Barrier : uint32_t {
   kDsReady = 1,     // both consumers wrote their dS^T rows
 };
 
-// Zeroes rows [lo, hi) of a (rows, head dim) shared-memory tile, cooperatively over both consumer
-// warpgroups, and makes the zeros visible to the tensor cores and the copy engine (async proxy).
+// Zeroes rows [lo, hi) of a (rows, head dim) shared-memory tile, cooperatively over `threads` threads; the
+// caller fences (fence_view_async_shared) and synchronizes before a GEMM reads the tile.
 template <int kHeadDim, class Tile>
 __device__ __forceinline__ void zero_tile_rows(Tile&& tile, int lo, int hi, int tid, int threads) {
-    using Element = typename std::decay_t<Tile>::value_type;
+  using Element = typename std::decay_t<Tile>::value_type;
   for (int i = tid; i < (hi - lo) * kHeadDim; i += threads) tile(lo + i / kHeadDim, i % kHeadDim) = Element(0);
 }
 
