@@ -375,36 +375,34 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   using namespace cute;
   using Traits = BwdTraitsSm90<kHeadDim, Element>;
   auto kernel = &bwd_dkdv_kernel_sm90<Traits>;
-  static const bool has_sm90a_code = [&] {
-    cudaFuncAttributes attributes;
-    if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
-  }();
-  if (!has_sm90a_code) return cudaErrorNoKernelImageForDevice;
+  static const bool has_code = has_sm90a_code(kernel);
+  if (!has_code) return cudaErrorNoKernelImageForDevice;
 
   BwdArgsSm90<Traits> args;
   args.p = p;
   args.s = s;
-  auto gmem = [](const void* ptr, int rows, int dim, int heads, int64_t row_stride, int64_t head_stride,
-                 int64_t batch_stride, int batch) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), make_shape(rows, dim, heads, batch),
-                       make_stride(row_stride, _1{}, head_stride, batch_stride));
-  };
   using TileQ = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>;
   using TileK = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
   const auto smem_q = take<0, 2>(typename Traits::SmemLayoutQ{});
-  args.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.q, p.seqlen_q, p.head_dim, p.num_heads, p.q_row_stride,
-                                                   p.q_head_stride, p.q_batch_stride, p.batch), smem_q, TileQ{}, _1{});
-  args.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.d_out, p.seqlen_q, p.head_dim_v, p.num_heads, p.o_row_stride,
-                                                    p.o_head_stride, p.o_batch_stride, p.batch), smem_q, TileQ{}, _1{});
-  args.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.k, p.seqlen_k, p.head_dim, p.num_heads_kv, p.k_row_stride,
-                                                   p.k_head_stride, p.k_batch_stride, p.batch),
+  auto view = [&](const void* ptr, int rows, int dim, int heads, int64_t row_stride, int64_t head_stride,
+                  int64_t batch_stride) {
+    return tma_gmem_view<Element>(ptr, rows, dim, heads, p.batch, row_stride, head_stride, batch_stride);
+  };
+  args.tma_q = make_tma_copy(SM90_TMA_LOAD{},
+                             view(p.q, p.seqlen_q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride,
+                                  p.q_batch_stride),
+                             smem_q, TileQ{}, _1{});
+  args.tma_do = make_tma_copy(SM90_TMA_LOAD{},
+                              view(p.d_out, p.seqlen_q, p.head_dim_v, p.num_heads, p.o_row_stride, p.o_head_stride,
+                                   p.o_batch_stride),
+                              smem_q, TileQ{}, _1{});
+  args.tma_k = make_tma_copy(SM90_TMA_LOAD{},
+                             view(p.k, p.seqlen_k, p.head_dim, p.num_heads_kv, p.k_row_stride, p.k_head_stride,
+                                  p.k_batch_stride),
                              typename Traits::SmemLayoutK{}, TileK{}, _1{});
-  args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.v, p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.v_row_stride,
-                                                   p.v_head_stride, p.v_batch_stride, p.batch),
+  args.tma_v = make_tma_copy(SM90_TMA_LOAD{},
+                             view(p.v, p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.v_row_stride, p.v_head_stride,
+                                  p.v_batch_stride),
                              typename Traits::SmemLayoutK{}, TileK{}, _1{});
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

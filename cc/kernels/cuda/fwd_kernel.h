@@ -178,6 +178,20 @@ struct OnlineSoftmax {
     }
   }
 
+  // max(running max, this thread's scores of row mi), as two interleaved chains (more independent
+  // instructions for a latency-bound kernel).
+  template <class Scores>
+  __device__ __forceinline__ float thread_row_max(Scores const& s, int mi) const {
+    constexpr int kCols = decltype(cute::size<1>(s))::value;
+    float a = row_max[mi], c = s(mi, 0);
+    CUTE_UNROLL
+    for (int ni = 1; ni < kCols; ni += 2) {
+      a = fmaxf(a, s(mi, ni));
+      if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
+    }
+    return fmaxf(a, c);
+  }
+
   // Scores s (rows x columns) -> unnormalized probabilities: new running max, the running sum rescaled,
   // exponentiate. acc_o is rescaled only when some row's max moved in this warp (after the first tiles it
   // rarely does). kMask: rows may be entirely -inf. Reductions run as two interleaved partial chains per
@@ -190,15 +204,7 @@ struct OnlineSoftmax {
     bool rescale = false;
     float mx[kRows];
     CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      float a = row_max[mi], c = s(mi, 0);
-      CUTE_UNROLL
-      for (int ni = 1; ni < kCols; ni += 2) {
-        a = fmaxf(a, s(mi, ni));
-        if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
-      }
-      mx[mi] = fmaxf(a, c);
-    }
+    for (int mi = 0; mi < kRows; ++mi) mx[mi] = thread_row_max(s, mi);
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
     CUTE_UNROLL
@@ -233,18 +239,11 @@ struct OnlineSoftmax {
   // O (applied by the caller once its GEMM is done), then the exponentials and the running sum. Rows may
   // be entirely -inf.
   template <class Scores>
-  __device__ __forceinline__ void rescale_max(Scores& s, float (&correction)[kRows], float scale_log2, bool first) {
-    using namespace cute;
-    constexpr int kCols = decltype(size<1>(s))::value;
+  __device__ __forceinline__ void rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
+                                              bool first) {
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      float a = row_max[mi], c = s(mi, 0);
-      CUTE_UNROLL
-      for (int ni = 1; ni < kCols; ni += 2) {
-        a = fmaxf(a, s(mi, ni));
-        if (ni + 1 < kCols) c = fmaxf(c, s(mi, ni + 1));
-      }
-      const float mx = quad_max(fmaxf(a, c));
+      const float mx = quad_max(thread_row_max(s, mi));
       const float mx_scaled = mx != -INFINITY ? mx * scale_log2 : 0.f;
       correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
       row_max[mi] = mx;

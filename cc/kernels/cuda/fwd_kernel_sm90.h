@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda_runtime.h>
+
 #include <cute/tensor.hpp>
 
 #include "cutlass/arch/barrier.h"
@@ -115,6 +117,30 @@ struct FwdArgsSm90 {
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
 };
+
+// ---- Host side of the Hopper launchers ----
+// True when `kernel` runs from sm_90a machine code on the current device. The kernel bodies exist only in
+// that code: a library built without sm_90a (or a GPU that runs another target's code) answers false, and
+// the caller runs the sm_80 family instead. Asked once per kernel.
+template <class Kernel>
+bool has_sm90a_code(Kernel kernel) {
+  cudaFuncAttributes attributes;
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
+}
+
+// A [batch, rows, heads, dim] tensor as the TMA descriptors see it: (rows, dim, heads, batch), dim
+// contiguous.
+template <class Element>
+auto tma_gmem_view(const void* ptr, int rows, int dim, int heads, int batch, int64_t row_stride,
+                   int64_t head_stride, int64_t batch_stride) {
+  using namespace cute;
+  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), make_shape(rows, dim, heads, batch),
+                     make_stride(row_stride, _1{}, head_stride, batch_stride));
+}
 
 // ---- Layout views of a wgmma accumulator, shape ((2, 2, N/8), MMA_M, MMA_N) ----
 // Row/column view: ((2, MMA_M), (2, N/8, MMA_N)); mode 0 of the fragment is (column pair, row half, n8 group).

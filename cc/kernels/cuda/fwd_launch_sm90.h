@@ -15,33 +15,19 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace cute;
   using Traits = typename FwdConfigSm90<kHeadDim, Element>::Traits;
   auto kernel = &flash_fwd_kernel_sm90<Traits>;
-  // The kernel body exists only in sm_90a machine code: a build without it (or a GPU that runs another
-  // target's code) reports "no kernel image", and the caller runs the sm_80 family instead.
-  static const bool has_sm90a_code = [&] {
-    cudaFuncAttributes attributes;
-    if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
-  }();
-  if (!has_sm90a_code) return cudaErrorNoKernelImageForDevice;
+  static const bool has_code = has_sm90a_code(kernel);
+  if (!has_code) return cudaErrorNoKernelImageForDevice;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
 
   FwdArgsSm90<Traits> args;
   args.p = p;
-  auto gmem = [](const void* ptr, int rows, int dim, int heads, int64_t row_stride, int64_t head_stride,
-                 int64_t batch_stride, int batch) {
-    return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), make_shape(rows, dim, heads, batch),
-                       make_stride(row_stride, _1{}, head_stride, batch_stride));
-  };
   args.tma_q = make_tma_copy(SM90_TMA_LOAD{},
-                             gmem(p.q, p.seqlen_q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride,
-                                  p.q_batch_stride, p.batch),
+                             tma_gmem_view<Element>(p.q, p.seqlen_q, p.head_dim, p.num_heads, p.batch,
+                                                    p.q_row_stride, p.q_head_stride, p.q_batch_stride),
                              typename Traits::SmemLayoutQ{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
   args.tma_k = make_tma_copy(SM90_TMA_LOAD{},
-                             gmem(p.k, p.seqlen_k, p.head_dim, p.num_heads_kv, p.k_row_stride, p.k_head_stride,
-                                  p.k_batch_stride, p.batch),
+                             tma_gmem_view<Element>(p.k, p.seqlen_k, p.head_dim, p.num_heads_kv, p.batch,
+                                                    p.k_row_stride, p.k_head_stride, p.k_batch_stride),
                              take<0, 2>(typename Traits::SmemLayoutK{}),
                              Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
   // V transposed: (head dim, rows, heads, batch).
