@@ -372,17 +372,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   const int64_t m_valid_end = m0 + kBlockM < q_len ? m0 + kBlockM : q_len;
 
   // Key tiles any valid row of this query tile can see.
-  int n_block_min = 0, n_block_max = 0;
-  KeyRange first_row{0, 0}, last_row{0, 0};
-  if (m0 < q_len) {
-    first_row = key_range(p, m0, q_len, kv_len);
-    last_row = key_range(p, m_valid_end - 1, q_len, kv_len);
-    const int64_t begin = first_row.begin, end = last_row.end;
-    if (end > begin) {
-      n_block_min = int(begin / kBlockN);
-      n_block_max = int((end + kBlockN - 1) / kBlockN);
-    }
-  }
+  const QueryTileKeys tile_keys = query_tile_keys(p, m0, kBlockM, kBlockN, q_len, kv_len);
+  const KeyRange first_row = tile_keys.first_row, last_row = tile_keys.last_row;
+  const int n_block_min = tile_keys.tile_begin, n_block_max = tile_keys.tile_end;
 
   const int h_kv = h / (p.num_heads / p.num_heads_kv);
   const Element* q_ptr = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;

@@ -217,19 +217,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int h_kv = h / (p.num_heads / p.num_heads_kv);
   const int64_t q_len = valid_q_len(p, b), kv_len = valid_kv_len(p, b);
   const int64_t m0 = int64_t(m_block) * kBlockM;
-  const int64_t m_valid_end = m0 + kBlockM < q_len ? m0 + kBlockM : q_len;
 
   // Key tiles some valid row of this query tile sees (the same rule as the sm_80 family).
-  int n_block_min = 0, n_block_max = 0;
-  KeyRange first_row{0, 0}, last_row{0, 0};
-  if (m0 < q_len) {
-    first_row = key_range(p, m0, q_len, kv_len);
-    last_row = key_range(p, m_valid_end - 1, q_len, kv_len);
-    if (last_row.end > first_row.begin) {
-      n_block_min = int(first_row.begin / kBlockN);
-      n_block_max = int((last_row.end + kBlockN - 1) / kBlockN);
-    }
-  }
+  const QueryTileKeys tile_keys = query_tile_keys(p, m0, kBlockM, kBlockN, q_len, kv_len);
+  const KeyRange first_row = tile_keys.first_row, last_row = tile_keys.last_row;
+  const int n_block_min = tile_keys.tile_begin, n_block_max = tile_keys.tile_end;
   const bool has_work = n_block_max > n_block_min;
 
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});

@@ -56,6 +56,27 @@ TF_FLASH_HOST_DEVICE KeyRange key_range_of_rows(const FlashFwdParams& p, int64_t
   return {first.begin, last.end};
 }
 
+// The keys the query tile [row_begin, row_begin + rows) sees before element masks: the ranges of its first
+// and its last valid row (their union is contiguous) and the key tiles of tile_cols columns they span, the
+// forward's loop bounds. All empty when no valid row sees a key.
+struct QueryTileKeys {
+  KeyRange first_row, last_row;  // {0, 0} when the tile holds no valid row
+  int tile_begin, tile_end;      // key tiles [tile_begin, tile_end)
+};
+TF_FLASH_HOST_DEVICE QueryTileKeys query_tile_keys(const FlashFwdParams& p, int64_t row_begin, int rows,
+                                                   int tile_cols, int64_t q_len, int64_t kv_len) {
+  QueryTileKeys t{{0, 0}, {0, 0}, 0, 0};
+  if (row_begin >= q_len) return t;
+  const int64_t row_end = row_begin + rows < q_len ? row_begin + rows : q_len;
+  t.first_row = key_range(p, row_begin, q_len, kv_len);
+  t.last_row = key_range(p, row_end - 1, q_len, kv_len);
+  if (t.last_row.end > t.first_row.begin) {
+    t.tile_begin = int(t.first_row.begin / tile_cols);
+    t.tile_end = int((t.last_row.end + tile_cols - 1) / tile_cols);
+  }
+  return t;
+}
+
 // Query rows that see some key of [col_begin, col_end) before element masks (the transpose of
 // key_range_of_rows, for the backward's loop over the query tiles of a key tile).
 TF_FLASH_HOST_DEVICE IndexRange query_range_of_keys(const FlashFwdParams& p, int64_t col_begin, int64_t col_end,
