@@ -6,8 +6,9 @@
 #   bash scripts/gpu_round.sh host            here: host objects of the op library compiled with the
 #                                             GPU kernels registered, plus CUTLASS headers, in .gpu_build/
 #   bash scripts/gpu_round.sh device [steps]  there: nvcc the .cu files (same flags as cc/BUILD, sm_90a),
-#                                             link the library, then run steps: test, xla, layers, multi, sanitize,
-#                                             bench
+#                                             link the library, then run steps: test, family (which kernel
+#                                             family ran, robustness, determinism, softcap, validation), xla,
+#                                             layers, multi, sanitize, bench, bench_model
 #
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
 # the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a; TF_FLASH_CUDA_ARCHS="80;90a"
@@ -80,6 +81,9 @@ for step in "${@:-test}"; do
   case $step in
     test) timeout 420 python3 -m pytest -q tests/test_flash_attention.py tests/test_dropout.py tests/test_sparsity.py \
             -m gpu -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu_ops.log" | tail -25 ;;
+    family) timeout 300 python3 -m pytest -q tests/test_kernel_family.py tests/test_robustness.py tests/test_determinism.py \
+            tests/test_softcap.py tests/test_validation.py -m gpu -p no:cacheprovider 2>&1 \
+            | tee "$out/pytest_gpu_family.log" | tail -15 ;;
     xla) timeout 540 python3 -m pytest -q tests/test_xla.py -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_xla.log" | tail -25 ;;
     layers) timeout 300 python3 -m pytest -q tests/test_layers.py tests/test_saving.py -p no:cacheprovider 2>&1 \
