@@ -109,7 +109,7 @@ def _tf_run_config(cfg, args):
                 "extra_mb": (info["peak"] - base) / 2**20}
     counts = None
     if cfg["impl"] == "tf_flash":  # which CUDA kernel family ran (all zeros on the CPU)
-        from tf_flash._ops import cuda_kernel_counts as counts
+        from tf_flash import cuda_kernel_counts as counts
     for mode in cfg["modes"]:
         fn = fwd if mode == "fwd" else fwd_bwd
         try:

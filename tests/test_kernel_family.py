@@ -1,4 +1,4 @@
-"""Which CUDA kernel family runs, read from the library's launch counts (tf_flash._ops.cuda_kernel_counts):
+"""Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
 sm_80 family for the rest (element and block masks, dropout, soft-capping, head dims 32 and 96; in the
 backward also head dim 256 and the deterministic dQ) and on every other GPU (cc/kernels/cuda/family.h).
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
-from tf_flash._ops import cuda_kernel_counts
+from tf_flash import cuda_kernel_counts
 from reference import reference_attention
 
 pytestmark = pytest.mark.gpu
