@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device round for the forward kernel: build (16 cores), test, benchmark, tile variants, profile.
 # Usage on the GPU machine: tests/cuda_harness/device_round.sh [steps...]
-#   steps: build sass test bigoffset fp32 bench bench80 tiles feat regs ncu sanitize racecheck torch
+#   steps: build sass test bigoffset fp32 bench bench80 tiles feat regs ncu sanitize racecheck torch, and for the
+#   backward harness bwd_build bwd_test bwd_bench bwd_bench80
 #   (default: build test bigoffset bench tiles ncu sanitize). bench80: the benchmark with the forward held on
 #   the sm_80 family (TF_FLASH_CUDA_FAMILY=sm80), for a same-run comparison with the Hopper family.
 set -uo pipefail
@@ -36,6 +37,14 @@ for step in $steps; do
               tail -3 "$out/sanitize.log" ;;
     racecheck) timeout 300 compute-sanitizer --tool racecheck "$bin/fwd_harness" test quick > "$out/racecheck.log" 2>&1
                tail -3 "$out/racecheck.log" ;;
+    bwd_build) NVCC_ARCHS="${ARCHS:-90a}" BWD_BUILD="$bin/bwd" JOBS=16 BUILD_ONLY=1 \
+                 "$root/tests/cuda_harness/run_bwd_harness.sh" > "$out/bwd_build.log" 2>&1 || { tail -30 "$out/bwd_build.log"; exit 1; } ;;
+    bwd_test) timeout 300 "$bin/bwd/bwd_harness" test > "$out/bwd_test.log" 2>&1; rc=$?
+              grep -E "FAIL|failed" "$out/bwd_test.log" | tail -15; echo "on the Hopper kernel: $(grep -c ' sm90$' "$out/bwd_test.log")"
+              [ $rc = 0 ] || echo "BWD TEST FAILURES" ;;
+    bwd_bench) timeout 300 "$bin/bwd/bwd_harness" bench ${BENCH_DIMS:-64 128} > "$out/bwd_bench.log" 2>&1; cat "$out/bwd_bench.log" ;;
+    bwd_bench80) TF_FLASH_CUDA_FAMILY=sm80 timeout 300 "$bin/bwd/bwd_harness" bench ${BENCH_DIMS:-64 128} \
+                 > "$out/bwd_bench80.log" 2>&1; cat "$out/bwd_bench80.log" ;;
     torch) python3 "$root/tests/cuda_harness/torch_peer.py" 64 128 > "$out/torch.log" 2>&1; grep -c . "$out/torch.log" ;;
   esac
 done
