@@ -715,8 +715,8 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     const bool dropout = p.dropout_rate > 0.f;
     const bool softcap = p.softcap > 0.f;
     // The Hopper kernel takes the plain case (no element or block masks, dropout, soft-capping) with dQ by
-    // atomics, head dims 64 and 128; everything else, and a library without sm_90a code, runs here.
-    if constexpr (kHeadDim == 64 || kHeadDim == 128) {
+    // atomics, for its head dims; everything else, and a library without sm_90a code, runs here.
+    if constexpr (hopper_backward_headdim(kHeadDim)) {
       if (p.seqlen_q > 0 && p.attn_mask.data == nullptr && p.block_mask.data == nullptr && !dropout && !softcap &&
           !s.deterministic && hopper_family_allowed()) {
         const cudaError_t e = run_bwd_dkdv_sm90<Element, kHeadDim>(p, s, stream);

@@ -36,6 +36,9 @@
 namespace tf_flash {
 namespace cuda {
 
+// The head dims of the Hopper backward (d256's tiles do not fit its shared memory with two Q/dO stages).
+constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128; }
+
 template <int kHeadDim_, class Element_>
 struct BwdTraitsSm90 {
   using Element = Element_;
@@ -176,12 +179,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
     shared.barrier_kv.init(1);
   }
-  typename Pipeline::Params pipeline_params;
-  pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pipeline_params.transaction_bytes = Traits::kTmaBytesQdO;
-  pipeline_params.is_leader = threadIdx.x == 0;
-  pipeline_params.num_consumers = kMmaThreads;
-  Pipeline pipeline_q(shared.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_q(shared.pipeline_q, tma_pipeline_params<Pipeline>(Traits::kTmaBytesQdO, kMmaThreads),
+                      Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialized
 
   if (warp_group == 0) {

@@ -14,20 +14,17 @@
 
 namespace tf_flash {
 namespace cuda {
-
 namespace {
 
-// What the Hopper forward takes: head dims 64/128/256, keys to attend to (a TMA descriptor has no
-// empty dimension), no element or block masks, no dropout, no soft-capping (those run in the sm_80 family).
+// What the Hopper forward takes besides its head dims (hopper_forward_headdim): keys to attend to (a TMA
+// descriptor has no empty dimension), no element or block masks, no dropout, no soft-capping (those run
+// in the sm_80 family).
 bool hopper_forward_runs(const FlashFwdParams& p) {
-  const int d = tf_flash_kernel_headdim(p);
-  return (d == 64 || d == 128 || d == 256) && p.seqlen_k > 0 && p.attn_mask.data == nullptr &&
-         p.block_mask.data == nullptr &&
-         p.dropout_rate == 0.f && p.softcap == 0.f && hopper_family_allowed();
+  return p.seqlen_k > 0 && p.attn_mask.data == nullptr && p.block_mask.data == nullptr && p.dropout_rate == 0.f &&
+         p.softcap == 0.f && hopper_family_allowed();
 }
 
 }  // namespace
-
 }  // namespace cuda
 
 int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
@@ -38,13 +35,13 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
   if (cuda::hopper_forward_runs(p)) {
     const cudaError_t err = cuda::dispatch_kernel(p, dtype, [&](auto element, auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
-      if constexpr (kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256) {
+      if constexpr (cuda::hopper_forward_headdim(kHeadDim)) {
         return cuda::run_flash_fwd_sm90<decltype(element), kHeadDim>(p, stream);
       } else {
         return cudaErrorNoKernelImageForDevice;
       }
     });
-    if (err != cudaErrorNoKernelImageForDevice) {  // else: no sm_90a code in this build
+    if (err != cudaErrorNoKernelImageForDevice) {  // else: another head dim, or no sm_90a code in this build
       if (err == cudaSuccess) cuda::forward_sm90_launches.fetch_add(1, std::memory_order_relaxed);
       return int(err);
     }

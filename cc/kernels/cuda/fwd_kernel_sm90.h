@@ -181,6 +181,18 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const&
   if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
 }
 
+// Params of a TMA pipeline as both Hopper kernels run it: warpgroup 0 produces (thread 0 issues the copies
+// and arms each stage for transaction_bytes), the `consumers` threads of the other warpgroups release.
+template <class Pipeline>
+__device__ __forceinline__ typename Pipeline::Params tma_pipeline_params(uint32_t transaction_bytes, int consumers) {
+  typename Pipeline::Params params;
+  params.role = threadIdx.x < 128 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  params.transaction_bytes = transaction_bytes;
+  params.is_leader = threadIdx.x == 0;
+  params.num_consumers = consumers;
+  return params;
+}
+
 // Named barriers of the forward kernel (ids after CUTLASS's reserved ones).
 enum class Sm90Barrier : uint32_t {
   kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + 1 for warpgroup 1
@@ -235,11 +247,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
     shared.barrier_q.init(1);
   }
-  typename Pipeline::Params pipeline_params;
-  pipeline_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
-  pipeline_params.is_leader = threadIdx.x == 0;
-  pipeline_params.num_consumers = kMmaThreads;
+  const auto pipeline_params = tma_pipeline_params<Pipeline>(Traits::kTmaBytesKV, kMmaThreads);
   Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialized
