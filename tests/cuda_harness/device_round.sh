@@ -2,7 +2,7 @@
 # One device round for the forward kernel: build (16 cores), test, benchmark, tile variants, profile.
 # Usage on the GPU machine: tests/cuda_harness/device_round.sh [steps...]
 #   steps: build sass test bigoffset fp32 bench bench80 tiles feat regs ncu sanitize racecheck torch, and for the
-#   backward harness bwd_build bwd_test bwd_bench bwd_bench80
+#   backward harness bwd_build bwd_test bwd_bench bwd_bench80 bwd_sanitize bwd_racecheck
 #   (default: build test bigoffset bench tiles ncu sanitize). bench80: the benchmark with the forward held on
 #   the sm_80 family (TF_FLASH_CUDA_FAMILY=sm80), for a same-run comparison with the Hopper family.
 set -uo pipefail
@@ -45,6 +45,12 @@ for step in $steps; do
     bwd_bench) timeout 300 "$bin/bwd/bwd_harness" bench ${BENCH_DIMS:-64 128} > "$out/bwd_bench.log" 2>&1; cat "$out/bwd_bench.log" ;;
     bwd_bench80) TF_FLASH_CUDA_FAMILY=sm80 timeout 300 "$bin/bwd/bwd_harness" bench ${BENCH_DIMS:-64 128} \
                  > "$out/bwd_bench80.log" 2>&1; cat "$out/bwd_bench80.log" ;;
+    bwd_sanitize|bwd_racecheck)  # the Hopper backward on lengths off the tiles, plain and causal
+              tool=$([ $step = bwd_sanitize ] && echo memcheck || echo racecheck)
+              for cfg in "128 1 333 2 0" "128 1 333 2 1" "64 2 200 3 1"; do
+                timeout 200 compute-sanitizer --tool $tool "$bin/bwd/bwd_harness" bench1 bf16 $cfg 0 > "$out/$step.log" 2>&1
+                echo "$cfg: $(tail -1 "$out/$step.log")"
+              done ;;
     torch) python3 "$root/tests/cuda_harness/torch_peer.py" 64 128 > "$out/torch.log" 2>&1; grep -c . "$out/torch.log" ;;
   esac
 done
