@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
-sm_80 family for the rest (element and block masks, dropout, soft-capping, head dims 32 and 96; in the
-backward also head dim 256 and the deterministic dQ) and on every other GPU (cc/kernels/cuda/family.h).
+sm_80 family for the rest (element and block masks, head dims 32 and 96; in the backward also dropout,
+soft-capping, head dim 256 and the deterministic dQ) and on every other GPU (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
 import numpy as np
@@ -10,7 +10,8 @@ import tensorflow as tf
 
 import tf_flash
 from tf_flash import cuda_kernel_counts
-from reference import reference_attention
+import philox_ref
+from reference import reference_attention, reference_attention_grad
 
 pytestmark = pytest.mark.gpu
 
@@ -47,14 +48,46 @@ def test_forward_family_and_result(dtype, head_dim, causal, rng):
     np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("features", [
-    dict(dropout_rate=0.1, seed=3),
-    dict(softcap=20.0),
-    dict(block_mask=np.array([[True, False, True]] * 3), block_size=128),
-])
-def test_features_outside_the_hopper_family_run_sm80(features, rng):
-    _, _, ran = _run(rng, tf.bfloat16, 128, **features)
+def test_block_mask_runs_sm80(rng):
+    _, _, ran = _run(rng, tf.bfloat16, 128, block_mask=np.array([[True, False, True]] * 3), block_size=128)
     assert ran["forward_sm80"] == 1 and ran["forward_sm90"] == 0, ran
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("features", [dict(dropout_rate=0.2), dict(softcap=5.0),
+                                      dict(dropout_rate=0.3, softcap=3.0, causal=True, kv_lengths=[300, 170])])
+def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, features, rng):
+    """Dropout and soft-capping run in the Hopper forward; its dropout draws must be the ones the sm_80
+    backward (and the CPU kernels) recompute: output, lse and gradients against float64 attention with the
+    Philox reference's keep mask."""
+    b, s, h, hkv = 2, 300, 4, 2
+    q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))  # the reference sees the rounded inputs
+    before = cuda_kernel_counts()
+    with tf.device("/GPU:0"), tf.GradientTape() as tape:
+        tape.watch([tq, tk, tv])
+        out, lse = tf_flash.flash_attention(tq, tk, tv, seed=[11, 2], return_lse=True, **features)
+        loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
+    grads = tape.gradient(loss, [tq, tk, tv])
+    after = cuda_kernel_counts()
+    family = "forward_sm90" if _hopper_expected() else "forward_sm80"
+    assert after[family] - before[family] == 1, (before, after)
+    ref_kw = dict(features)
+    if "dropout_rate" in features:
+        ref_kw["keep_mask"] = philox_ref.keep_mask(11, 2, b, h, s, s, features["dropout_rate"])
+    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
+    tol = 2e-2 if dtype == tf.float16 else 6e-2
+    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=tol, rtol=0)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
+    grad_tol = 1e-2 if dtype == tf.float16 else 3e-2
+    for name, g, r in zip(("dq", "dk", "dv"), grads, reference_attention_grad(q, k, v, dout, **ref_kw)):
+        err = np.linalg.norm(tf.cast(g, tf.float64).numpy() - r)
+        assert err <= grad_tol * np.linalg.norm(r), (name, err, np.linalg.norm(r))
 
 
 def test_attention_mask_runs_sm80(rng):

@@ -84,6 +84,7 @@ struct Case {
   float dropout = 0.f;
   float scale = -1.f;  // < 0: 1/sqrt(D)
   bool nan_pad = false;  // NaN in q past q_len and in k, v past kv_len (never visible)
+  float softcap = 0.f;
 };
 
 struct Result {
@@ -138,6 +139,10 @@ void reference(const Case& c, const FlashFwdParams& p, const std::vector<uint16_
           }
           s[j] = acc * p.scale;
           s32[j] = round_dt(round_dt(acc32, dt) * p.scale, dt);  // standard attention rounds the scores
+          if (p.softcap > 0.f) {
+            s[j] = p.softcap * std::tanh(s[j] / p.softcap);
+            s32[j] = round_dt(p.softcap * std::tanh(s32[j] / p.softcap), dt);
+          }
           mx = std::max(mx, s[j]);
           mx32 = std::max(mx32, s32[j]);
         }
@@ -232,6 +237,7 @@ Result run_case(const Case& c, std::mt19937& rng) {
     p.block_mask.batch_stride = p.block_mask.head_stride * c.H;
   }
   p.dropout_rate = c.dropout;
+  p.softcap = c.softcap;
   p.seed = 0x123456789abcdefull ^ rng();
   p.seed_offset = rng();
 
@@ -350,6 +356,14 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back({"block-small", dt, 2, 2, 2, 200, 300, d, d, true, -1, -1, false, false, false, 32, 48});
       cs.push_back({"dropout", dt, 2, 2, 2, 150, 170, d, d, false, -1, -1, false, false, false, 0, 0, 0.2f});
       cs.push_back({"dropout-all", dt, 2, 2, 1, 190, 170, d, d, true, 50, -1, true, true, true, 64, 32, 0.3f});
+      // Dropout and soft-capping without element or block masks (the Hopper family takes these).
+      Case general{"dropout-causal", dt, 3, 4, 2, 300, 333, d, d, true, -1, -1, true, true};
+      general.dropout = 0.15f;
+      cs.push_back(general);
+      general.name = "softcap", general.causal = false, general.dropout = 0.f, general.softcap = 2.f;
+      cs.push_back(general);
+      general.name = "softcap-drop-pad", general.causal = true, general.dropout = 0.25f, general.nan_pad = true;
+      cs.push_back(general);
     }
     cs.push_back({"dv<d", dt, 2, 2, 2, 150, 170, 128, 64});
     cs.push_back({"dv>d", dt, 2, 2, 2, 150, 170, 32, 96, true});

@@ -17,11 +17,9 @@ namespace cuda {
 namespace {
 
 // What the Hopper forward takes besides its head dims (hopper_forward_headdim): keys to attend to (a TMA
-// descriptor has no empty dimension), no element or block masks, no dropout, no soft-capping (those run
-// in the sm_80 family).
+// descriptor has no empty dimension), no element or block masks (those run in the sm_80 family).
 bool hopper_forward_runs(const FlashFwdParams& p) {
-  return p.seqlen_k > 0 && p.attn_mask.data == nullptr && p.block_mask.data == nullptr && p.dropout_rate == 0.f &&
-         p.softcap == 0.f && hopper_family_allowed();
+  return p.seqlen_k > 0 && p.attn_mask.data == nullptr && p.block_mask.data == nullptr && hopper_family_allowed();
 }
 
 }  // namespace

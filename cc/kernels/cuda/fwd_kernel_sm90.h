@@ -9,8 +9,10 @@
 // softmax runs while the other's GEMMs do.
 //
 // Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
-// lengths (TMA zero-fills past the tensor's end). Element masks, block-sparse, dropout and soft-capping
-// run in the sm_80 family (cuda_entry.cu chooses, at run time).
+// lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping and
+// dropout (the sm_80 family's Philox draws: a wgmma accumulator holds, per warp, the m16n8 pattern of
+// mma.sync, so the same positions get the same draws and the sm_80 backward recomputes the same mask).
+// Element masks and block-sparse run in the sm_80 family (cuda_entry.cu chooses, at run time).
 #pragma once
 
 #include <cmath>
@@ -161,6 +163,15 @@ __host__ __device__ constexpr auto gmma_acc_as_a_operand(Layout layout) {
       cute::get<1>(layout), cute::coalesce(cute::make_layout(cute::get<0, 1>(groups), cute::get<2>(layout))));
 }
 
+// The accumulator as the sm_80 family's (values, MMA_M, MMA_N) of m16n8 atoms: ((2, 2), MMA_M, N/8), for
+// code written for mma.sync fragments (apply_dropout). One wgmma atom along N (MMA_N == 1).
+template <class Layout>
+__host__ __device__ constexpr auto gmma_acc_as_mma_atoms(Layout layout) {
+  static_assert(decltype(cute::size<2>(layout))::value == 1, "one wgmma atom along N");
+  return cute::make_layout(cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 1>(layout)), cute::get<1>(layout),
+                           cute::get<0, 2>(layout));
+}
+
 // Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
 // waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
 template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
@@ -208,7 +219,8 @@ __device__ __forceinline__ void named_arrive(int threads, BarrierId id, int offs
   cutlass::arch::NamedBarrier::arrive(threads, uint32_t(id) + offset);
 }
 
-template <class Traits>
+// kGeneral: soft-capping and dropout (run-time switches inside), kept out of the plain variant's registers.
+template <class Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -320,6 +332,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     clear(tOrO);
     const float scale_log2 = softmax_scale_log2(p);
     const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
+    const bool has_softcap = kGeneral && p.softcap > 0.f;
+    const float softcap_in = has_softcap ? p.scale / p.softcap : 0.f;
+    const bool has_dropout = kGeneral && p.dropout_rate > 0.f;
+    const uint32_t drop_threshold = has_dropout ? dropout_threshold(p.dropout_rate) : 0u;
 
     if (has_work) {
       // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full.
@@ -353,11 +369,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // Scores of tile n -> unnormalized probabilities; `correction` rescales O for the new running max.
       float correction[kRows];
       auto softmax_of_tile = [&](int n, bool first) __attribute__((always_inline)) {
+        if (has_softcap) {  // the same operations as the sm_80 kernels' (fwd_kernel.h, bwd_kernel.h)
+          CUTE_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = p.softcap * tanhf(tSrS(i) * softcap_in);
+        }
         if (tile_masked(n)) {
           mask_scores<false, kBlockN>(s_rc, cS_rc, p, m0, int64_t(n) * kBlockN, q_len, kv_len, false, nullptr);
         }
         softmax.rescale_max(s_rc, correction, scale_log2, first);
         softmax.exponentiate(s_rc, correction, scale_log2);
+      };
+      // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
+      auto probabilities_to_operand = [&](int n) __attribute__((always_inline)) {
+        Tensor rP = convert_fragment<Element>(tSrS);
+        if (has_dropout) {
+          Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(rP.layout()));
+          apply_dropout<kBlockN>(rP_atoms, cS_rc, p, batch_head, m0, int64_t(n) * kBlockN, drop_threshold);
+        }
+        copy(make_tensor(rP.data(), tOrP.layout()), tOrP);
       };
 
       PipelineState read;
@@ -368,7 +397,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
       softmax_of_tile(n, true);
-      copy(make_tensor(convert_fragment<Element>(tSrS).data(), tOrP.layout()), tOrP);
+      probabilities_to_operand(n);
 
       // Each step: S of tile n and O += P V of tile n + 1 issued together; the softmax of S runs while the
       // tensor cores do P V; then O is rescaled by the change of the running max and P becomes tile n's.
@@ -387,7 +416,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         softmax_of_tile(n, false);
         warpgroup_wait<0>();  // P V done
         pipeline_v.consumer_release(read_v);
-        copy(make_tensor(convert_fragment<Element>(tSrS).data(), tOrP.layout()), tOrP);
+        probabilities_to_operand(n);
         CUTE_UNROLL
         for (int mi = 0; mi < size<0>(o_rc); ++mi) {
           CUTE_UNROLL
@@ -404,7 +433,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // ---- Epilogue: normalize, lse, then O through shared memory (this warpgroup's Q rows, which only its
     // own, finished GEMMs read) to 16-byte global stores ----
-    normalize_and_write_lse(o_rc, softmax, cS_rc, p, m0, q_len, batch_head, scale_log2, 1.f);
+    const float keep_scale = has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
+    normalize_and_write_lse(o_rc, softmax, cS_rc, p, m0, q_len, batch_head, scale_log2, keep_scale);
     Tensor sO = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
     Tensor rO = convert_fragment<Element>(tOrO);
     auto smem_copy_o = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_pv);

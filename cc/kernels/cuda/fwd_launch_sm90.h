@@ -14,8 +14,10 @@ template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace cute;
   using Traits = typename FwdConfigSm90<kHeadDim, Element>::Traits;
-  auto kernel = &flash_fwd_kernel_sm90<Traits>;
-  static const bool has_code = has_sm90a_code(kernel);
+  const bool general = p.softcap > 0.f || p.dropout_rate > 0.f;
+  auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
+  static const bool has_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false>) &&
+                               has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true>);
   if (!has_code) return cudaErrorNoKernelImageForDevice;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
 
