@@ -8,7 +8,8 @@
 #   bash scripts/gpu_round.sh device [steps]  there: nvcc the .cu files (same flags as cc/BUILD, sm_90a),
 #                                             link the library, then run steps: test, family (which kernel
 #                                             family ran, robustness, determinism, softcap, validation), xla,
-#                                             layers, multi, sanitize, bench, bench_model
+#                                             layers (layers, saving, Keras' switch, KerasHub), multi, sanitize,
+#                                             bench, bench_model (the GPU-marked tests of each file)
 #
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
 # the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a; TF_FLASH_CUDA_ARCHS="80;90a"
@@ -74,6 +75,11 @@ echo "$stamp" > build/gpu/stamp
 echo "gpu_round: library built in $(( $(date +%s) - start ))s"
 fi
 export TF_FLASH_LIBRARY=$PWD/build/gpu/_flash_attention_ops.so PYTHONUNBUFFERED=1
+# KerasHub for its tests, from wheels carried in .whl/ (pip download here: the device has no network).
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 python3 -c "import tf_flash, tensorflow as tf; print(tf_flash.build_info(), tf.config.list_physical_devices('GPU'))"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 set +e  # every step runs; each leaves its log under $OUT
@@ -84,9 +90,10 @@ for step in "${@:-test}"; do
     family) timeout 300 python3 -m pytest -q tests/test_kernel_family.py tests/test_robustness.py tests/test_determinism.py \
             tests/test_softcap.py tests/test_validation.py -m gpu -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_family.log" | tail -15 ;;
-    xla) timeout 540 python3 -m pytest -q tests/test_xla.py -p no:cacheprovider 2>&1 \
+    xla) timeout 540 python3 -m pytest -q tests/test_xla.py -m gpu -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_xla.log" | tail -25 ;;
-    layers) timeout 300 python3 -m pytest -q tests/test_layers.py tests/test_saving.py -p no:cacheprovider 2>&1 \
+    layers) timeout 300 python3 -m pytest -q tests/test_layers.py tests/test_saving.py tests/test_keras_hook.py \
+            tests/test_keras_hub.py -m gpu -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_layers.log" | tail -15 ;;
     multi) nvidia-smi -L; timeout 300 python3 -m pytest -q tests/test_saving.py -k mirrored -rs -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_multi_gpu.log" | tail -8 ;;
