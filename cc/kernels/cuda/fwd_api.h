@@ -15,9 +15,9 @@ namespace cuda {
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 
-// The Hopper family (fwd_kernel_sm90.h), for the head dims below, without element masks, block masks,
-// dropout or soft-capping (cuda_entry.cu's hopper_forward_runs chooses). Returns
-// cudaErrorNoKernelImageForDevice, launching nothing, when the library holds no sm_90a code for it.
+// The Hopper family (fwd_kernel_sm90.h), for the head dims below, without element masks or block masks
+// (cuda_entry.cu's hopper_forward_runs chooses). Returns cudaErrorNoKernelImageForDevice, launching
+// nothing, when the library holds no sm_90a code for it.
 constexpr bool hopper_forward_headdim(int d) { return d == 64 || d == 128 || d == 256; }
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& params, cudaStream_t stream);
