@@ -53,16 +53,22 @@ PRESETS = {
                 epochs=3, keras_epochs=1,
                 batch_size=16, embed_dim=64,
                 num_heads=2, ff_dim=128, num_layers=1, vocab_size=20000, learning_rate=2e-3,
+                hub_learning_rate=None, hub_warmup_epochs=0,
                 max_docs_per_class=0, mixed_precision="none"),
     "full": dict(contexts="512,16384", keras_contexts="4096,16384", hub_contexts="all", seeds=3,
                  epochs=10, keras_epochs=1,
                  batch_size=16, embed_dim=256, num_heads=4, ff_dim=512, num_layers=4,
                  vocab_size=30000, learning_rate=1e-3, max_docs_per_class=0,
+                 # The post-LayerNorm BERT encoder is trained as BERT is: a lower rate after a warm-up.
+                 # At 1e-3 without warm-up it stalled or collapsed after a few epochs on the GPU, and
+                 # so did Keras' own attention in the same A/B on the CPU (results/gpu_full_seeds_20261123/).
+                 hub_learning_rate=2e-4, hub_warmup_epochs=1,
                  mixed_precision="mixed_bfloat16"),
     "tiny": dict(contexts="64,256", keras_contexts="long", hub_contexts="long", seeds=1,
                  epochs=1, keras_epochs=1,
                  batch_size=8, embed_dim=16,
                  num_heads=2, ff_dim=32, num_layers=1, vocab_size=2000, learning_rate=3e-3,
+                 hub_learning_rate=None, hub_warmup_epochs=0,
                  max_docs_per_class=12, mixed_precision="none"),
 }
 
@@ -96,6 +102,11 @@ def parse_args(argv):
                       ("ff_dim", int), ("num_layers", int), ("vocab_size", int),
                       ("learning_rate", float), ("max_docs_per_class", int)]:
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
+    p.add_argument("--hub-learning-rate", type=float, default=None,
+                   help="peak learning rate of the hub runs (default: --learning-rate; full preset: 2e-4)")
+    p.add_argument("--hub-warmup-epochs", type=int, default=None,
+                   help="hub runs: linear warm-up over this many epochs, then cosine decay to 0 "
+                        "(0: the constant rate of the other runs; full preset: 1)")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--jit-compile", choices=["false", "auto"], default="false",
@@ -145,6 +156,9 @@ def parse_args(argv):
                         f"Received: {name}={value!r}")
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1. Received: seeds={args.seeds}")
+    if args.hub_warmup_epochs < 0 or args.hub_warmup_epochs >= args.epochs:
+        p.error(f"--hub-warmup-epochs must be >= 0 and below --epochs ({args.epochs}). Received: "
+                f"hub_warmup_epochs={args.hub_warmup_epochs}")
     if args.save_model is None:
         args.save_model = "hub" if args.hub_contexts else args.attention
     saved_contexts = (args.contexts if args.save_model == args.attention else
@@ -337,6 +351,11 @@ def write_results(args, info, results, device, quiet=False):
     mem_kind = ok.get("memory_kind", "peak RSS of the training process" if device == "CPU" else "")
     models = "; ".join(f"{k}: {v}" for k, v in MODEL_NAMES.items()
                        if any(r["attention"] == k for r in results))
+    hub_lr = getattr(args, "hub_learning_rate", None) or args.learning_rate
+    hub_recipe = ""
+    if args.hub_contexts and (hub_lr != args.learning_rate or getattr(args, "hub_warmup_epochs", 0)):
+        hub_recipe = f" (hub: {hub_lr}" + (f", {args.hub_warmup_epochs}-epoch warm-up then cosine decay"
+                                           if args.hub_warmup_epochs else "") + ")"
     meta = (f"Models: {models} (the hub model computes its attention with tf_flash's kernels through "
             f"Keras' own flash switch). Metrics with several seeds: mean +- sample standard "
             f"deviation over the seeds (seeds {args.seed}..{args.seed + args.seeds - 1}; split and "
@@ -347,7 +366,7 @@ def write_results(args, info, results, device, quiet=False):
             f"p90 {info['tokens']['p90']}, max {info['tokens']['max']}.\n"
             f"Model: {args.num_layers} blocks, width {args.embed_dim}, {args.num_heads} heads, "
             f"ff {args.ff_dim}, vocabulary {args.vocab_size}, {ok.get('params', '?')} parameters; "
-            f"batch {args.batch_size}, AdamW lr {args.learning_rate}, "
+            f"batch {args.batch_size}, AdamW lr {args.learning_rate}{hub_recipe}, "
             f"jit_compile={args.jit_compile}, precision {args.mixed_precision}.\n"
             f"Test accuracy / macro-F1 on all test documents and on those longer than 512 tokens "
             f"({ok.get('long_docs', '?')} of {ok.get('test_docs', '?')}); s/epoch: training + validation, "
@@ -522,6 +541,24 @@ def worker(spec_path):
         return train_run(spec)
 
 
+def learning_rate(spec, steps_per_epoch):
+    """The run's AdamW rate: constant, or for a hub run with warm-up epochs a linear warm-up to the hub
+    rate followed by cosine decay over the remaining steps."""
+    import keras
+
+    if spec["attention"] != "hub":
+        return spec["learning_rate"]
+    peak = spec.get("hub_learning_rate") or spec["learning_rate"]
+    warmup = spec.get("hub_warmup_epochs") or 0
+    if not warmup:
+        return peak
+    epochs = spec["keras_epochs"] if spec.get("baseline") else spec["epochs"]
+    warmup_steps = warmup * steps_per_epoch
+    return keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=max(1, epochs * steps_per_epoch - warmup_steps), warmup_target=peak,
+        warmup_steps=warmup_steps)
+
+
 def train_run(spec):
     import numpy as np
     import keras
@@ -558,7 +595,7 @@ def train_run(spec):
         model = common.build_classifier(len(vocab), len(class_names), context, spec["embed_dim"],
                                         spec["num_heads"], spec["ff_dim"], spec["num_layers"],
                                         spec["dropout"], attention)
-    model.compile(optimizer=keras.optimizers.AdamW(spec["learning_rate"], weight_decay=0.01),
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate(spec, train_b.num_batches), weight_decay=0.01),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   jit_compile=False if spec["jit_compile"] == "false" else "auto")
     result["params"] = int(model.count_params())
