@@ -2,8 +2,11 @@
 # The --full configuration on the lent GPU machine (no network, no matplotlib there).
 #
 # Here, once: python3 examples/long_document/prepare_data.py     (data/linux-doc, 24 MB, git-ignored)
+#   and the KerasHub wheels for the device's Python 3.12: pip download --no-deps --only-binary=:all:
+#   --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl keras-hub==0.32.0
+#   kagglehub kagglesdk   (.whl/ kept out of git through .git/info/exclude)
 # There, after TensorFlow is stashed and the op library built (scripts/gpu_round.sh device), e.g.
-#   run(carry=[".gpu/env", ".gpu_build", "data/linux-doc"],
+#   run(carry=[".gpu/env", ".gpu_build", "data/linux-doc", ".whl"],
 #       command="bash scripts/gpu_round.sh device none; bash examples/long_document/gpu_full.sh")
 # A call is limited to 10 minutes: the script stops training at LD_TIME_LIMIT seconds (default 540)
 # and a second call on the still-warm machine goes on where it stopped (--resume).
@@ -12,6 +15,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 set +e; source .gpu/env/env.sh || { echo "gpu_full: TensorFlow is not stashed on this machine" >&2; exit 1; }
 export TF_FLASH_LIBRARY="${TF_FLASH_LIBRARY:-$PWD/build/gpu/_flash_attention_ops.so}" PYTHONUNBUFFERED=1
+# KerasHub for the hub runs, from wheels carried in .whl/ (pip download here; the device has no network).
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 work=/tmp/long_document_full
 [[ -d data/linux-doc ]] || { echo "gpu_full: carry data/linux-doc (prepare_data.py here)" >&2; exit 1; }
