@@ -76,10 +76,7 @@ echo "gpu_round: library built in $(( $(date +%s) - start ))s"
 fi
 export TF_FLASH_LIBRARY=$PWD/build/gpu/_flash_attention_ops.so PYTHONUNBUFFERED=1
 # KerasHub for its tests, from wheels carried in .whl/ (pip download here: the device has no network).
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source scripts/device_keras_hub.sh
 python3 -c "import tf_flash, tensorflow as tf; print(tf_flash.build_info(), tf.config.list_physical_devices('GPU'))"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
 set +e  # every step runs; each leaves its log under $OUT

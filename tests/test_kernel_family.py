@@ -34,6 +34,27 @@ def _run(rng, dtype, head_dim, **kwargs):
     return out, (q, k, v), ran
 
 
+def _forward_backward(tensors, dout, **kwargs):
+    """flash_attention on the GPU and the gradients of sum(out * dout): (outputs, [dq, dk, dv], launches
+    per kernel family during both)."""
+    before = cuda_kernel_counts()
+    with tf.device("/GPU:0"), tf.GradientTape() as tape:
+        tape.watch(tensors)
+        outputs = tf_flash.flash_attention(*tensors, **kwargs)
+        out = outputs[0] if kwargs.get("return_lse") else outputs
+        loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
+    grads = tape.gradient(loss, tensors)
+    after = cuda_kernel_counts()
+    return outputs, grads, {family: after[family] - before[family] for family in after}
+
+
+def _assert_gradients_close(grads, ref_grads, dtype):
+    tol = 1e-2 if dtype == tf.float16 else 3e-2
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        err = np.linalg.norm(tf.cast(g, tf.float64).numpy() - r)
+        assert err <= tol * np.linalg.norm(r), (name, err, np.linalg.norm(r))
+
+
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 100])
 @pytest.mark.parametrize("causal", [False, True])
@@ -66,15 +87,9 @@ def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, featu
     k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
     tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
     q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))  # the reference sees the rounded inputs
-    before = cuda_kernel_counts()
-    with tf.device("/GPU:0"), tf.GradientTape() as tape:
-        tape.watch([tq, tk, tv])
-        out, lse = tf_flash.flash_attention(tq, tk, tv, seed=[11, 2], return_lse=True, **features)
-        loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
-    grads = tape.gradient(loss, [tq, tk, tv])
-    after = cuda_kernel_counts()
+    (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, seed=[11, 2], return_lse=True, **features)
     family = "forward_sm90" if _hopper_expected() else "forward_sm80"
-    assert after[family] - before[family] == 1, (before, after)
+    assert ran[family] == 1, ran
     ref_kw = dict(features)
     if "dropout_rate" in features:
         ref_kw["keep_mask"] = philox_ref.keep_mask(11, 2, b, h, s, s, features["dropout_rate"])
@@ -84,10 +99,7 @@ def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, featu
     finite = np.isfinite(ref_lse)
     np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
     np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
-    grad_tol = 1e-2 if dtype == tf.float16 else 3e-2
-    for name, g, r in zip(("dq", "dk", "dv"), grads, reference_attention_grad(q, k, v, dout, **ref_kw)):
-        err = np.linalg.norm(tf.cast(g, tf.float64).numpy() - r)
-        assert err <= grad_tol * np.linalg.norm(r), (name, err, np.linalg.norm(r))
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), dtype)
 
 
 def test_attention_mask_runs_sm80(rng):
@@ -112,26 +124,15 @@ def test_backward_family_and_gradients(dtype, head_dim, features, rng):
     q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
     tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
-    before = cuda_kernel_counts()
-    with tf.device("/GPU:0"), tf.GradientTape() as tape:
-        tape.watch([tq, tk, tv])
-        out = tf_flash.flash_attention(tq, tk, tv, **features)
-        loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
-    grads = tape.gradient(loss, [tq, tk, tv])
-    after = cuda_kernel_counts()
+    _, grads, ran = _forward_backward([tq, tk, tv], dout, **features)
     hopper = (_hopper_expected() and head_dim in (64, 128) and "dropout_rate" not in features
               and "deterministic" not in features)
     family = "backward_sm90" if hopper else "backward_sm80"
-    assert after[family] - before[family] == 1, (features, before, after)
+    assert ran[family] == 1, (features, ran)
     if "dropout_rate" in features:
-        return  # the dropout gradients are checked against the CPU's mask in test_dropout.py
-    from reference import reference_attention_grad
+        return  # dropout gradients: test_dropout_and_softcap_forward_family_and_gradients, test_dropout.py
     masks = {key: val for key, val in features.items() if key in ("causal", "window")}
-    ref_grads = reference_attention_grad(q, k, v, dout, **masks)
-    tol = 1e-2 if dtype == tf.float16 else 3e-2
-    for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
-        err = np.linalg.norm(tf.cast(g, tf.float64).numpy() - r)
-        assert err <= tol * np.linalg.norm(r), (name, err, np.linalg.norm(r))
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **masks), dtype)
 
 
 def test_xla_front_door_reaches_the_same_family(rng):

@@ -16,10 +16,7 @@ cd "$(dirname "$0")/../.."
 set +e; source .gpu/env/env.sh || { echo "gpu_full: TensorFlow is not stashed on this machine" >&2; exit 1; }
 export TF_FLASH_LIBRARY="${TF_FLASH_LIBRARY:-$PWD/build/gpu/_flash_attention_ops.so}" PYTHONUNBUFFERED=1
 # KerasHub for the hub runs, from wheels carried in .whl/ (pip download here; the device has no network).
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source scripts/device_keras_hub.sh
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 work=/tmp/long_document_full
 [[ -d data/linux-doc ]] || { echo "gpu_full: carry data/linux-doc (prepare_data.py here)" >&2; exit 1; }

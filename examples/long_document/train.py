@@ -351,9 +351,9 @@ def write_results(args, info, results, device, quiet=False):
     mem_kind = ok.get("memory_kind", "peak RSS of the training process" if device == "CPU" else "")
     models = "; ".join(f"{k}: {v}" for k, v in MODEL_NAMES.items()
                        if any(r["attention"] == k for r in results))
-    hub_lr = getattr(args, "hub_learning_rate", None) or args.learning_rate
+    hub_lr = args.hub_learning_rate or args.learning_rate
     hub_recipe = ""
-    if args.hub_contexts and (hub_lr != args.learning_rate or getattr(args, "hub_warmup_epochs", 0)):
+    if args.hub_contexts and (hub_lr != args.learning_rate or args.hub_warmup_epochs):
         hub_recipe = f" (hub: {hub_lr}" + (f", {args.hub_warmup_epochs}-epoch warm-up then cosine decay"
                                            if args.hub_warmup_epochs else "") + ")"
     meta = (f"Models: {models} (the hub model computes its attention with tf_flash's kernels through "
@@ -552,10 +552,9 @@ def learning_rate(spec, steps_per_epoch):
     warmup = spec.get("hub_warmup_epochs") or 0
     if not warmup:
         return peak
-    epochs = spec["keras_epochs"] if spec.get("baseline") else spec["epochs"]
     warmup_steps = warmup * steps_per_epoch
     return keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(1, epochs * steps_per_epoch - warmup_steps), warmup_target=peak,
+        0.0, decay_steps=max(1, spec["epochs"] * steps_per_epoch - warmup_steps), warmup_target=peak,
         warmup_steps=warmup_steps)
 
 
