@@ -1,12 +1,12 @@
 // Hopper (sm_90a) forward kernel, tf_flash's second CUDA family (FlashAttention-3's design, our code):
-// one CTA per (query tile of 128 rows, head, batch) runs three warpgroups. The producer (one thread of
-// warpgroup 0) brings Q once and the visible K/V tiles into a ring of kStages shared-memory stages with
-// the bulk tensor copy engine (TMA), each stage guarded by mbarriers (cutlass::PipelineTmaAsync); it
-// keeps 24 registers so that the two consumer warpgroups get 240 (setmaxnreg). Each consumer owns 64
-// query rows and runs wgmma: S = Q K^T from shared memory, O += P V with P from registers. Inside a
-// warpgroup the softmax of tile j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile
-// down); between the two warpgroups named barriers take turns issuing GEMMs ("ping-pong"), so that one's
-// softmax runs while the other's GEMMs do.
+// one CTA per (query tile of 64 x kMmaWarpGroups rows, head, batch) runs a producer warpgroup and two or
+// three consumer warpgroups. The producer (one thread of warpgroup 0) brings Q once and the visible K/V
+// tiles into a ring of kStages shared-memory stages with the bulk tensor copy engine (TMA), each stage
+// guarded by mbarriers (cutlass::PipelineTmaAsync); it keeps 24 registers so that the consumers get the
+// rest (setmaxnreg). Each consumer owns 64 query rows and runs wgmma: S = Q K^T from shared memory,
+// O += P V with P from registers. Inside a warpgroup the softmax of tile j overlaps the P V GEMM of tile
+// j + 1 (tiles run from the last key tile down); between the warpgroups named barriers take turns issuing
+// GEMMs (ping-pong, round robin with three), so that one's softmax runs while another's GEMMs do.
 //
 // Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
 // lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping and
@@ -36,14 +36,16 @@
 namespace tf_flash {
 namespace cuda {
 
-template <int kHeadDim_, int kBlockN_, int kStages_, class Element_>
+template <int kHeadDim_, int kBlockN_, int kStages_, class Element_, int kMmaWarpGroups_ = 2>
 struct FwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = 128, kBlockN = kBlockN_, kStages = kStages_;
-  static constexpr int kMmaWarpGroups = 2;  // each owns 64 query rows
+  static constexpr int kMmaWarpGroups = kMmaWarpGroups_;  // each owns 64 query rows
+  static_assert(kMmaWarpGroups == 2 || kMmaWarpGroups == 3, "two or three consumer warpgroups");
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64 * kMmaWarpGroups, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr int kMmaThreads = 128 * kMmaWarpGroups;
   static constexpr int kNThreads = kMmaThreads + 128;  // and the producer warpgroup
-  static constexpr int kProducerRegs = 24, kMmaRegs = 240;  // 24 * 128 + 240 * 256 <= 64K registers
+  // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
+  static constexpr int kProducerRegs = 24, kMmaRegs = kMmaWarpGroups == 2 ? 240 : 160;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
   static_assert(kBlockN % 16 == 0, "key tile: whole k-slices of P V");
 
@@ -103,13 +105,27 @@ struct FwdTraitsSm90 {
       cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
 };
 
-// Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V). Measured on the H100
-// (benchmarks/results/tf_gpu_round5/): wider key tiles (d128: 160, d64: 192) spill a few registers and
-// were slower at 1k-4k tokens (d128 non-causal 4k: 497 against 594 TFLOP/s).
+// Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V): Traits, and
+// BandedTraits for causal and windowed attention, whose diagonal tiles waste more in larger query tiles.
+// Measured on the H100 (benchmarks/results/tf_gpu_round5/, tf_gpu_round7/): wider key tiles (d128: 160)
+// spill registers and were slower at 1k-4k tokens (d128 non-causal 4k: 497 against 594 TFLOP/s). Head dim
+// 64 non-causal runs three consumers (192 query rows): with two, each K/V tile fed too few GEMM rows
+// (bf16 16k: 420 against 350 TFLOP/s, 2k: 356 against 305; key tiles of 96 or 64 were slower). Causal
+// keeps two: three lose below 4k tokens (1k: 164 against 197), though they win above (8k: 366 against
+// 315; choosing by length waits for a harness case at 4k+ causal keys).
 template <int kHeadDim, class Element> struct FwdConfigSm90;
-template <class E> struct FwdConfigSm90<64, E> { using Traits = FwdTraitsSm90<64, 128, 2, E>; };
-template <class E> struct FwdConfigSm90<128, E> { using Traits = FwdTraitsSm90<128, 128, 2, E>; };
-template <class E> struct FwdConfigSm90<256, E> { using Traits = FwdTraitsSm90<256, 64, 2, E>; };
+template <class E> struct FwdConfigSm90<64, E> {
+  using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
+  using BandedTraits = FwdTraitsSm90<64, 128, 2, E, 2>;
+};
+template <class E> struct FwdConfigSm90<128, E> {
+  using Traits = FwdTraitsSm90<128, 128, 2, E>;
+  using BandedTraits = Traits;
+};
+template <class E> struct FwdConfigSm90<256, E> {
+  using Traits = FwdTraitsSm90<256, 64, 2, E>;
+  using BandedTraits = Traits;
+};
 
 // Kernel arguments: the params and the three TMA descriptors (built on the host: they hold the pointers).
 template <class Traits>
@@ -206,9 +222,9 @@ __device__ __forceinline__ typename Pipeline::Params tma_pipeline_params(uint32_
 
 // Named barriers of the forward kernel (ids after CUTLASS's reserved ones).
 enum class Sm90Barrier : uint32_t {
-  kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + 1 for warpgroup 1
-  kValueRowsZeroed = 2,  // both consumers zeroed the unseen rows of a V stage
-  kOutputWg0 = 3,  // a consumer's output rows are in shared memory; + 1 for warpgroup 1
+  kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + i for consumer i (up to 3)
+  kValueRowsZeroed = 3,  // every consumer zeroed the unseen rows of a V stage
+  kOutputWg0 = 4,  // a consumer's output rows are in shared memory; kOutputWg0 + i for consumer i
 };
 template <class BarrierId>
 __device__ __forceinline__ void named_sync(int threads, BarrierId id, int offset = 0) {
@@ -311,7 +327,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // ---- Consumers: the other branch of this if/else (setmaxnreg moves registers between branches) ----
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
     const int mma_tidx = int(threadIdx.x) - 128;
-    const int wg = warp_group - 1;  // 0 or 1: query rows 64 wg .. 64 wg + 63 of the tile
+    const int wg = warp_group - 1;  // consumer wg: query rows 64 wg .. 64 wg + 63 of the tile
+    // Ping-pong: consumer wg issues after the one before it (its barrier counts that one's arrival and its
+    // own wait: 2 x 128 threads), then lets the next one issue.
+    constexpr int kIssueThreads = 2 * 128;
+    const int next_wg = wg + 1 == Traits::kMmaWarpGroups ? 0 : wg + 1;
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
@@ -362,7 +382,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       };
 
       // Ping-pong: warpgroup 0 issues first.
-      if (wg == 0) named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 0);
+      if (wg == 0) named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, 0);
       shared.barrier_q.wait(0);
 
       auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
@@ -406,11 +426,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ++read;
         if (n + 1 == n_block_max - 1) zero_unseen_values(n + 1, read_v);  // only edge tiles: see above
         pipeline_k.consumer_wait(read);
-        named_sync(kMmaThreads, Sm90Barrier::kIssueWg0, wg);
+        named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
         warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
         pipeline_v.consumer_wait(read_v);
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-        named_arrive(kMmaThreads, Sm90Barrier::kIssueWg0, 1 - wg);
+        named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
         warpgroup_wait<1>();  // S done
         pipeline_k.consumer_release(read);
         softmax_of_tile(n, false);
@@ -446,7 +466,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Element* o_ptr = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
     Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(int64_t(p.seqlen_q), Int<kHeadDim>{}),
                             make_stride(p.o_row_stride, _1{}));
-    Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(2 * m_block + wg, 0));
+    Tensor gO = local_tile(mO, Shape<_64, Int<kHeadDim>>{}, make_coord(Traits::kMmaWarpGroups * m_block + wg, 0));
     Tensor sO_rows = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, 0));
     typename Traits::GmemTiledCopyStore gmem_copy_o;
     auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(int(threadIdx.x) % 128);

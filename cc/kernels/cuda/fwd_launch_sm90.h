@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cc/kernels/cuda/fwd_api.h"
 #include "cc/kernels/cuda/fwd_kernel_sm90.h"
 #include "cc/kernels/cuda/static_switch.h"
@@ -10,10 +12,11 @@
 namespace tf_flash {
 namespace cuda {
 
-template <class Element, int kHeadDim>
-cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
+template <class Traits>
+cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace cute;
-  using Traits = typename FwdConfigSm90<kHeadDim, Element>::Traits;
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
   const bool general = p.softcap > 0.f || p.dropout_rate > 0.f;
   auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
   static const bool has_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false>) &&
@@ -45,6 +48,17 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.num_heads, p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
+}
+
+template <class Element, int kHeadDim>
+cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
+  using Config = FwdConfigSm90<kHeadDim, Element>;
+  if constexpr (!std::is_same_v<typename Config::Traits, typename Config::BandedTraits>) {
+    if (p.causal || p.window_left >= 0 || p.window_right >= 0) {
+      return launch_flash_fwd_sm90<typename Config::BandedTraits>(p, stream);
+    }
+  }
+  return launch_flash_fwd_sm90<typename Config::Traits>(p, stream);
 }
 
 }  // namespace cuda
