@@ -364,6 +364,12 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back(general);
       general.name = "softcap-drop-pad", general.causal = true, general.dropout = 0.25f, general.nan_pad = true;
       cs.push_back(general);
+      // Non-causal dropout over several query tiles of every Hopper tile height (128 and 192 rows).
+      general.name = "drop-tiles-pad", general.causal = false, general.softcap = 0.f, general.Sq = 450;
+      cs.push_back(general);
+      if (quick || (d != 64 && d != 128)) continue;
+      // Causal attention over 4k+ keys, where a kernel configuration may be chosen by length.
+      cs.push_back({"causal-4k", dt, 1, 1, 1, 4100, 4100, d, d, true});
     }
     cs.push_back({"dv<d", dt, 2, 2, 2, 150, 170, 128, 64});
     cs.push_back({"dv>d", dt, 2, 2, 2, 150, 170, 32, 96, true});
