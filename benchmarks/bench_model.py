@@ -25,6 +25,12 @@ tf.config.experimental.get_memory_info after reset_memory_stats (reset after the
 steps' peak, weights and optimizer state included); on the CPU the peak RSS (VmHWM, reset through
 /proc/self/clear_refs before each length).
 
+Repeats: `--repeats N` runs the whole mode list N times, modes interleaved (A B A B ...), each run in new
+worker processes; the table gives the median run and the detail every run's median. Runs of one
+configuration in different processes differ by up to ~10% on the H100 (XLA autotunes the model's GEMMs
+per compilation; clocks): compare configurations with repeats, not with one run each
+(benchmarks/results/tf_gpu_round7/).
+
 Processes: each mode runs in its own worker process over the lengths in ascending order (`--isolate run`
 starts one process per (mode, length) instead, at one TF start-up each). An OOM is recorded and the
 longer lengths of that mode are skipped (memory grows with the length at fixed tokens per batch); a
@@ -431,8 +437,29 @@ def _cell(rec, base):
     return text
 
 
+def combine_repeats(records):
+    """One record per (mode, length): with --repeats, the run whose median is the median of the runs'
+    medians (the lower middle for an even count), with every run's median in run_medians_ms; a failed
+    run is reported only when no run of that (mode, length) succeeded."""
+    groups = {}
+    for r in records:
+        groups.setdefault((r["mode"], r["seq_len"]), []).append(r)
+    combined = []
+    for runs in groups.values():
+        ok = sorted((r for r in runs if r["status"] == "ok"), key=lambda r: r["median_ms"])
+        if not ok:
+            combined.append(runs[-1])
+        elif len(runs) == 1:
+            combined.append(ok[0])
+        else:
+            combined.append(dict(ok[(len(ok) - 1) // 2], run_medians_ms=[r["median_ms"] for r in ok],
+                                 failed_runs=len(runs) - len(ok)))
+    return combined
+
+
 def report(records, state, args, cfg):
     modes = args.modes
+    records = combine_repeats(records)
     by_key = {(r["mode"], r["seq_len"]): r for r in records}
     lengths = sorted({r["seq_len"] for r in records} | set(cfg["lengths"]))
     env = state["envs"][0] if state["envs"] else {}
@@ -453,6 +480,9 @@ def report(records, state, args, cfg):
     lines.append("## Detail (spread p10-p90, tokens/s, XLA used, tf_flash op in the graph, first step, run time)")
     headers = ["mode", "tokens x batch", "status", "ms/step", "p10-p90 ms", "tokens/s", "XLA", "flash op",
                "first step s", "run s"]
+    repeated = any("run_medians_ms" in r for r in records)
+    if repeated:
+        headers.append("ms/step of each run")
     rows = []
     for m in modes:
         for s in lengths:
@@ -467,6 +497,9 @@ def report(records, state, args, cfg):
                          ("yes" if r["xla_used"] else "no") if ok else "-",
                          ("yes" if r["flash_op_in_graph"] else "no") if ok else "-",
                          common.fmt(r.get("first_step_s"), 1), common.fmt(r.get("wall_s"), 1)])
+            if repeated:
+                runs = " ".join(f"{ms:.2f}" for ms in r.get("run_medians_ms", []))
+                rows[-1].append(runs + (f" ({r['failed_runs']} failed)" if r.get("failed_runs") else ""))
     lines += [common.markdown_table(headers, rows), ""]
     startups = [e.get("startup_s") for e in state["envs"] if e.get("startup_s") is not None]
     lines.append(f"Worker processes: {len(startups)}, start-up (Python + TF import + GPU init) "
@@ -486,7 +519,7 @@ def write_outputs(records, state, args, cfg):
     stem = args.out
     state["elapsed_s"] = time.time() - state["t0"]
     series_ms, series_mem = {}, {}
-    for r in records:
+    for r in combine_repeats(records):
         if r["status"] == "ok":
             series_ms.setdefault(r["mode"], []).append((r["seq_len"], r["median_ms"]))
             series_mem.setdefault(r["mode"], []).append((r["seq_len"], _gib(r["peak_bytes"])))
@@ -541,6 +574,8 @@ def parse_args(argv=None):
                    help="start no run past this many seconds (420 on the GPU, for the 10-minute lent command; 0: none)")
     p.add_argument("--isolate", choices=["mode", "run"], default="mode",
                    help="one worker process per mode (default) or per (mode, length)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the mode list this many times, modes interleaved, in new processes (median run)")
     p.add_argument("--no-skip-after-oom", action="store_true", help="try the longer lengths after an OOM")
     p.add_argument("--out", default=None, help="output stem (default OUT_DIR/model_<device>_<date>)")
     p.add_argument("--out-dir", default=None, help="folder of the default stem (benchmarks/results; with --quick "
@@ -591,7 +626,7 @@ def merge_main(args):
     merged, modes = {}, []
     for payload in payloads:
         for rec in payload["results"]:
-            merged[(rec["mode"], rec["seq_len"])] = rec
+            merged[(rec["mode"], rec["seq_len"], rec.get("repeat"))] = rec
         modes += [m for m in payload["modes"] if m not in modes]
     cfg = dict(cfg, lengths=sorted({s for p in payloads for s in p["config"]["lengths"]}))
     args.modes = [m for m in MODES if m in modes]
@@ -617,6 +652,8 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"--modes must be among {', '.join(MODES)}. Received: modes={','.join(unknown)}")
     args.timeout = cfg["timeout"]
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1. Received: repeats={args.repeats}")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
     if args.out is None:
         folder = args.out_dir or (os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR)
@@ -645,12 +682,18 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, stop)  # `timeout` ends the run: keep what was measured, stop the worker
     try:
-        for mode in args.modes:
-            if MODES[mode][0] == "keras_switch" and not _switch_module_present():
-                for seq_len in cfg["lengths"]:
-                    on_record({"mode": mode, "seq_len": seq_len, "status": "unavailable", "detail": MISSING_SWITCH})
-                continue
-            run_mode(cfg, mode, cfg["lengths"], args, state, on_record)
+        for repeat in range(args.repeats):
+            def on_run_record(rec, repeat=repeat):
+                on_record(dict(rec, repeat=repeat) if args.repeats > 1 else rec)
+
+            for mode in args.modes:
+                if MODES[mode][0] == "keras_switch" and not _switch_module_present():
+                    if repeat == 0:
+                        for seq_len in cfg["lengths"]:
+                            on_record({"mode": mode, "seq_len": seq_len, "status": "unavailable",
+                                       "detail": MISSING_SWITCH})
+                    continue
+                run_mode(cfg, mode, cfg["lengths"], args, state, on_run_record)
     finally:
         write_outputs(records, state, args, cfg)
     print(f"bench_model: done in {time.time() - t0:.0f} s: {args.out}.md, .json" +

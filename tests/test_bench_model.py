@@ -65,3 +65,26 @@ def test_bad_arguments_are_refused(tmp_path, bad):
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--out", str(tmp_path / "m"), *bad],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode != 0 and ("--modes" in proc.stderr or "--width" in proc.stderr)
+
+
+def test_repeats_interleave_modes_and_report_the_median_run(tmp_path):
+    stem, payload, _ = _run(tmp_path, "--modes", "flash_mha_noxla,keras_mha", "--lengths", "32", "--repeats", "3")
+    runs = [(r["mode"], r["repeat"]) for r in payload["results"]]
+    assert runs == [(m, i) for i in range(3) for m in ("flash_mha_noxla", "keras_mha")], runs  # A B A B A B
+    with open(stem + ".md") as f:
+        table = f.read()
+    assert "ms/step of each run" in table
+    flash = sorted(r["median_ms"] for r in payload["results"] if r["mode"] == "flash_mha_noxla")
+    assert f"| flash_mha_noxla | 32 x 8 | ok | {flash[1]:.2f} |" in table  # the median run
+
+
+def test_combine_repeats_keeps_the_median_run_and_failures():
+    sys.path.insert(0, os.path.dirname(SCRIPT))
+    import bench_model
+
+    ok = [{"mode": "m", "seq_len": 8, "status": "ok", "median_ms": ms, "repeat": i} for i, ms in enumerate([3, 1, 2, 9])]
+    failed = {"mode": "m", "seq_len": 8, "status": "timeout", "repeat": 4}
+    lone = {"mode": "m", "seq_len": 16, "status": "oom"}
+    combined = {r["seq_len"]: r for r in bench_model.combine_repeats(ok + [failed, lone])}
+    assert combined[8]["median_ms"] == 2 and combined[8]["run_medians_ms"] == [1, 2, 3, 9]
+    assert combined[8]["failed_runs"] == 1 and combined[16] == lone
