@@ -25,6 +25,10 @@ tf.config.experimental.get_memory_info after reset_memory_stats (reset after the
 steps' peak, weights and optimizer state included); on the CPU the peak RSS (VmHWM, reset through
 /proc/self/clear_refs before each length).
 
+Kernel families: `--families default,sm80` runs each tf_flash mode also as `MODE@sm80`, its workers
+started with TF_FLASH_CUDA_FAMILY=sm80 (the sm_80 kernels on an H100): both families in one run, with
+`--repeats` interleaved.
+
 Repeats: `--repeats N` runs the whole mode list N times, modes interleaved (A B A B ...), each run in new
 worker processes; the table gives the median run and the detail every run's median. Runs of one
 configuration in different processes differ by up to ~10% on the H100 (XLA autotunes the model's GEMMs
@@ -167,7 +171,7 @@ def run_length(cfg, mode, seq_len, gpu):
     import keras
     import tensorflow as tf
 
-    attention, jit = MODES[mode]
+    attention, jit = MODES[base_mode(mode)]
     batch = max(1, cfg["tokens_per_batch"] // seq_len)
     record = {"mode": mode, "seq_len": seq_len, "batch": batch, "tokens": batch * seq_len, "jit_compile": jit}
     keras.backend.clear_session()
@@ -242,9 +246,9 @@ def worker_main(task_path):
     for gpu_device in tf.config.list_physical_devices("GPU"):
         tf.config.experimental.set_memory_growth(gpu_device, True)
     gpu = bool(tf.config.list_physical_devices("GPU"))
-    if MODES[mode][0] == "flash":
+    if MODES[base_mode(mode)][0] == "flash":
         import tf_flash  # noqa: F401
-    if MODES[mode][0] == "keras_switch":
+    if MODES[base_mode(mode)][0] == "keras_switch":
         try:
             import tf_flash.keras as tf_flash_keras
         except ImportError as err:
@@ -300,6 +304,25 @@ def _gpu_slug():
     return (match.group(1) if match else re.sub(r"\W+", "_", name[0])).lower()
 
 
+def base_mode(mode):
+    """`flash_mha_auto@sm80` -> `flash_mha_auto` (the mode with its kernel family held, --families)."""
+    return mode.partition("@")[0]
+
+
+def mode_family(mode):
+    return mode.partition("@")[2] or None
+
+
+def expand_families(modes, families):
+    """Each mode that runs tf_flash's kernels once per family: "default" (the library's choice, the Hopper
+    family on an H100) as the mode itself, "sm80" as `mode@sm80`; Keras' own attention once."""
+    expanded = []
+    for mode in modes:
+        uses_tf_flash = MODES[mode][0] in ("flash", "keras_switch")
+        expanded += [mode if f == "default" else f"{mode}@{f}" for f in families] if uses_tf_flash else [mode]
+    return expanded
+
+
 class Worker:
     """One worker process over some lengths of one mode; its records arrive through a JSON-lines file."""
 
@@ -311,6 +334,8 @@ class Worker:
             json.dump({"cfg": cfg, "mode": mode, "lengths": lengths, "deadline": deadline,
                        "results": self.results_path}, f)
         env = dict(os.environ, BENCH_MODEL_SPAWNED=repr(time.time()))
+        if mode_family(mode):  # read by the op library at its first GPU call
+            env["TF_FLASH_CUDA_FAMILY"] = mode_family(mode)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.log = open(log_path, "a")
         self.log.write(f"\n==== {mode} {lengths} ====\n")
@@ -576,6 +601,9 @@ def parse_args(argv=None):
                    help="one worker process per mode (default) or per (mode, length)")
     p.add_argument("--repeats", type=int, default=1,
                    help="run the mode list this many times, modes interleaved, in new processes (median run)")
+    p.add_argument("--families", default="default",
+                   help="tf_flash's CUDA kernel families to compare, from: default, sm80 (e.g. default,sm80: "
+                   "each tf_flash mode also runs as MODE@sm80, with TF_FLASH_CUDA_FAMILY=sm80)")
     p.add_argument("--no-skip-after-oom", action="store_true", help="try the longer lengths after an OOM")
     p.add_argument("--out", default=None, help="output stem (default OUT_DIR/model_<device>_<date>)")
     p.add_argument("--out-dir", default=None, help="folder of the default stem (benchmarks/results; with --quick "
@@ -629,7 +657,7 @@ def merge_main(args):
             merged[(rec["mode"], rec["seq_len"], rec.get("repeat"))] = rec
         modes += [m for m in payload["modes"] if m not in modes]
     cfg = dict(cfg, lengths=sorted({s for p in payloads for s in p["config"]["lengths"]}))
-    args.modes = [m for m in MODES if m in modes]
+    args.modes = sorted(modes, key=lambda m: (list(MODES).index(base_mode(m)), m))
     envs = [e for p in payloads for e in [p.get("environment")] + p.get("worker_environments", []) if e]
     state = {"t0": time.time() - sum(p["elapsed_s"] for p in payloads), "envs": envs, "plot_note": "",
              "command": " + ".join(p["command"] for p in payloads) + " (merged)"}
@@ -654,6 +682,11 @@ def main(argv=None):
     args.timeout = cfg["timeout"]
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1. Received: repeats={args.repeats}")
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    if not families or any(f not in ("default", "sm80") for f in families):
+        raise SystemExit(f"--families must be a comma-separated list from: default, sm80. "
+                         f"Received: families={args.families}")
+    args.modes = expand_families(args.modes, families)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
     if args.out is None:
         folder = args.out_dir or (os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR)
@@ -687,7 +720,7 @@ def main(argv=None):
                 on_record(dict(rec, repeat=repeat) if args.repeats > 1 else rec)
 
             for mode in args.modes:
-                if MODES[mode][0] == "keras_switch" and not _switch_module_present():
+                if MODES[base_mode(mode)][0] == "keras_switch" and not _switch_module_present():
                     if repeat == 0:
                         for seq_len in cfg["lengths"]:
                             on_record({"mode": mode, "seq_len": seq_len, "status": "unavailable",

@@ -88,3 +88,18 @@ def test_combine_repeats_keeps_the_median_run_and_failures():
     combined = {r["seq_len"]: r for r in bench_model.combine_repeats(ok + [failed, lone])}
     assert combined[8]["median_ms"] == 2 and combined[8]["run_medians_ms"] == [1, 2, 3, 9]
     assert combined[8]["failed_runs"] == 1 and combined[16] == lone
+
+
+def test_families_run_each_tf_flash_mode_per_family(tmp_path):
+    stem, payload, _ = _run(tmp_path, "--modes", "keras_mha,flash_mha_noxla", "--lengths", "32",
+                            "--families", "default,sm80")
+    assert [r["mode"] for r in payload["results"]] == ["keras_mha", "flash_mha_noxla", "flash_mha_noxla@sm80"]
+    assert all(r["status"] == "ok" for r in payload["results"]), payload["results"]
+    with open(stem + ".md") as f:
+        assert "flash_mha_noxla@sm80" in f.read()
+
+
+def test_bad_families_are_refused(tmp_path):
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--families", "sm90", "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode != 0 and "--families" in proc.stderr and "sm90" in proc.stderr
