@@ -1,7 +1,8 @@
-"""Property-based tests (hypothesis): random shapes, masks, lengths, windows, block masks, dropout and dtypes
-against the float64 reference, forward and gradients; the same kind of random configurations, made
-invalid, through the raw ops (what a SavedModel calls without the Python checks): an InvalidArgumentError
-(or TF's own ValueError/TypeError of argument conversion), never a crash. Thread safety and a leak check.
+"""Property-based tests (hypothesis): random shapes, masks, lengths, windows, block masks, dropout,
+soft-capping and dtypes against the float64 reference, forward and gradients; the same kind of random
+configurations, made invalid, through the raw ops (what a SavedModel calls without the Python checks): an
+InvalidArgumentError (or TF's own ValueError/TypeError of argument conversion), never a crash. Thread
+safety and a leak check.
 
 Profiles (TF_FLASH_HYPOTHESIS_PROFILE): `ci` (default: few examples, derandomized so every run draws the
 same examples) and `long` (1,000 examples per test, fresh randomness; a failure prints its reproducer).
@@ -77,6 +78,8 @@ def configurations(draw):
         kwargs["seed"] = draw(st.integers(0, 2**63 - 1))
     if draw(st.booleans()):
         kwargs["scale"] = draw(st.floats(0.0, 2.0, allow_nan=False))
+    if draw(st.booleans()):
+        kwargs["softcap"] = draw(st.sampled_from([0.5, 2.0, 30.0]))
     return config, kwargs
 
 
@@ -194,6 +197,8 @@ def raw_op_calls(draw, grad):
         attrs[name] = draw(int_values)
     if draw(st.booleans()):
         attrs["dropout_rate"] = draw(st.one_of(st.sampled_from([0.0, 0.5, 0.999]), float_values))
+    if draw(st.booleans()):
+        attrs["softcap"] = draw(st.one_of(st.sampled_from([0.0, 2.0]), float_values))
     return inputs, attrs
 
 
