@@ -5,6 +5,8 @@
 #   backward harness bwd_build bwd_test bwd_bench bwd_bench80 bwd_sanitize bwd_racecheck
 #   (default: build test bigoffset bench tiles ncu sanitize). bench80: the benchmark with the forward held on
 #   the sm_80 family (TF_FLASH_CUDA_FAMILY=sm80), for a same-run comparison with the Hopper family.
+#   After `build`, tests/cuda_harness/sm90_tile_variants.sh compares Hopper forward tile configurations
+#   of one head dim (benchmark and test per variant) in the same call.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${OUT:-/tmp/out}"
