@@ -1,5 +1,6 @@
 """Smoke tests of benchmarks/bench_model.py: the CPU quick run completes and writes its outputs, and a run
 that exceeds --timeout is recorded while the benchmark still finishes. No timing asserts."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -78,10 +79,24 @@ def test_repeats_interleave_modes_and_report_the_median_run(tmp_path):
     assert f"| flash_mha_noxla | 32 x 8 | ok | {flash[1]:.2f} |" in table  # the median run
 
 
-def test_combine_repeats_keeps_the_median_run_and_failures():
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    import bench_model
+def _import_bench_model():
+    """benchmarks/bench_model.py as a module, leaving sys.path and sys.modules as they were: its
+    `import common` (benchmarks/common.py) must not shadow the example's module of the same name."""
+    saved_path, saved_common = list(sys.path), sys.modules.pop("common", None)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_model_under_test", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved_path
+        sys.modules.pop("common", None)
+        if saved_common is not None:
+            sys.modules["common"] = saved_common
+    return module
 
+
+def test_combine_repeats_keeps_the_median_run_and_failures():
+    bench_model = _import_bench_model()
     ok = [{"mode": "m", "seq_len": 8, "status": "ok", "median_ms": ms, "repeat": i} for i, ms in enumerate([3, 1, 2, 9])]
     failed = {"mode": "m", "seq_len": 8, "status": "timeout", "repeat": 4}
     lone = {"mode": "m", "seq_len": 16, "status": "oom"}
