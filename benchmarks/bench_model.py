@@ -483,8 +483,8 @@ def combine_repeats(records):
 
 
 def report(records, state, args, cfg):
+    """The markdown report of `records`, one per (mode, length) (combine_repeats)."""
     modes = args.modes
-    records = combine_repeats(records)
     by_key = {(r["mode"], r["seq_len"]): r for r in records}
     lengths = sorted({r["seq_len"] for r in records} | set(cfg["lengths"]))
     env = state["envs"][0] if state["envs"] else {}
@@ -543,8 +543,9 @@ def report(records, state, args, cfg):
 def write_outputs(records, state, args, cfg):
     stem = args.out
     state["elapsed_s"] = time.time() - state["t0"]
+    combined = combine_repeats(records)
     series_ms, series_mem = {}, {}
-    for r in combine_repeats(records):
+    for r in combined:
         if r["status"] == "ok":
             series_ms.setdefault(r["mode"], []).append((r["seq_len"], r["median_ms"]))
             series_mem.setdefault(r["mode"], []).append((r["seq_len"], _gib(r["peak_bytes"])))
@@ -559,7 +560,7 @@ def write_outputs(records, state, args, cfg):
         state["plot_note"] = "Plots: none (matplotlib is not installed)" if series_ms else "Plots: none yet"
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
     with open(stem + ".md", "w") as f:
-        f.write(report(records, state, args, cfg))
+        f.write(report(combined, state, args, cfg))
     common.write_json(stem + ".json", {"config": cfg, "modes": args.modes, "command": state["command"],
                                        "environment": state["envs"][0] if state["envs"] else None,
                                        "worker_environments": state["envs"][1:], "elapsed_s": state["elapsed_s"],

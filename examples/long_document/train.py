@@ -159,6 +159,7 @@ def parse_args(argv):
     if args.hub_warmup_epochs < 0 or args.hub_warmup_epochs >= args.epochs:
         p.error(f"--hub-warmup-epochs must be >= 0 and below --epochs ({args.epochs}). Received: "
                 f"hub_warmup_epochs={args.hub_warmup_epochs}")
+    args.hub_learning_rate = args.hub_learning_rate or args.learning_rate  # the hub runs' peak rate
     if args.save_model is None:
         args.save_model = "hub" if args.hub_contexts else args.attention
     saved_contexts = (args.contexts if args.save_model == args.attention else
@@ -351,10 +352,9 @@ def write_results(args, info, results, device, quiet=False):
     mem_kind = ok.get("memory_kind", "peak RSS of the training process" if device == "CPU" else "")
     models = "; ".join(f"{k}: {v}" for k, v in MODEL_NAMES.items()
                        if any(r["attention"] == k for r in results))
-    hub_lr = args.hub_learning_rate or args.learning_rate
     hub_recipe = ""
-    if args.hub_contexts and (hub_lr != args.learning_rate or args.hub_warmup_epochs):
-        hub_recipe = f" (hub: {hub_lr}" + (f", {args.hub_warmup_epochs}-epoch warm-up then cosine decay"
+    if args.hub_contexts and (args.hub_learning_rate != args.learning_rate or args.hub_warmup_epochs):
+        hub_recipe = f" (hub: {args.hub_learning_rate}" + (f", {args.hub_warmup_epochs}-epoch warm-up then cosine decay"
                                            if args.hub_warmup_epochs else "") + ")"
     meta = (f"Models: {models} (the hub model computes its attention with tf_flash's kernels through "
             f"Keras' own flash switch). Metrics with several seeds: mean +- sample standard "
@@ -548,13 +548,12 @@ def learning_rate(spec, steps_per_epoch):
 
     if spec["attention"] != "hub":
         return spec["learning_rate"]
-    peak = spec.get("hub_learning_rate") or spec["learning_rate"]
-    warmup = spec.get("hub_warmup_epochs") or 0
-    if not warmup:
-        return peak
-    warmup_steps = warmup * steps_per_epoch
+    if not spec["hub_warmup_epochs"]:
+        return spec["hub_learning_rate"]
+    warmup_steps = spec["hub_warmup_epochs"] * steps_per_epoch
     return keras.optimizers.schedules.CosineDecay(
-        0.0, decay_steps=max(1, spec["epochs"] * steps_per_epoch - warmup_steps), warmup_target=peak,
+        0.0, decay_steps=max(1, spec["epochs"] * steps_per_epoch - warmup_steps),
+        warmup_target=spec["hub_learning_rate"],
         warmup_steps=warmup_steps)
 
 
