@@ -106,13 +106,14 @@ struct FwdTraitsSm90 {
 };
 
 // Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V): Traits, and
-// BandedTraits for causal and windowed attention, whose diagonal tiles waste more in larger query tiles.
+// BandedTraits for windowed attention and causal attention over fewer than 4k keys
+// (run_flash_fwd_sm90), whose diagonal tiles waste more in larger query tiles.
 // Measured on the H100 (benchmarks/results/tf_gpu_round5/, tf_gpu_round7/): wider key tiles (d128: 160)
 // spill registers and were slower at 1k-4k tokens (d128 non-causal 4k: 497 against 594 TFLOP/s). Head dim
 // 64 non-causal runs three consumers (192 query rows): with two, each K/V tile fed too few GEMM rows
 // (bf16 16k: 420 against 350 TFLOP/s, 2k: 356 against 305; key tiles of 96 or 64 were slower). Causal
-// keeps two: three lose below 4k tokens (1k: 164 against 197), though they win above (8k: 366 against
-// 315; choosing by length waits for a harness case at 4k+ causal keys).
+// keeps two below 4k keys (three: 1k 164 against 197 TFLOP/s) and takes three from 4k on (8k: 366 against
+// 315).
 template <int kHeadDim, class Element> struct FwdConfigSm90;
 template <class E> struct FwdConfigSm90<64, E> {
   using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
