@@ -14,7 +14,8 @@
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
 # the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a; TF_FLASH_CUDA_ARCHS="80;90a"
 # at the host step gives both (a release wheel: scripts/build_wheel.sh --library build/gpu/...so).
-# `device none` only builds the library.
+# `device none` only builds the library. A carry holds 64 MiB with the work tree: the tree is ~5 MB, so
+# pack with parts of ~52 MB (PART_BYTES=52000000, six stash calls) where the default 62 MB part is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:?host or device}"; shift || true
@@ -55,7 +56,7 @@ fi
 # ---- device ----
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 set +eo pipefail  # env.sh is written for interactive shells
-source .gpu/env/env.sh || { echo "gpu_round: TensorFlow is not stashed on this machine (stash .gpu/p0..p4 first)" >&2; exit 1; }
+source .gpu/env/env.sh || { echo "gpu_round: TensorFlow is not stashed on this machine (stash every .gpu/pN first)" >&2; exit 1; }
 set -eo pipefail
 site=$(python3 -c "import tensorflow as tf, os; print(os.path.dirname(tf.__file__))")
 mkdir -p /tmp/cutlass build/gpu/cuda_obj && tar -xzf "$build/cutlass_include.tgz" -C /tmp/cutlass
