@@ -7,7 +7,8 @@
 #                                             GPU kernels registered, plus CUTLASS headers, in .gpu_build/
 #   bash scripts/gpu_round.sh device [steps]  there: nvcc the .cu files (same flags as cc/BUILD, sm_90a),
 #                                             link the library, then run steps: test, family (which kernel
-#                                             family ran, robustness, determinism, softcap, validation), xla,
+#                                             family ran, robustness, determinism, softcap, validation,
+#                                             float32 range), xla,
 #                                             layers (layers, saving, Keras' switch, KerasHub), multi, sanitize,
 #                                             bench, bench_model (the GPU-marked tests of each file)
 #
@@ -86,7 +87,7 @@ for step in "${@:-test}"; do
     test) timeout 420 python3 -m pytest -q tests/test_flash_attention.py tests/test_dropout.py tests/test_sparsity.py \
             -m gpu -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu_ops.log" | tail -25 ;;
     family) timeout 300 python3 -m pytest -q tests/test_kernel_family.py tests/test_robustness.py tests/test_determinism.py \
-            tests/test_softcap.py tests/test_validation.py -m gpu -p no:cacheprovider 2>&1 \
+            tests/test_softcap.py tests/test_validation.py tests/test_float32_range.py -m gpu -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_family.log" | tail -15 ;;
     xla) timeout 540 python3 -m pytest -q tests/test_xla.py -m gpu -p no:cacheprovider 2>&1 \
             | tee "$out/pytest_gpu_xla.log" | tail -25 ;;

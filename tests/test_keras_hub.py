@@ -17,7 +17,7 @@ keras_hub = pytest.importorskip("keras_hub")
 
 import tf_flash  # noqa: E402
 from tf_flash import keras as flash_keras  # noqa: E402
-from device_util import float32_tolerance as f32_tol  # noqa: E402
+from device_util import float32_tolerance as f32_tol, gpu_float32_bound_dtype  # noqa: E402
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,8 +182,8 @@ def test_gemma_gqa_on_gpu_matches_the_switch_off(rng, monkeypatch):
     with flash_keras.enabled():
         got, got_grads = _outputs_and_gradients(model, inputs, d_out)
     assert counter.calls == 2
-    # float32 on the GPU may compute on float16 operands (tf_flash.build_info()["gpu_float32_compute"]).
-    tol = 2e-2 if tf_flash.build_info().get("gpu_float32_compute") == "float16" else 1e-4
+    # float32 on the GPU may compute on float16 operands (tests/device_util.py).
+    tol = 2e-2 if gpu_float32_bound_dtype() == "float16" else 1e-4
     np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=tol, rtol=tol)
     for a, b in zip(got_grads, expected_grads):
         assert (a is None) == (b is None)

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import philox_ref
 import tf_flash
-from device_util import on_device
+from device_util import gpu_float32_bound_dtype, on_device
 from reference import draw_features, reference_attention, reference_attention_grad, to_numpy
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
@@ -49,7 +49,7 @@ def _rel_err(x, ref):
 def _tolerance(device, dtype, table=TOLERANCE):
     name = dtype
     if "GPU" in device and name == "float32":
-        name = tf_flash.build_info().get("gpu_float32_compute", "float32")
+        name = gpu_float32_bound_dtype()
     return table[name]
 
 

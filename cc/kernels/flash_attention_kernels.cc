@@ -180,7 +180,7 @@ class BuildInfoOp : public tf::OpKernel {
     tf::Tensor* info = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {}, &info));
 #if TF_FLASH_WITH_CUDA
-    info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO ";gpu_float32_compute=float16";
+    info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO ";gpu_float32_compute=float16_scaled";
 #else
     info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO;
 #endif

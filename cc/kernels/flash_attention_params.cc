@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -303,11 +304,13 @@ struct Staged {
   void* Params::*field;              // outputs, and the backward's input `out` (declared void*)
   bool value_dims;                   // rows of head_dim_v (v, out, d_out, d_v) rather than head_dim
   bool kv_rows;                      // B*Sk*Hkv rows (k, v, d_k, d_v) rather than B*Sq*H
+  StageRole role;                    // its power of two when float32 is staged (launch.h)
 };
 
 // Runs `launch(params, compute dtype)` on the kernels' native layout: when the inputs need staging,
 // copies the inputs into float16/bfloat16 rows of a padded head dim, points the params at the copies,
-// launches, then copies the outputs back. One plan for forward and backward; all on `stream`.
+// launches, then copies the outputs back. float32 goes to float16 by the powers of two of a StagePlan
+// the device fills first (float32's range, launch.h). One plan for forward and backward; all on `stream`.
 template <typename Params, typename Launch>
 tf::Status RunStaged(const Params& in, DType dtype, bool backward, void* stream, const FlashAllocate& allocate,
                      std::initializer_list<Staged<Params>> tensors, const Launch& launch) {
@@ -324,11 +327,36 @@ tf::Status RunStaged(const Params& in, DType dtype, bool backward, void* stream,
   TF_RETURN_IF_ERROR(CheckCudaSupport(p, compute, backward));
   const int64_t q_rows = int64_t{p.batch} * p.seqlen_q * p.num_heads;
   const int64_t kv_rows = int64_t{p.batch} * p.seqlen_k * p.num_heads_kv;
+  StagePlan* plan = nullptr;
+  if (dtype == DType::kFloat32) {
+    void* bytes = nullptr;
+    TF_RETURN_IF_ERROR(allocate(sizeof(StagePlan), &bytes));
+    plan = static_cast<StagePlan*>(bytes);
+    StageInputs inputs{{in.q, in.k, in.v, nullptr, nullptr},
+                       {q_rows * in.head_dim, kv_rows * in.head_dim, kv_rows * in.head_dim_v, 0, 0}};
+    const int64_t lse_rows = int64_t{p.batch} * p.num_heads * p.seqlen_q;
+    if constexpr (std::is_same_v<Params, FlashBwdParams>) {
+      inputs.data[3] = in.d_out, inputs.size[3] = q_rows * in.head_dim_v;
+      inputs.data[4] = in.d_lse, inputs.size[4] = lse_rows;
+    }
+    TF_RETURN_IF_ERROR(CudaStatus(flash_cuda_stage_plan(inputs, plan, stream)));
+    p.scale_exponent_device = &plan->scale_exponent;
+    if constexpr (std::is_same_v<Params, FlashBwdParams>) {
+      if (in.d_lse != nullptr) {  // d_lse enters D beside rowsum(dO O): scaled as dP is (launch.h)
+        void* staged = nullptr;
+        TF_RETURN_IF_ERROR(allocate(lse_rows * sizeof(float), &staged));
+        TF_RETURN_IF_ERROR(CudaStatus(flash_cuda_stage_rows(in.d_lse, dtype, 1, staged, dtype, 1, lse_rows, plan,
+                                                            StageRole::kLseGrad, stream)));
+        p.d_lse = static_cast<const float*>(staged);
+      }
+    }
+  }
   struct Unstage {
     const void* staged;
     void* original;
     int staged_dim, original_dim;
     int64_t rows;
+    StageRole role;
   };
   std::vector<Unstage> outputs;
   for (const Staged<Params>& t : tensors) {
@@ -339,10 +367,10 @@ tf::Status RunStaged(const Params& in, DType dtype, bool backward, void* stream,
     TF_RETURN_IF_ERROR(allocate(rows * staged_dim * ElementBytes(compute), &staged));
     if (t.is_input) {
       const void* original = t.const_field ? in.*t.const_field : in.*t.field;
-      TF_RETURN_IF_ERROR(CudaStatus(
-          flash_cuda_stage_rows(original, dtype, original_dim, staged, compute, staged_dim, rows, stream)));
+      TF_RETURN_IF_ERROR(CudaStatus(flash_cuda_stage_rows(original, dtype, original_dim, staged, compute, staged_dim,
+                                                          rows, plan, t.role, stream)));
     } else {
-      outputs.push_back({staged, in.*t.field, staged_dim, original_dim, rows});
+      outputs.push_back({staged, in.*t.field, staged_dim, original_dim, rows, t.role});
     }
     if (t.const_field) {
       p.*t.const_field = staged;
@@ -352,8 +380,8 @@ tf::Status RunStaged(const Params& in, DType dtype, bool backward, void* stream,
   }
   TF_RETURN_IF_ERROR(launch(p, compute));
   for (const Unstage& u : outputs) {
-    TF_RETURN_IF_ERROR(CudaStatus(
-        flash_cuda_stage_rows(u.staged, compute, u.staged_dim, u.original, dtype, u.original_dim, u.rows, stream)));
+    TF_RETURN_IF_ERROR(CudaStatus(flash_cuda_stage_rows(u.staged, compute, u.staged_dim, u.original, dtype,
+                                                        u.original_dim, u.rows, plan, u.role, stream)));
   }
   return tf::Status();
 }
@@ -363,8 +391,10 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
   using S = Staged<FlashFwdParams>;
   using P = FlashFwdParams;
   return RunStaged(p, dtype, /*backward=*/false, stream, allocate,
-                   {S{true, &P::q, nullptr, false, false}, S{true, &P::k, nullptr, false, true},
-                    S{true, &P::v, nullptr, true, true}, S{false, nullptr, &P::out, true, false}},
+                   {S{true, &P::q, nullptr, false, false, StageRole::kQuery},
+                    S{true, &P::k, nullptr, false, true, StageRole::kKey},
+                    S{true, &P::v, nullptr, true, true, StageRole::kValue},
+                    S{false, nullptr, &P::out, true, false, StageRole::kOutput}},
                    [&](const FlashFwdParams& launch, DType compute) {
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
                    });
@@ -374,10 +404,14 @@ tf::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream, c
   using S = Staged<FlashBwdParams>;
   using P = FlashBwdParams;
   return RunStaged(p, dtype, /*backward=*/true, stream, allocate,
-                   {S{true, &P::q, nullptr, false, false}, S{true, &P::k, nullptr, false, true},
-                    S{true, &P::v, nullptr, true, true}, S{true, nullptr, &P::out, true, false},
-                    S{true, &P::d_out, nullptr, true, false}, S{false, nullptr, &P::d_q, false, false},
-                    S{false, nullptr, &P::d_k, false, true}, S{false, nullptr, &P::d_v, true, true}},
+                   {S{true, &P::q, nullptr, false, false, StageRole::kQuery},
+                    S{true, &P::k, nullptr, false, true, StageRole::kKey},
+                    S{true, &P::v, nullptr, true, true, StageRole::kValue},
+                    S{true, nullptr, &P::out, true, false, StageRole::kValue},  // the forward's O, as it staged it
+                    S{true, &P::d_out, nullptr, true, false, StageRole::kOutGrad},
+                    S{false, nullptr, &P::d_q, false, false, StageRole::kQueryGrad},
+                    S{false, nullptr, &P::d_k, false, true, StageRole::kKeyGrad},
+                    S{false, nullptr, &P::d_v, true, true, StageRole::kValueGrad}},
                    [&](const FlashBwdParams& params, DType compute) {
                      FlashBwdParams launch = params;
                      void* scratch = nullptr;

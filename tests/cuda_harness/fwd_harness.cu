@@ -475,11 +475,11 @@ int run_fp32_path() {
     CHECK_CUDA(cudaMemcpy(dv, v.data(), n * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemset(dout32, 0xFF, n * 4));
     CHECK_CUDA(cudaError_t(
-        tf_flash::flash_cuda_stage_rows(dq, DType::kFloat32, D, bq, DType::kBFloat16, D, int64_t(n / D), nullptr)));
+        tf_flash::flash_cuda_stage_rows(dq, DType::kFloat32, D, bq, DType::kBFloat16, D, int64_t(n / D), nullptr, tf_flash::StageRole::kQuery, nullptr)));
     CHECK_CUDA(cudaError_t(
-        tf_flash::flash_cuda_stage_rows(dk, DType::kFloat32, D, bk, DType::kBFloat16, D, int64_t(n / D), nullptr)));
+        tf_flash::flash_cuda_stage_rows(dk, DType::kFloat32, D, bk, DType::kBFloat16, D, int64_t(n / D), nullptr, tf_flash::StageRole::kQuery, nullptr)));
     CHECK_CUDA(cudaError_t(
-        tf_flash::flash_cuda_stage_rows(dv, DType::kFloat32, D, bv, DType::kBFloat16, D, int64_t(n / D), nullptr)));
+        tf_flash::flash_cuda_stage_rows(dv, DType::kFloat32, D, bv, DType::kBFloat16, D, int64_t(n / D), nullptr, tf_flash::StageRole::kQuery, nullptr)));
     FlashFwdParams p;
     p.q = bq, p.k = bk, p.v = bv, p.out = bout;
     p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H, p.head_dim = p.head_dim_v = D;
@@ -490,7 +490,7 @@ int run_fp32_path() {
     p.causal = causal;
     CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr)));
     CHECK_CUDA(cudaError_t(
-        tf_flash::flash_cuda_stage_rows(bout, DType::kBFloat16, D, dout32, DType::kFloat32, D, int64_t(n / D), nullptr)));
+        tf_flash::flash_cuda_stage_rows(bout, DType::kBFloat16, D, dout32, DType::kFloat32, D, int64_t(n / D), nullptr, tf_flash::StageRole::kQuery, nullptr)));
     std::vector<float> out(n);
     CHECK_CUDA(cudaMemcpy(out.data(), dout32, n * 4, cudaMemcpyDeviceToHost));
     // float64 reference from the float32 inputs, and bf16 standard attention for the error budget.

@@ -504,7 +504,7 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
 
   const float scale_log2 = softmax_scale_log2(p);  // the forward's factor (mask.h)
-  const float softcap_in = kSoftcap ? p.scale / p.softcap : 0.f;
+  const float softcap_in = kSoftcap ? softcap_input_scale(p) : 0.f;
   const bool has_attn_mask = kMasks && p.attn_mask.data != nullptr;
   const uint32_t threshold2 = kDropout ? dropout_threshold(p.dropout_rate) * 0x10001u : 0u;
   const float keep_scale = kDropout ? dropout_keep_scale(p.dropout_rate) : 1.f;

@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   const float scale_log2 = softmax_scale_log2(p);
   // Soft-capping (general variant only): s -> softcap * tanh(s * scale / softcap), then unscaled.
   const bool has_softcap = kMasks && p.softcap > 0.f;
-  const float softcap_in = has_softcap ? p.scale / p.softcap : 0.f;
+  const float softcap_in = has_softcap ? softcap_input_scale(p) : 0.f;
   const uint32_t drop_threshold = kDropout ? dropout_threshold(p.dropout_rate) : 0u;
   const bool has_dropout = kDropout && p.dropout_rate > 0.f;
   const uint64_t batch_head = uint64_t(b) * p.num_heads + h;

@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float scale_log2 = softmax_scale_log2(p);
     const uint64_t batch_head = uint64_t(b) * p.num_heads + h;
     const bool has_softcap = kGeneral && p.softcap > 0.f;
-    const float softcap_in = has_softcap ? p.scale / p.softcap : 0.f;
+    const float softcap_in = has_softcap ? softcap_input_scale(p) : 0.f;
     const bool has_dropout = kGeneral && p.dropout_rate > 0.f;
     const uint32_t drop_threshold = has_dropout ? dropout_threshold(p.dropout_rate) : 0u;
 

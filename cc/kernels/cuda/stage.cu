@@ -1,10 +1,12 @@
-// Staging copies for the GPU OpKernels: the attention kernels take float16/bfloat16 with head dims that
+// Staging copies for the GPU front doors: the attention kernels take float16/bfloat16 with head dims that
 // are multiples of 8, so float32 tensors and other head dims go through a cast-and-pad copy on the way
 // in and a cast-and-crop copy on the way out (O(N d) extra traffic against the O(N^2 d) attention).
+// float32 is scaled by powers of two on the way (the plan, launch.h) so that it keeps float32's range.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "cc/kernels/flash/launch.h"
@@ -28,55 +30,125 @@ template <> __device__ __forceinline__ void store_float<float>(void* base, int64
   static_cast<float*>(base)[i] = x;
 }
 template <> __device__ __forceinline__ void store_float<__half>(void* base, int64_t i, float x) {
+  // Finite values saturate (a plan's power of two brings the largest into [2, 4); this is the safety).
+  if (fabsf(x) <= FLT_MAX) x = fminf(fmaxf(x, -65504.f), 65504.f);
   static_cast<__half*>(base)[i] = __float2half_rn(x);
 }
 template <> __device__ __forceinline__ void store_float<__nv_bfloat16>(void* base, int64_t i, float x) {
   static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
 }
 
-// dst[r, c] = src[r, c] for c < min(src_dim, dst_dim), 0 for the padding columns; rows are contiguous.
+// dst[r, c] = src[r, c] * 2^exponent for c < min(src_dim, dst_dim), 0 for the padding columns; rows are
+// contiguous. The exponent is the plan's for `role` (device memory), or 0 without a plan.
 template <typename Src, typename Dst>
-__global__ void stage_rows_kernel(const void* src, int src_dim, void* dst, int dst_dim, int64_t total) {
+__global__ void stage_rows_kernel(const void* src, int src_dim, void* dst, int dst_dim, int64_t total,
+                                  const StagePlan* plan, StageRole role) {
+  const int exponent = plan != nullptr ? plan->exponent[int(role)] : 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / dst_dim;
     const int col = static_cast<int>(i % dst_dim);
-    store_float<Dst>(dst, i, col < src_dim ? load_as_float<Src>(src, row * src_dim + col) : 0.f);
+    const float x = col < src_dim ? load_as_float<Src>(src, row * src_dim + col) : 0.f;
+    store_float<Dst>(dst, i, exponent != 0 ? ldexpf(x, exponent) : x);
   }
+}
+
+int grid_blocks(int64_t total, int threads) {
+  const int64_t wanted = (total + threads - 1) / threads;
+  return static_cast<int>(wanted < 65535 * 8 ? wanted : 65535 * 8);
 }
 
 template <typename Src>
 cudaError_t launch_for_dst(const void* src, int src_dim, void* dst, DType dst_type, int dst_dim, int64_t total,
-                           cudaStream_t stream) {
-  const int threads = 256;
-  const int64_t wanted = (total + threads - 1) / threads;
-  const int blocks = static_cast<int>(wanted < 65535 * 8 ? wanted : 65535 * 8);
+                           const StagePlan* plan, StageRole role, cudaStream_t stream) {
+  const int threads = 256, blocks = grid_blocks(total, threads);
   switch (dst_type) {
     case DType::kFloat32:
-      stage_rows_kernel<Src, float><<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total);
+      stage_rows_kernel<Src, float><<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total, plan, role);
       break;
     case DType::kFloat16:
-      stage_rows_kernel<Src, __half><<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total);
+      stage_rows_kernel<Src, __half><<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total, plan, role);
       break;
     case DType::kBFloat16:
-      stage_rows_kernel<Src, __nv_bfloat16><<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total);
+      stage_rows_kernel<Src, __nv_bfloat16>
+          <<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total, plan, role);
       break;
   }
   return cudaGetLastError();
 }
 
+// Largest finite |x| of input blockIdx.y into plan->magnitude_bits (zeroed before): NaN and Inf, which
+// may sit in positions no query sees, must not choose the scale of the finite values.
+__global__ void magnitudes_kernel(StageInputs in, StagePlan* plan) {
+  const int t = blockIdx.y;
+  const float* data = static_cast<const float*>(in.data[t]);
+  float largest = 0.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < in.size[t];
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float a = fabsf(data[i]);
+    if (a <= FLT_MAX) largest = fmaxf(largest, a);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+  if (threadIdx.x % 32 == 0 && largest > 0.f) atomicMax(&plan->magnitude_bits[t], __float_as_uint(largest));
+}
+
+// The powers of two of launch.h's plan from the magnitudes: each input to a largest magnitude in [2, 4).
+__global__ void plan_kernel(StagePlan* plan) {
+  int e[StagePlan::kInputs];  // largest magnitude in [2^(e-1), 2^e); 2 when all zero (left as is)
+  for (int t = 0; t < StagePlan::kInputs; ++t) {
+    e[t] = 2;
+    const float largest = __uint_as_float(plan->magnitude_bits[t]);
+    if (largest > 0.f) frexpf(largest, &e[t]);
+  }
+  const int nq = e[0] - 2, nk = e[1] - 2, ndo = e[3] - 2;
+  // d_lse takes dP's 2^-(ndo + nv): where it would pass 4 there, V (and O) shrink further instead of dO,
+  // which dV needs whole; what V then loses is small beside d_lse in dS.
+  int nv = e[2] - 2;
+  if (plan->magnitude_bits[4] != 0u && e[4] - 2 - ndo > nv) nv = e[4] - 2 - ndo;
+  int32_t* x = plan->exponent;
+  x[int(StageRole::kQuery)] = -nq;
+  x[int(StageRole::kKey)] = -nk;
+  x[int(StageRole::kValue)] = -nv;
+  x[int(StageRole::kOutGrad)] = -ndo;
+  x[int(StageRole::kLseGrad)] = -(ndo + nv);
+  x[int(StageRole::kOutput)] = nv;
+  x[int(StageRole::kValueGrad)] = ndo;
+  x[int(StageRole::kQueryGrad)] = ndo + nv + nk;
+  x[int(StageRole::kKeyGrad)] = ndo + nv + nq;
+  plan->scale_exponent = nq + nk;
+}
+
 }  // namespace
 
+int flash_cuda_stage_plan(const StageInputs& inputs, StagePlan* plan, void* stream_handle) {
+  auto stream = static_cast<cudaStream_t>(stream_handle);
+  StageInputs in = inputs;
+  int64_t largest = 0;
+  for (int t = 0; t < StagePlan::kInputs; ++t) {
+    if (in.data[t] == nullptr) in.size[t] = 0;
+    largest = in.size[t] > largest ? in.size[t] : largest;
+  }
+  cudaError_t err = cudaMemsetAsync(plan->magnitude_bits, 0, sizeof(plan->magnitude_bits), stream);
+  if (err != cudaSuccess) return int(err);
+  const int threads = 256;
+  const int blocks = grid_blocks(largest, threads) < 1024 ? grid_blocks(largest, threads) : 1024;
+  if (blocks > 0) magnitudes_kernel<<<dim3(blocks, StagePlan::kInputs), threads, 0, stream>>>(in, plan);
+  plan_kernel<<<1, 1, 0, stream>>>(plan);
+  return int(cudaGetLastError());
+}
+
 int flash_cuda_stage_rows(const void* src, DType src_type, int src_dim, void* dst, DType dst_type, int dst_dim,
-                          int64_t rows, void* stream_handle) {
+                          int64_t rows, const StagePlan* plan, StageRole role, void* stream_handle) {
   const int64_t total = rows * dst_dim;
   if (total == 0) return 0;
   auto stream = static_cast<cudaStream_t>(stream_handle);
   switch (src_type) {
-    case DType::kFloat32: return launch_for_dst<float>(src, src_dim, dst, dst_type, dst_dim, total, stream);
-    case DType::kFloat16: return launch_for_dst<__half>(src, src_dim, dst, dst_type, dst_dim, total, stream);
+    case DType::kFloat32:
+      return launch_for_dst<float>(src, src_dim, dst, dst_type, dst_dim, total, plan, role, stream);
+    case DType::kFloat16:
+      return launch_for_dst<__half>(src, src_dim, dst, dst_type, dst_dim, total, plan, role, stream);
     case DType::kBFloat16:
-      return launch_for_dst<__nv_bfloat16>(src, src_dim, dst, dst_type, dst_dim, total, stream);
+      return launch_for_dst<__nv_bfloat16>(src, src_dim, dst, dst_type, dst_dim, total, plan, role, stream);
   }
   return 0;
 }

@@ -45,10 +45,40 @@ struct CudaKernelCounts {
   int64_t forward_sm80 = 0, forward_sm90 = 0, backward_sm80 = 0, backward_sm90 = 0;
 };
 CudaKernelCounts flash_cuda_kernel_counts();
+// float32 through float16 operands at float32's range. Each float32 input is staged times a power of two
+// the device chooses from the inputs' largest finite magnitudes (no host sync), and each output is copied
+// back times the power of two that undoes it. float16's 10-bit mantissa is TF32's: TF32-grade precision
+// with float32's range per tensor. Q, K, V and dO are each brought to a largest magnitude in [2, 4):
+// Q 2^-nq, K 2^-nk, V and the backward's input O 2^-nv, dO 2^-ndo; d_lse, which enters D beside
+// rowsum(dO O), takes dP's 2^-(ndo + nv) (in the backward nv grows where d_lse would pass 4 there). The
+// scores' scale takes 2^(nq + nk) (FlashFwdParams::scale_exponent_device), and by the linearity of each
+// GEMM the outputs are O 2^nv, dV 2^ndo, dQ 2^(ndo + nv + nk), dK 2^(ndo + nv + nq). So |S| < 16 d and
+// |dP| < 16 dv, and dS, the one intermediate the kernels round to float16 that can grow, stays below
+// (32 dv + 4) / (1 - dropout rate) even with every product aligned (float16's 65504: any rate up to 0.87
+// at dv 256).
+enum class StageRole : int {
+  kQuery, kKey, kValue, kOutGrad, kLseGrad, kOutput, kQueryGrad, kKeyGrad, kValueGrad, kCount
+};
+struct StagePlan {  // device memory, filled by flash_cuda_stage_plan
+  static constexpr int kInputs = 5;          // Q, K, V, dO, d_lse
+  uint32_t magnitude_bits[kInputs];          // largest finite |x| of each (float bits: order as integers)
+  int32_t exponent[int(StageRole::kCount)];  // the power of two each role's copy multiplies by
+  int32_t scale_exponent;                    // for FlashFwdParams::scale_exponent_device
+};
+
+// Fills `plan` (device memory) from the float32 tensors of the given element counts, on `stream`:
+// q, k, v, and in the backward d_out and d_lse (null when absent).
+struct StageInputs {
+  const void* data[StagePlan::kInputs];
+  int64_t size[StagePlan::kInputs];
+};
+int flash_cuda_stage_plan(const StageInputs& inputs, StagePlan* plan, void* stream);
+
 // Copies `rows` contiguous rows of src_dim elements into rows of dst_dim elements (cropping, or padding
 // with zeros), converting the element type: how float32 and head dims that are not multiples of 8 reach
-// the float16/bfloat16 kernels.
+// the float16/bfloat16 kernels. With a plan each element is multiplied by the power of two of `role` on
+// the way (finite values saturate at the destination type's largest); without (null), it only converts.
 int flash_cuda_stage_rows(const void* src, DType src_type, int src_dim, void* dst, DType dst_type, int dst_dim,
-                          int64_t rows, void* stream);
+                          int64_t rows, const StagePlan* plan, StageRole role, void* stream);
 
 }  // namespace tf_flash

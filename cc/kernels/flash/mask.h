@@ -5,6 +5,7 @@
 // row + window overflows int32 for windows near 2^31.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "cc/kernels/flash/params.h"
@@ -159,13 +160,26 @@ TF_FLASH_HOST_DEVICE BlockCoverage block_coverage(const FlashFwdParams& p, int b
   return c;
 }
 
+// The scale the CUDA kernels apply to the raw q.k: p.scale, times the staging's power of two (params.h).
+TF_FLASH_HOST_DEVICE double score_scale(const FlashFwdParams& p) {
+#if defined(__CUDA_ARCH__)
+  if (p.scale_exponent_device != nullptr) return ldexp(double(p.scale), *p.scale_exponent_device);
+#endif
+  return double(p.scale);
+}
+
 // The CUDA kernels' softmax is base 2: p = 2^(s * softmax_scale_log2(p) - lse * log2(e)), s the raw q.k
 // (or the soft-capped score, which carries the scale already). The forward and the backward both take
 // this one factor (rounded once, from double), so that they compute every exponent the same way.
 TF_FLASH_HOST_DEVICE float softmax_scale_log2(const FlashFwdParams& p) {
-  const double scale = p.softcap > 0.f ? 1.0 : double(p.scale);
+  const double scale = p.softcap > 0.f ? 1.0 : score_scale(p);
   const float scale_log2 = float(scale * 1.4426950408889634);
   return scale_log2 > 1e-30f ? scale_log2 : 1e-30f;  // never 0: -inf * 0 would be NaN
+}
+
+// The factor into the soft-capping's tanh: score_scale / softcap (0 when off).
+TF_FLASH_HOST_DEVICE float softcap_input_scale(const FlashFwdParams& p) {
+  return p.softcap > 0.f ? float(score_scale(p) / p.softcap) : 0.f;
 }
 
 }  // namespace tf_flash

@@ -36,6 +36,10 @@ struct FlashFwdParams {
   int num_heads = 0, num_heads_kv = 0;  // num_heads % num_heads_kv == 0 (GQA/MQA)
   int head_dim = 0, head_dim_v = 0;
   float scale = 1.f;  // applied to the scores before the max
+  // When set (device memory: float32 inputs staged to float16 on the GPU, launch.h), the scores' scale
+  // is scale * 2^(*scale_exponent_device): Q and K were normalized by powers of two the device chose.
+  // The scale that dQ and dK carry stays `scale` (the staging undoes the rest on the way out).
+  const int32_t* scale_exponent_device = nullptr;
   // Logit soft-capping (Gemma 2, FlashAttention-2): scaled scores s -> softcap * tanh(s / softcap) before
   // the softmax; 0 = off.
   float softcap = 0.f;
