@@ -1,8 +1,9 @@
 """Where the time of one attention call goes at small shapes (issue 12, item 4).
 
     python benchmarks/bench_overhead.py [--shapes 16x1024 32x512] [--heads 16] [--dim 128] [--calls 10]
+                                        [--dtype bfloat16|float16|float32]
 
-Times the same attention (bf16, [B, S, H, D]) reached in ways that differ only in what surrounds the
+Times the same attention (bf16 by default, [B, S, H, D]) reached in ways that differ only in what surrounds the
 kernel, and prints milliseconds per attention and TFLOP/s for each:
   floor        a tf.function holding one elementwise GPU op on q: TF's own cost of a function call
   fn_1         a tf.function holding one tf_flash.flash_attention (how bench_gpu.py times the op)
@@ -60,9 +61,9 @@ def _chain(n, causal, backward):
     return fwd_bwd
 
 
-def measure(batch, seqlen, heads, dim, causal, calls):
+def measure(batch, seqlen, heads, dim, causal, calls, dtype=tf.bfloat16):
     shape = [batch, seqlen, heads, dim]
-    q, k, v = (tf.cast(tf.random.normal(shape, seed=i), tf.bfloat16) for i in range(3))
+    q, k, v = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(3))
     fetch = lambda r: r[0, 0, 0, 0].numpy()  # noqa: E731  (waits for the GPU)
     rows = []
 
@@ -86,20 +87,22 @@ def main():
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--calls", type=int, default=10, help="attentions chained in one function (fn_N, xla_N)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="of q, k, v (float32: the staging to float16 operands is part of each call)")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args()
     if not tf.config.list_physical_devices("GPU"):
         raise SystemExit("bench_overhead.py measures the GPU path: no GPU visible")
     results = []
-    print(f"bf16, heads {args.heads}, head dim {args.dim}; ms per attention (TFLOP/s)")
+    print(f"{args.dtype}, heads {args.heads}, head dim {args.dim}; ms per attention (TFLOP/s)")
     forms = ["floor", "fn_1", f"fn_{args.calls}", f"xla_{args.calls}", "eager"]
     print(f"{'shape':>10} {'causal':>6} {'pass':>8} " + " ".join(f"{f:>16}" for f in forms))
     for shape in args.shapes:
         batch, seqlen = (int(x) for x in shape.split("x"))
         for causal in (False, True):
-            rows = measure(batch, seqlen, args.heads, args.dim, causal, args.calls)
+            rows = measure(batch, seqlen, args.heads, args.dim, causal, args.calls, tf.as_dtype(args.dtype))
             for row in rows:
-                row.update(batch=batch, seqlen=seqlen, causal=causal)
+                row.update(batch=batch, seqlen=seqlen, causal=causal, dtype=args.dtype)
             results += rows
             for backward in (False, True):
                 cells = []

@@ -38,18 +38,50 @@ template <> __device__ __forceinline__ void store_float<__nv_bfloat16>(void* bas
   static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
 }
 
-// dst[r, c] = src[r, c] * 2^exponent for c < min(src_dim, dst_dim), 0 for the padding columns; rows are
-// contiguous. The exponent is the plan's for `role` (device memory), or 0 without a plan.
+// x * 2^exponent: one exact multiply while 2^exponent is a normal float, ldexpf beyond.
+struct Pow2 {
+  int exponent;
+  float factor;
+  __device__ explicit Pow2(int e) : exponent(e), factor(e >= -126 && e <= 127 ? ldexpf(1.f, e) : 0.f) {}
+  __device__ __forceinline__ float operator()(float x) const { return factor != 0.f ? x * factor : ldexpf(x, exponent); }
+};
+
+__device__ __forceinline__ Pow2 plan_power(const StagePlan* plan, StageRole role) {
+  return Pow2(plan != nullptr ? plan->exponent[int(role)] : 0);
+}
+
+// Rows that need no padding or cropping (src_dim == dst_dim) are one flat array: 8 consecutive elements
+// per thread, loaded and stored as 16- or 32-byte vectors (the launch checks the alignment).
+template <typename T>
+struct alignas(8 * sizeof(T)) Vec8 {
+  T x[8];
+};
+
 template <typename Src, typename Dst>
-__global__ void stage_rows_kernel(const void* src, int src_dim, void* dst, int dst_dim, int64_t total,
-                                  const StagePlan* plan, StageRole role) {
-  const int exponent = plan != nullptr ? plan->exponent[int(role)] : 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+__global__ void stage_flat_kernel(const Vec8<Src>* src, Vec8<Dst>* dst, int64_t vectors, const StagePlan* plan,
+                                  StageRole role) {
+  const Pow2 power = plan_power(plan, role);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < vectors;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / dst_dim;
-    const int col = static_cast<int>(i % dst_dim);
-    const float x = col < src_dim ? load_as_float<Src>(src, row * src_dim + col) : 0.f;
-    store_float<Dst>(dst, i, exponent != 0 ? ldexpf(x, exponent) : x);
+    const Vec8<Src> in = src[i];
+    Vec8<Dst> out;
+    for (int j = 0; j < 8; ++j) store_float<Dst>(out.x, j, power(load_as_float<Src>(in.x, j)));
+    dst[i] = out;
+  }
+}
+
+// dst[r, c] = src[r, c] * 2^exponent for c < min(src_dim, dst_dim), 0 for the padding columns; rows are
+// contiguous. One warp-row of the block (threadIdx.y) per row, its lanes over the columns.
+template <typename Src, typename Dst>
+__global__ void stage_rows_kernel(const void* src, int src_dim, void* dst, int dst_dim, int64_t rows,
+                                  const StagePlan* plan, StageRole role) {
+  const Pow2 power = plan_power(plan, role);
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.y) + threadIdx.y; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    for (int col = threadIdx.x; col < dst_dim; col += blockDim.x) {
+      const float x = col < src_dim ? load_as_float<Src>(src, row * src_dim + col) : 0.f;
+      store_float<Dst>(dst, row * dst_dim + col, power(x));
+    }
   }
 }
 
@@ -58,28 +90,38 @@ int grid_blocks(int64_t total, int threads) {
   return static_cast<int>(wanted < 65535 * 8 ? wanted : 65535 * 8);
 }
 
-template <typename Src>
-cudaError_t launch_for_dst(const void* src, int src_dim, void* dst, DType dst_type, int dst_dim, int64_t total,
-                           const StagePlan* plan, StageRole role, cudaStream_t stream) {
-  const int threads = 256, blocks = grid_blocks(total, threads);
-  switch (dst_type) {
-    case DType::kFloat32:
-      stage_rows_kernel<Src, float><<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total, plan, role);
-      break;
-    case DType::kFloat16:
-      stage_rows_kernel<Src, __half><<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total, plan, role);
-      break;
-    case DType::kBFloat16:
-      stage_rows_kernel<Src, __nv_bfloat16>
-          <<<blocks, threads, 0, stream>>>(src, src_dim, dst, dst_dim, total, plan, role);
-      break;
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <typename Src, typename Dst>
+cudaError_t launch_stage(const void* src, int src_dim, void* dst, int dst_dim, int64_t rows, const StagePlan* plan,
+                         StageRole role, cudaStream_t stream) {
+  const int64_t total = rows * dst_dim;
+  if (src_dim == dst_dim && total % 8 == 0 && aligned(src, sizeof(Vec8<Src>)) && aligned(dst, sizeof(Vec8<Dst>))) {
+    const int64_t vectors = total / 8;
+    stage_flat_kernel<Src, Dst><<<grid_blocks(vectors, 256), 256, 0, stream>>>(
+        static_cast<const Vec8<Src>*>(src), static_cast<Vec8<Dst>*>(dst), vectors, plan, role);
+  } else {
+    const dim3 block(32, 8);
+    stage_rows_kernel<Src, Dst><<<grid_blocks(rows, 8), block, 0, stream>>>(src, src_dim, dst, dst_dim, rows, plan, role);
   }
   return cudaGetLastError();
 }
 
+template <typename Src>
+cudaError_t launch_for_dst(const void* src, int src_dim, void* dst, DType dst_type, int dst_dim, int64_t rows,
+                           const StagePlan* plan, StageRole role, cudaStream_t stream) {
+  switch (dst_type) {
+    case DType::kFloat32: return launch_stage<Src, float>(src, src_dim, dst, dst_dim, rows, plan, role, stream);
+    case DType::kFloat16: return launch_stage<Src, __half>(src, src_dim, dst, dst_dim, rows, plan, role, stream);
+    case DType::kBFloat16:
+      return launch_stage<Src, __nv_bfloat16>(src, src_dim, dst, dst_dim, rows, plan, role, stream);
+  }
+  return cudaSuccess;
+}
+
 // Largest finite |x| of input blockIdx.y into plan->magnitude_bits (zeroed before): NaN and Inf, which
 // may sit in positions no query sees, must not choose the scale of the finite values.
-__global__ void magnitudes_kernel(StageInputs in, StagePlan* plan) {
+__global__ void magnitudes_kernel(const __grid_constant__ StageInputs in, StagePlan* plan) {
   const int t = blockIdx.y;
   const float* data = static_cast<const float*>(in.data[t]);
   float largest = 0.f;
@@ -139,16 +181,15 @@ int flash_cuda_stage_plan(const StageInputs& inputs, StagePlan* plan, void* stre
 
 int flash_cuda_stage_rows(const void* src, DType src_type, int src_dim, void* dst, DType dst_type, int dst_dim,
                           int64_t rows, const StagePlan* plan, StageRole role, void* stream_handle) {
-  const int64_t total = rows * dst_dim;
-  if (total == 0) return 0;
+  if (rows * dst_dim == 0) return 0;
   auto stream = static_cast<cudaStream_t>(stream_handle);
   switch (src_type) {
     case DType::kFloat32:
-      return launch_for_dst<float>(src, src_dim, dst, dst_type, dst_dim, total, plan, role, stream);
+      return launch_for_dst<float>(src, src_dim, dst, dst_type, dst_dim, rows, plan, role, stream);
     case DType::kFloat16:
-      return launch_for_dst<__half>(src, src_dim, dst, dst_type, dst_dim, total, plan, role, stream);
+      return launch_for_dst<__half>(src, src_dim, dst, dst_type, dst_dim, rows, plan, role, stream);
     case DType::kBFloat16:
-      return launch_for_dst<__nv_bfloat16>(src, src_dim, dst, dst_type, dst_dim, total, plan, role, stream);
+      return launch_for_dst<__nv_bfloat16>(src, src_dim, dst, dst_type, dst_dim, rows, plan, role, stream);
   }
   return 0;
 }
