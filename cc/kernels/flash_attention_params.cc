@@ -407,7 +407,7 @@ tf::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream, c
                    {S{true, &P::q, nullptr, false, false, StageRole::kQuery},
                     S{true, &P::k, nullptr, false, true, StageRole::kKey},
                     S{true, &P::v, nullptr, true, true, StageRole::kValue},
-                    S{true, nullptr, &P::out, true, false, StageRole::kValue},  // the forward's O, as it staged it
+                    S{true, nullptr, &P::out, true, false, StageRole::kValue},  // O meets dO in D: scaled as V
                     S{true, &P::d_out, nullptr, true, false, StageRole::kOutGrad},
                     S{false, nullptr, &P::d_q, false, false, StageRole::kQueryGrad},
                     S{false, nullptr, &P::d_k, false, true, StageRole::kKeyGrad},
