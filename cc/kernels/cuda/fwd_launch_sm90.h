@@ -51,17 +51,17 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
 }
 
 // Causal attention over at least this many keys runs on Config::Traits.
-inline constexpr int kBandedTraitsMinCausalKeys = 4096;
+inline constexpr int kMinCausalKeysOnTraits = 4096;
 
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using Config = FwdConfigSm90<kHeadDim, Element>;
   if constexpr (!std::is_same_v<typename Config::Traits, typename Config::BandedTraits>) {
     // Windows, and causal attention over short keys, leave too few key tiles per query tile for the
-    // taller tile of Traits to pay off; causal from 4k keys on gains from it (measured at d64: 8k keys
-    // 366 against 315 TFLOP/s).
+    // taller tile of Traits to pay off; causal from 4k keys on gains from it (d64, H100: 4k / 8k / 16k
+    // keys 310 / 360 / 372 against 294 / 323 / 342 TFLOP/s, benchmarks/results/tf_gpu_round8/).
     const bool windowed = p.window_left >= 0 || p.window_right >= 0;
-    const bool short_causal = p.causal && p.seqlen_k < kBandedTraitsMinCausalKeys;
+    const bool short_causal = p.causal && p.seqlen_k < kMinCausalKeysOnTraits;
     if (windowed || short_causal) return launch_flash_fwd_sm90<typename Config::BandedTraits>(p, stream);
   }
   return launch_flash_fwd_sm90<typename Config::Traits>(p, stream);
