@@ -31,7 +31,7 @@ MAGNITUDES = {
     "dlse_1e4_dout_1e-6": (1.0, 1.0, 1.0, 1e-6, 1e4),
 }
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v) and the features that move the
-# scales' path: lengths off the tiles, GQA, head dims that are padded, Dv != D, causal, soft-capping.
+# scales' path: sequence lengths off the tiles, GQA, padded head dims, Dv != D, causal, soft-capping.
 SHAPES = {
     "plain": ((2, 77, 90, 4, 4, 64, 64), {}),
     "causal_gqa": ((1, 130, 130, 4, 2, 40, 24), {"causal": True}),
