@@ -70,7 +70,7 @@ def on_device(device, **config):
 # (build_info()["gpu_float32_compute"] == "float16_scaled": TF32's 10-bit mantissa at float32's range,
 # cc/kernels/flash/launch.h), so GPU float32 is held to the float16 bounds (test_float32_range.py holds
 # its range). This is the one place that says so: map a compute name to the bound table it earns.
-GPU_FLOAT32_BOUNDS_OF = {"float16": "float16", "float16_scaled": "float16", "float32": "float32"}
+GPU_FLOAT32_BOUNDS_OF = {"float16_scaled": "float16", "float32": "float32"}
 
 
 def gpu_float32_bound_dtype():
