@@ -178,12 +178,9 @@ def test_large_logits_gradients_finite(request, device, logit):
 # float16 / bfloat16 near the top of float16's range
 # ---------------------------------------------------------------------------------------------------------
 
-# Open on the GPU (issue #16 item 5): on the H100 (2026-11-23) every GPU case gave NaN/Inf rows in the
-# forward's output itself; the CPU's exact-normalizer recompute is not ported to CUDA. Strict, so the
-# fix shows up as a failure to remove this marker.
-_GPU_NEAR_6E4 = pytest.param("/GPU:0", id="gpu", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU"),
-    pytest.mark.xfail(strict=True, reason="GPU forward/backward overflow at |logits| ~ 1e10 (issue #16, open)")])
+# On the GPU these overflowed (issue #16 item 5): the forward's exponent s * c - round(max * c) is off by
+# the rounding of max * c, hundreds at |logits| ~ 1e9; the kernels now exponentiate (s - max) * c.
+_GPU_NEAR_6E4 = pytest.param("/GPU:0", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])
 
 
 @pytest.mark.parametrize("device", [DEVICES[0], _GPU_NEAR_6E4])

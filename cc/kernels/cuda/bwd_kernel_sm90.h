@@ -308,7 +308,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int mi = 0; mi < kRows; ++mi) {
           CUTE_UNROLL
           for (int ni = 0; ni < kCols; ++ni) {
-            const float prob = fast_exp2(S(mi, ni) * scale_log2 - lse2[ni]);
+            // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1.
+            const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2[ni], 0.f));
             S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
           }
         }

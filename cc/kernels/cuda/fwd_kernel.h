@@ -165,7 +165,9 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
   }
 }
 
-// The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).
+// The running max and sum of this thread's score rows, base 2 (softmax_scale_log2). Exponents are
+// (s - max) * scale_log2, never s * scale_log2 - max * scale_log2 (one FMA fewer): at |logits| ~ 1e9 the
+// rounding of max * scale_log2 alone is hundreds, and 2^hundreds overflows P (issue #16).
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows], row_sum[kRows];
@@ -209,15 +211,15 @@ struct OnlineSoftmax {
     for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      const float mx_scaled = (!kMask || mx[mi] != -INFINITY) ? mx[mi] * scale_log2 : 0.f;
-      correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+      const float ref = (!kMask || mx[mi] != -INFINITY) ? mx[mi] : 0.f;
+      correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - ref) * scale_log2);
       rescale |= correction[mi] != 1.f;
       row_max[mi] = mx[mi];
       float sum0 = 0.f, sum1 = 0.f;
       CUTE_UNROLL
       for (int ni = 0; ni < kCols; ni += 2) {
-        const float e0 = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
-        const float e1 = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
+        const float e0 = fast_exp2((s(mi, ni) - ref) * scale_log2);
+        const float e1 = fast_exp2((s(mi, ni + 1) - ref) * scale_log2);
         s(mi, ni) = e0;
         s(mi, ni + 1) = e1;
         sum0 += e0;
@@ -244,8 +246,8 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const float mx = quad_max(thread_row_max(s, mi));
-      const float mx_scaled = mx != -INFINITY ? mx * scale_log2 : 0.f;
-      correction[mi] = first ? 1.f : fast_exp2(row_max[mi] * scale_log2 - mx_scaled);
+      const float ref = mx != -INFINITY ? mx : 0.f;
+      correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - ref) * scale_log2);
       row_max[mi] = mx;
     }
   }
@@ -255,12 +257,12 @@ struct OnlineSoftmax {
     constexpr int kCols = decltype(size<1>(s))::value;
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      const float mx_scaled = row_max[mi] != -INFINITY ? row_max[mi] * scale_log2 : 0.f;
+      const float ref = row_max[mi] != -INFINITY ? row_max[mi] : 0.f;
       float sum0 = 0.f, sum1 = 0.f;
       CUTE_UNROLL
       for (int ni = 0; ni < kCols; ni += 2) {
-        s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - mx_scaled);
-        s(mi, ni + 1) = fast_exp2(s(mi, ni + 1) * scale_log2 - mx_scaled);
+        s(mi, ni) = fast_exp2((s(mi, ni) - ref) * scale_log2);
+        s(mi, ni + 1) = fast_exp2((s(mi, ni + 1) - ref) * scale_log2);
         sum0 += s(mi, ni);
         sum1 += s(mi, ni + 1);
       }
@@ -312,7 +314,7 @@ __device__ __forceinline__ void normalize_and_write_lse(AccO& acc_o_rc, const On
     if (p.lse != nullptr && get<1>(coord_rc(0, 0)) == 0 && row < p.seqlen_q) {
       // lse = (max * scale_log2 + log2(sum)) * ln(2), rounded once: the backward rebuilds the exponents'
       // reference max * scale_log2 + log2(sum) from it with one more rounding (bwd_preprocess_kernel).
-      const double lse2 = double(softmax.row_max[mi] * scale_log2) + double(log2f(sum));
+      const double lse2 = double(softmax.row_max[mi]) * double(scale_log2) + double(log2f(sum));
       p.lse[int64_t(batch_head) * p.seqlen_q + row] = valid ? float(lse2 * 0.6931471805599453) : -INFINITY;
     }
   }
