@@ -165,9 +165,14 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
   }
 }
 
-// The running max and sum of this thread's score rows, base 2 (softmax_scale_log2). Exponents are
-// (s - max) * scale_log2, never s * scale_log2 - max * scale_log2 (one FMA fewer): at |logits| ~ 1e9 the
-// rounding of max * scale_log2 alone is hundreds, and 2^hundreds overflows P (issue #16).
+// Exponents are s * scale_log2 - max * scale_log2, one FMA per score, while |max * scale_log2| stays below
+// this (the rounding of max * scale_log2 is then <= 2^-15); a warp with a larger row max exponentiates
+// (s - max) * scale_log2 instead. That rounding grows with the logits, to hundreds at |logits| ~ 1e9, and
+// 2^hundreds overflows P (issue #16); the exact form costs 3-6% at head dim 64, where the exponentials bound
+// the kernel (benchmarks/results/tf_gpu_round9/), so ordinary logits keep the FMA.
+constexpr float kFmaExponentLimit = 1024.f;
+
+// The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows], row_sum[kRows];
@@ -194,39 +199,66 @@ struct OnlineSoftmax {
     return fmaxf(a, c);
   }
 
+  // Row max -> the exponents' reference (0 for a row that saw only -inf: its scores then give 0).
+  static __device__ __forceinline__ float reference(float mx) { return mx != -INFINITY ? mx : 0.f; }
+
+  // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction), in either form of the
+  // exponent (kFmaExponentLimit); the sums as two interleaved partial chains per row.
+  template <bool kExact, class Scores>
+  __device__ __forceinline__ void exponentiate_with(Scores& s, const float (&ref)[kRows],
+                                                    const float (&correction)[kRows], float scale_log2) {
+    constexpr int kCols = decltype(cute::size<1>(s))::value;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const float ref_scaled = ref[mi] * scale_log2;
+      float sum0 = 0.f, sum1 = 0.f;
+      CUTE_UNROLL
+      for (int ni = 0; ni < kCols; ni += 2) {
+        s(mi, ni) = kExact ? fast_exp2((s(mi, ni) - ref[mi]) * scale_log2)
+                           : fast_exp2(s(mi, ni) * scale_log2 - ref_scaled);
+        s(mi, ni + 1) = kExact ? fast_exp2((s(mi, ni + 1) - ref[mi]) * scale_log2)
+                               : fast_exp2(s(mi, ni + 1) * scale_log2 - ref_scaled);
+        sum0 += s(mi, ni);
+        sum1 += s(mi, ni + 1);
+      }
+      row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
+    }
+  }
+  template <class Scores>
+  __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
+                                                    const float (&correction)[kRows], float scale_log2) {
+    bool large = false;
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) large |= fabsf(ref[mi] * scale_log2) >= kFmaExponentLimit;
+    if (__builtin_expect(__any_sync(0xffffffffu, large), 0)) {
+      exponentiate_with<true>(s, ref, correction, scale_log2);
+    } else {
+      exponentiate_with<false>(s, ref, correction, scale_log2);
+    }
+  }
+
   // Scores s (rows x columns) -> unnormalized probabilities: new running max, the running sum rescaled,
   // exponentiate. acc_o is rescaled only when some row's max moved in this warp (after the first tiles it
-  // rarely does). kMask: rows may be entirely -inf. Reductions run as two interleaved partial chains per
-  // row, all rows' max first: more independent instructions for a latency-bound kernel.
+  // rarely does). kMask: rows may be entirely -inf. All rows' max first: more independent instructions for
+  // a latency-bound kernel.
   template <bool kMask, class Scores, class AccO>
   __device__ __forceinline__ void update(Scores& s, AccO& acc_o_rc, float scale_log2, bool first) {
     using namespace cute;
-    constexpr int kCols = decltype(size<1>(s))::value;
-    float correction[kRows];
+    float correction[kRows], ref[kRows], mx[kRows];
     bool rescale = false;
-    float mx[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) mx[mi] = thread_row_max(s, mi);
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      const float ref = (!kMask || mx[mi] != -INFINITY) ? mx[mi] : 0.f;
-      correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - ref) * scale_log2);
+      ref[mi] = kMask ? reference(mx[mi]) : mx[mi];
+      // (old - new max) * scale_log2 <= 0 in any magnitude: the factor never passes 1.
+      correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - ref[mi]) * scale_log2);
       rescale |= correction[mi] != 1.f;
       row_max[mi] = mx[mi];
-      float sum0 = 0.f, sum1 = 0.f;
-      CUTE_UNROLL
-      for (int ni = 0; ni < kCols; ni += 2) {
-        const float e0 = fast_exp2((s(mi, ni) - ref) * scale_log2);
-        const float e1 = fast_exp2((s(mi, ni + 1) - ref) * scale_log2);
-        s(mi, ni) = e0;
-        s(mi, ni + 1) = e1;
-        sum0 += e0;
-        sum1 += e1;
-      }
-      row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
     }
+    exponentiate_rows(s, ref, correction, scale_log2);
     if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
@@ -246,28 +278,16 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const float mx = quad_max(thread_row_max(s, mi));
-      const float ref = mx != -INFINITY ? mx : 0.f;
-      correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - ref) * scale_log2);
+      correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - reference(mx)) * scale_log2);
       row_max[mi] = mx;
     }
   }
   template <class Scores>
   __device__ __forceinline__ void exponentiate(Scores& s, const float (&correction)[kRows], float scale_log2) {
-    using namespace cute;
-    constexpr int kCols = decltype(size<1>(s))::value;
+    float ref[kRows];
     CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      const float ref = row_max[mi] != -INFINITY ? row_max[mi] : 0.f;
-      float sum0 = 0.f, sum1 = 0.f;
-      CUTE_UNROLL
-      for (int ni = 0; ni < kCols; ni += 2) {
-        s(mi, ni) = fast_exp2((s(mi, ni) - ref) * scale_log2);
-        s(mi, ni + 1) = fast_exp2((s(mi, ni + 1) - ref) * scale_log2);
-        sum0 += s(mi, ni);
-        sum1 += s(mi, ni + 1);
-      }
-      row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
-    }
+    for (int mi = 0; mi < kRows; ++mi) ref[mi] = reference(row_max[mi]);
+    exponentiate_rows(s, ref, correction, scale_log2);
   }
 };
 
