@@ -166,10 +166,11 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
 }
 
 // Exponents are s * scale_log2 - max * scale_log2, one FMA per score, while |max * scale_log2| stays below
-// this (the rounding of max * scale_log2 is then <= 2^-15); a warp with a larger row max exponentiates
-// (s - max) * scale_log2 instead. That rounding grows with the logits, to hundreds at |logits| ~ 1e9, and
-// 2^hundreds overflows P (issue #16); the exact form costs 3-6% at head dim 64, where the exponentials bound
-// the kernel (benchmarks/results/tf_gpu_round9/), so ordinary logits keep the FMA.
+// this (the rounding of max * scale_log2 is then <= 2^-15). That rounding grows with the logits, to hundreds
+// at |logits| ~ 1e9, and 2^hundreds overflows P (issue #16): a warp with a larger row max first subtracts
+// the max from its scores, exactly as (s - max) * scale_log2. Always subtracting costs 3-6% at head dim 64,
+// where the exponentials bound the kernel, and two copies of the exponent loop spill on sm_80
+// (benchmarks/results/tf_gpu_round9/).
 constexpr float kFmaExponentLimit = 1024.f;
 
 // The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).
@@ -202,38 +203,38 @@ struct OnlineSoftmax {
   // Row max -> the exponents' reference (0 for a row that saw only -inf: its scores then give 0).
   static __device__ __forceinline__ float reference(float mx) { return mx != -INFINITY ? mx : 0.f; }
 
-  // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction), in either form of the
-  // exponent (kFmaExponentLimit); the sums as two interleaved partial chains per row.
-  template <bool kExact, class Scores>
-  __device__ __forceinline__ void exponentiate_with(Scores& s, const float (&ref)[kRows],
+  // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction), as kFmaExponentLimit says;
+  // the sums as two interleaved partial chains per row.
+  template <class Scores>
+  __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
                                                     const float (&correction)[kRows], float scale_log2) {
     constexpr int kCols = decltype(cute::size<1>(s))::value;
+    float ref_scaled[kRows];
+    bool large = false;
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      const float ref_scaled = ref[mi] * scale_log2;
+      ref_scaled[mi] = ref[mi] * scale_log2;
+      large |= fabsf(ref_scaled[mi]) >= kFmaExponentLimit;
+    }
+    if (__builtin_expect(__any_sync(0xffffffffu, large), 0)) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        CUTE_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) s(mi, ni) -= ref[mi];
+        ref_scaled[mi] = 0.f;
+      }
+    }
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
       float sum0 = 0.f, sum1 = 0.f;
       CUTE_UNROLL
       for (int ni = 0; ni < kCols; ni += 2) {
-        s(mi, ni) = kExact ? fast_exp2((s(mi, ni) - ref[mi]) * scale_log2)
-                           : fast_exp2(s(mi, ni) * scale_log2 - ref_scaled);
-        s(mi, ni + 1) = kExact ? fast_exp2((s(mi, ni + 1) - ref[mi]) * scale_log2)
-                               : fast_exp2(s(mi, ni + 1) * scale_log2 - ref_scaled);
+        s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - ref_scaled[mi]);
+        s(mi, ni + 1) = fast_exp2(s(mi, ni + 1) * scale_log2 - ref_scaled[mi]);
         sum0 += s(mi, ni);
         sum1 += s(mi, ni + 1);
       }
       row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
-    }
-  }
-  template <class Scores>
-  __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
-                                                    const float (&correction)[kRows], float scale_log2) {
-    bool large = false;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) large |= fabsf(ref[mi] * scale_log2) >= kFmaExponentLimit;
-    if (__builtin_expect(__any_sync(0xffffffffu, large), 0)) {
-      exponentiate_with<true>(s, ref, correction, scale_log2);
-    } else {
-      exponentiate_with<false>(s, ref, correction, scale_log2);
     }
   }
 
