@@ -203,20 +203,26 @@ struct OnlineSoftmax {
   // Row max -> the exponents' reference (0 for a row that saw only -inf: its scores then give 0).
   static __device__ __forceinline__ float reference(float mx) { return mx != -INFINITY ? mx : 0.f; }
 
-  // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction), as kFmaExponentLimit says;
-  // the sums as two interleaved partial chains per row.
-  template <class Scores>
-  __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
-                                                    const float (&correction)[kRows], float scale_log2) {
-    constexpr int kCols = decltype(cute::size<1>(s))::value;
-    float ref_scaled[kRows];
+  // Whether any row of this warp has |ref * scale_log2| >= kFmaExponentLimit. A warp vote, taken as soon
+  // as the row maxima are known so that its latency overlaps other work.
+  static __device__ __forceinline__ bool any_large(const float (&ref)[kRows], float scale_log2) {
     bool large = false;
     CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      ref_scaled[mi] = ref[mi] * scale_log2;
-      large |= fabsf(ref_scaled[mi]) >= kFmaExponentLimit;
-    }
-    if (__builtin_expect(__any_sync(0xffffffffu, large), 0)) {
+    for (int mi = 0; mi < kRows; ++mi) large |= fabsf(ref[mi] * scale_log2) >= kFmaExponentLimit;
+    return __any_sync(0xffffffffu, large);
+  }
+
+  // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction); `shift`: subtract ref
+  // from the scores first (kFmaExponentLimit). The sums as two interleaved partial chains per row.
+  template <class Scores>
+  __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
+                                                    const float (&correction)[kRows], float scale_log2,
+                                                    bool shift) {
+    constexpr int kCols = decltype(cute::size<1>(s))::value;
+    float ref_scaled[kRows];
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) ref_scaled[mi] = ref[mi] * scale_log2;
+    if (__builtin_expect(shift, 0)) {
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         CUTE_UNROLL
@@ -246,20 +252,23 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(Scores& s, AccO& acc_o_rc, float scale_log2, bool first) {
     using namespace cute;
     float correction[kRows], ref[kRows], mx[kRows];
-    bool rescale = false;
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) mx[mi] = thread_row_max(s, mi);
     CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) mx[mi] = quad_max(mx[mi]);
+    for (int mi = 0; mi < kRows; ++mi) {
+      mx[mi] = quad_max(mx[mi]);
+      ref[mi] = kMask ? reference(mx[mi]) : mx[mi];
+    }
+    const bool shift = any_large(ref, scale_log2);
+    bool rescale = false;
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
-      ref[mi] = kMask ? reference(mx[mi]) : mx[mi];
       // (old - new max) * scale_log2 <= 0 in any magnitude: the factor never passes 1.
       correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - ref[mi]) * scale_log2);
       rescale |= correction[mi] != 1.f;
       row_max[mi] = mx[mi];
     }
-    exponentiate_rows(s, ref, correction, scale_log2);
+    exponentiate_rows(s, ref, correction, scale_log2, shift);
     if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
@@ -272,7 +281,8 @@ struct OnlineSoftmax {
   // update() in two steps, for a kernel whose O accumulator is still being written by an asynchronous GEMM
   // when the scores arrive (the Hopper forward): the new running max and each row's correction factor for
   // O (applied by the caller once its GEMM is done), then the exponentials and the running sum. Rows may
-  // be entirely -inf.
+  // be entirely -inf. (exponentiate takes its vote itself: taken in rescale_max, the flag's life across
+  // the GEMM wait made the three-consumer kernel spill.)
   template <class Scores>
   __device__ __forceinline__ void rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
                                               bool first) {
@@ -288,7 +298,7 @@ struct OnlineSoftmax {
     float ref[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) ref[mi] = reference(row_max[mi]);
-    exponentiate_rows(s, ref, correction, scale_log2);
+    exponentiate_rows(s, ref, correction, scale_log2, any_large(ref, scale_log2));
   }
 };
 
