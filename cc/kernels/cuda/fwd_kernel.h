@@ -165,12 +165,13 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
   }
 }
 
-// Exponents are s * scale_log2 - max * scale_log2, one FMA per score, while |max * scale_log2| stays below
-// this (the rounding of max * scale_log2 is then <= 2^-15). That rounding grows with the logits, to hundreds
-// at |logits| ~ 1e9, and 2^hundreds overflows P (issue #16): a warp with a larger row max first subtracts
-// the max from its scores, exactly as (s - max) * scale_log2. Always subtracting costs 3-6% at head dim 64,
-// where the exponentials bound the kernel, and two copies of the exponent loop spill on sm_80
-// (benchmarks/results/tf_gpu_round9/).
+// The sm_80 forward exponentiates s * scale_log2 - max * scale_log2, one FMA per score, while
+// |max * scale_log2| stays below this (the rounding of max * scale_log2 is then <= 2^-15). That rounding grows
+// with the logits, to hundreds at |logits| ~ 1e9, and 2^hundreds overflows P (issue #16): a warp with a
+// larger row max first subtracts the max from its scores, exactly as (s - max) * scale_log2. The Hopper
+// forward always subtracts: its vote and branch cost as much as the subtraction and made its dropout /
+// soft-capping kernel at head dim 64 spill. Measured on the H100 at head dim 64 against the FMA alone
+// (benchmarks/results/tf_gpu_round9/): 2-4% slower forward, either family.
 constexpr float kFmaExponentLimit = 1024.f;
 
 // The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).
@@ -280,9 +281,8 @@ struct OnlineSoftmax {
 
   // update() in two steps, for a kernel whose O accumulator is still being written by an asynchronous GEMM
   // when the scores arrive (the Hopper forward): the new running max and each row's correction factor for
-  // O (applied by the caller once its GEMM is done), then the exponentials and the running sum. Rows may
-  // be entirely -inf. (exponentiate takes its vote itself: taken in rescale_max, the flag's life across
-  // the GEMM wait made the three-consumer kernel spill.)
+  // O (applied by the caller once its GEMM is done), then the exponentials, always as (s - max) * scale_log2
+  // (kFmaExponentLimit), and the running sum. Rows may be entirely -inf.
   template <class Scores>
   __device__ __forceinline__ void rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
                                               bool first) {
@@ -298,7 +298,7 @@ struct OnlineSoftmax {
     float ref[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) ref[mi] = reference(row_max[mi]);
-    exponentiate_rows(s, ref, correction, scale_log2, any_large(ref, scale_log2));
+    exponentiate_rows(s, ref, correction, scale_log2, /*shift=*/true);
   }
 };
 
