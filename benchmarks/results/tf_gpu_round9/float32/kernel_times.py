@@ -1,7 +1,9 @@
 """Where a forward+backward's GPU time goes, per kernel, by input dtype: one step of
 tf_flash.flash_attention (b x s, 12 heads of 64) between cudaProfilerStart/Stop, for
 `ncu --profile-from-start off --metrics gpu__time_duration.sum --csv` (no nsys on the lent machine).
-Usage: ncu ... python3 kernel_times.py float32 1024 16; summarize with kernel_times.py --summary f.csv"""
+Usage: ncu ... python3 kernel_times.py float32 1024 16 [chained]; summarize with kernel_times.py --summary f.csv.
+`chained`: profile fwd_bwd_by_dtype.py's whole timed function (10 steps chained through q) instead of one
+step, so that the kernels' sum can be set against that script's wall time."""
 import csv
 import ctypes
 import sys
@@ -45,9 +47,18 @@ def step(q, k, v):
     return t.gradient(loss, [q, k, v])
 
 
+@tf.function
+def chained(q, k, v):  # as fwd_bwd_by_dtype.py times it
+    for _ in range(10):
+        g = step(q, k, v)
+        q = q + 0 * g[0]
+    return g
+
+
+run = chained if sys.argv[4:] == ["chained"] else step
 for _ in range(2):
-    step(q, k, v)[0].numpy()
+    run(q, k, v)[0].numpy()
 cudart = ctypes.CDLL("libcudart.so.12")
 cudart.cudaProfilerStart()
-step(q, k, v)[0].numpy()
+run(q, k, v)[0].numpy()
 cudart.cudaProfilerStop()
