@@ -337,6 +337,10 @@ class Worker:
         if mode_family(mode):  # read by the op library at its first GPU call
             env["TF_FLASH_CUDA_FAMILY"] = mode_family(mode)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if cfg.get("xla_autotune_cache"):  # XLA reads its flags once, at start-up: per worker
+            os.makedirs(cfg["xla_autotune_cache"], exist_ok=True)
+            flag = f"--xla_gpu_per_fusion_autotune_cache_dir={cfg['xla_autotune_cache']}"
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
         self.log = open(log_path, "a")
         self.log.write(f"\n==== {mode} {lengths} ====\n")
         self.log.flush()
@@ -605,6 +609,10 @@ def parse_args(argv=None):
     p.add_argument("--families", default="default",
                    help="tf_flash's CUDA kernel families to compare, from: default, sm80 (e.g. default,sm80: "
                    "each tf_flash mode also runs as MODE@sm80, with TF_FLASH_CUDA_FAMILY=sm80)")
+    p.add_argument("--xla-autotune-cache", metavar="DIR", default=None,
+                   help="share XLA's GPU autotuning results between the workers through DIR "
+                   "(--xla_gpu_per_fusion_autotune_cache_dir): later workers skip re-autotuning (XLA's first step "
+                   "takes 50-90 s per length) and every mode gets the same GEMM algorithms; off by default")
     p.add_argument("--no-skip-after-oom", action="store_true", help="try the longer lengths after an OOM")
     p.add_argument("--out", default=None, help="output stem (default OUT_DIR/model_<device>_<date>)")
     p.add_argument("--out-dir", default=None, help="folder of the default stem (benchmarks/results; with --quick "
@@ -636,6 +644,7 @@ def make_config(args):
                          f"warmup={base['warmup']}")
     base["lengths"] = sorted(set(base["lengths"]))
     base["skip_after_oom"] = not args.no_skip_after_oom
+    base["xla_autotune_cache"] = os.path.abspath(args.xla_autotune_cache) if args.xla_autotune_cache else None
     return base, gpu
 
 
@@ -647,7 +656,8 @@ def merge_main(args):
     cfg = payloads[0]["config"]
     for path, payload in zip(args.merge[1:], payloads[1:]):
         differing = sorted(k for k in set(cfg) | set(payload["config"])
-                           if k not in ("lengths", "time_limit", "timeout") and cfg.get(k) != payload["config"].get(k))
+                           if k not in ("lengths", "time_limit", "timeout", "xla_autotune_cache")
+                           and cfg.get(k) != payload["config"].get(k))
         if differing:
             received = ", ".join(f"{k}={payload['config'].get(k)!r}" for k in differing)
             raise SystemExit(f"--merge: {path} was run with another configuration than {args.merge[0]}. "

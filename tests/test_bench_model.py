@@ -118,3 +118,10 @@ def test_bad_families_are_refused(tmp_path):
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--families", "sm90", "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode != 0 and "--families" in proc.stderr and "sm90" in proc.stderr
+
+
+def test_xla_autotune_cache_is_passed_to_the_workers(tmp_path):
+    cache = tmp_path / "xla_cache"
+    _, payload, _ = _run(tmp_path, "--modes", "keras_mha_xla", "--lengths", "32", "--xla-autotune-cache", str(cache))
+    assert payload["results"][0]["status"] == "ok", payload["results"]  # XLA accepted the flag
+    assert payload["config"]["xla_autotune_cache"] == str(cache) and cache.is_dir()
