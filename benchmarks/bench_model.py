@@ -44,7 +44,7 @@ run past that many seconds after the start and marks the rest skipped. Results (
 are rewritten after every run, so an interrupted run keeps what it measured.
 
     python benchmarks/bench_model.py --quick             # CPU smoke run, every mode at 64 tokens: results/quick/
-    python benchmarks/bench_model.py                     # GPU: 4 blocks, 512..16k, all modes, ~8 min
+    python benchmarks/bench_model.py                     # GPU: 4 blocks, 512..16k, all modes (XLA: ~1 min per run)
     python benchmarks/bench_model.py --blocks 12 --lengths 512,4096,16384,32768 --time-limit 0
 """
 import argparse
