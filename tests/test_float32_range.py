@@ -6,6 +6,7 @@ range. Inputs and gradients far outside float16's range (1e-8 .. 1e5, and Q and 
 finite and as accurate as at unit scale, in both front doors (the op, and XLA's custom call), against the
 float64 reference. The CPU computes float32 exactly and runs the same cases.
 """
+import warnings
 import zlib
 
 import numpy as np
@@ -76,3 +77,33 @@ def test_float32_far_from_float16_range(device, mode, shape_name, magnitudes):
     for name, x, ref, bound in zip(("out", "dq", "dk", "dv"), got, refs, (out_bound,) + (grad_bound,) * 3):
         assert np.isfinite(x).all(), f"{name}: non-finite entries where the reference is finite"
         assert _rel_err(x, ref) < bound, f"{name}: relative error {_rel_err(x, ref):.3g} (bound {bound})"
+
+
+@pytest.fixture
+def tf32_off():
+    was = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(was)
+
+
+@pytest.mark.parametrize("case", ["float32_warns", "placed_on_cpu", "bfloat16", "tf32_on"])
+def test_tf32_off_on_a_gpu_machine_warns_once(monkeypatch, tf32_off, case):
+    # The GPU computes float32 at TF32 grade also when TF's TF32 switch is off (no full-float32 GPU kernel
+    # yet): a user who turned it off is told, once, instead of silently getting less. Simulated GPU machine.
+    from tf_flash import ops
+    listed = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["gpu"] if kind == "GPU" else listed(kind))
+    monkeypatch.setattr(ops, "_warned_gpu_float32", False)
+    if case == "tf32_on":
+        tf.config.experimental.enable_tensor_float_32_execution(True)
+    dtype = tf.bfloat16 if case == "bfloat16" else tf.float32
+    q = tf.cast(tf.random.stateless_normal((1, 8, 1, 16), seed=[1, 2]), dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tf.device("/CPU:0" if case == "placed_on_cpu" else None):  # None: TF places it (the GPU)
+            for _ in range(2):
+                tf_flash.flash_attention(q, q, q)
+    told = [w for w in caught if issubclass(w.category, RuntimeWarning) and "TF32" in str(w.message)]
+    assert len(told) == (1 if case == "float32_warns" else 0), [str(w.message) for w in caught]
