@@ -1,7 +1,7 @@
 """TFLOP/s of the harnesses' `bench` logs, new against base (compare.sh): per shape the median over the
 logs (rounds) of each side, then the ratio new / base, and the median ratio per (dtype, head dim, causal).
 
-    python3 compare_summary.py --new new_r1.log new_r2.log --base base_r1.log base_r2.log [--shapes]
+    python3 compare_summary.py --new new_r1.log new_r2.log --base base_r1.log base_r2.log [--shapes] [--dims 64]
 """
 import argparse
 import statistics
@@ -29,10 +29,13 @@ def main():
     parser.add_argument("--new", nargs="+", required=True)
     parser.add_argument("--base", nargs="+", required=True)
     parser.add_argument("--shapes", action="store_true", help="also print every shape's ratio")
+    parser.add_argument("--dims", nargs="+", default=None, help="only these head dims")
     args = parser.parse_args()
     new, base = load(args.new), load(args.base)
     groups = {}
     for shape in sorted(set(new) & set(base)):
+        if args.dims and shape[1] not in args.dims:
+            continue
         ratio = statistics.median(new[shape]) / statistics.median(base[shape])
         groups.setdefault(shape[:3], []).append(ratio)
         if args.shapes:

@@ -32,30 +32,11 @@ if sys.argv[1] == "--summary":
     sys.exit()
 
 import tensorflow as tf  # noqa: E402
-import tf_flash  # noqa: E402
 
-dt, s, b = getattr(tf, sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-q, k, v = (tf.cast(tf.random.normal((b, s, 12, 64)), dt) for _ in range(3))
+from fwd_bwd_by_dtype import chained, inputs, step  # noqa: E402  (this folder: run as a script)
 
-
-@tf.function
-def step(q, k, v):
-    with tf.GradientTape() as t:
-        t.watch([q, k, v])
-        o = tf_flash.flash_attention(q, k, v)
-        loss = tf.reduce_sum(tf.cast(o, tf.float32))
-    return t.gradient(loss, [q, k, v])
-
-
-@tf.function
-def chained(q, k, v):  # as fwd_bwd_by_dtype.py times it
-    for _ in range(10):
-        g = step(q, k, v)
-        q = q + 0 * g[0]
-    return g
-
-
-run = chained if sys.argv[4:] == ["chained"] else step
+q, k, v = inputs(getattr(tf, sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+run = chained if sys.argv[4:] == ["chained"] else tf.function(step)
 for _ in range(2):
     run(q, k, v)[0].numpy()
 cudart = ctypes.CDLL("libcudart.so.12")
