@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -173,7 +174,7 @@ int flash_cuda_stage_plan(const StageInputs& inputs, StagePlan* plan, void* stre
   cudaError_t err = cudaMemsetAsync(plan->magnitude_bits, 0, sizeof(plan->magnitude_bits), stream);
   if (err != cudaSuccess) return int(err);
   const int threads = 256;
-  const int blocks = grid_blocks(largest, threads) < 1024 ? grid_blocks(largest, threads) : 1024;
+  const int blocks = std::min(grid_blocks(largest, threads), 1024);
   if (blocks > 0) magnitudes_kernel<<<dim3(blocks, StagePlan::kInputs), threads, 0, stream>>>(in, plan);
   plan_kernel<<<1, 1, 0, stream>>>(plan);
   return int(cudaGetLastError());
