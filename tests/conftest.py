@@ -19,6 +19,10 @@ for _gpu in tf.config.list_physical_devices("GPU"):
     tf.config.experimental.set_memory_growth(_gpu, True)
 
 RUN_SLOW = os.environ.get("TF_FLASH_SLOW_TESTS") == "1"
+# TF_FLASH_TEST_TF32=0: the whole run with TF's TF32 switch off, so that every float32 GPU case runs on the
+# full-float32 kernels and is held to float32's bounds (device_util.gpu_float32_bound_dtype).
+if os.environ.get("TF_FLASH_TEST_TF32") == "0":
+    tf.config.experimental.enable_tensor_float_32_execution(False)
 
 
 def pytest_configure(config):

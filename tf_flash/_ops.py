@@ -61,13 +61,15 @@ def build_info():
 
 def cuda_kernel_counts():
     """CUDA kernel launches of this process by family, e.g. {'forward_sm80': 3, 'forward_sm90': 12,
-    'backward_sm80': 3, 'backward_sm90': 12}: how a test (or a user) sees which kernels ran. The Hopper
-    family (sm_90a: TMA, wgmma) runs on H100/H200 for the inputs it supports, the sm_80 family elsewhere;
-    TF_FLASH_CUDA_FAMILY=sm80, set before the first call, keeps every GPU on sm_80. All zeros in a
-    CPU-only library."""
+    'backward_sm80': 3, 'backward_sm90': 12, 'forward_float32': 0, 'backward_float32': 0}: how a test (or a
+    user) sees which kernels ran. The Hopper family (sm_90a: TMA, wgmma) runs on H100/H200 for the inputs it
+    supports, the sm_80 family elsewhere; TF_FLASH_CUDA_FAMILY=sm80, set before the first call, keeps every
+    GPU on sm_80. float32 with TF's TF32 switch off runs on the full-float32 kernels (CUDA cores). All zeros
+    in a CPU-only library."""
     with tf.init_scope():
         counts = ops.tf_flash_kernel_counts().numpy().tolist()
-    return dict(zip(("forward_sm80", "forward_sm90", "backward_sm80", "backward_sm90"), counts))
+    names = ("forward_sm80", "forward_sm90", "backward_sm80", "backward_sm90", "forward_float32", "backward_float32")
+    return dict(zip(names, counts))
 
 
 def _check_tf_version():

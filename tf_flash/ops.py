@@ -3,7 +3,6 @@ import contextlib
 import math
 import numbers
 import reprlib
-import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -347,27 +346,6 @@ def _seed(seed, dropout_rate):
         return tf.cast(tensor, tf.int64)
 
 
-_warned_gpu_float32 = False
-
-
-def _warn_gpu_float32_precision(dtype, device):
-    """Once per process: float32 on a machine with a GPU while TF's TF32 switch is off. The GPU kernels then
-    still compute at TF32 grade (float16 operands, float32 range); a user who turned TF32 off asked for
-    more, and must not get less silently. Eager calls placed on a CPU compute in full float32 and say nothing
-    (inside a tf.function the device is chosen later: a GPU machine warns)."""
-    global _warned_gpu_float32
-    if (_warned_gpu_float32 or dtype != tf.float32 or "CPU" in (device or "").upper()
-            or tf.config.experimental.tensor_float_32_execution_enabled()
-            or not tf.config.list_physical_devices("GPU")):
-        return
-    _warned_gpu_float32 = True
-    warnings.warn(
-        "tf_flash: TensorFlow's TF32 execution is disabled, but tf_flash's GPU kernels compute float32 "
-        "attention on float16 tensor-core operands scaled per tensor (float32's range, TF32's 10-bit "
-        "mantissa: relative errors ~1e-3). Full float32 precision on the GPU is not implemented yet "
-        "(issue 16); ops placed on the CPU compute in float32.", RuntimeWarning, stacklevel=3)
-
-
 def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
                     scale=None, softcap=None, deterministic=None, return_lse=False):
@@ -432,7 +410,6 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     seqlen_q, seqlen_k = axis_size(query, 1), axis_size(key, 1)
     blocks_q, blocks_k = _num_blocks(seqlen_q, block_q), _num_blocks(seqlen_k, block_k)
     device = _current_device() if tf.executing_eagerly() else None  # where eager absent inputs are kept
-    _warn_gpu_float32_precision(query.dtype, device)
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,
         q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q, device),

@@ -205,11 +205,12 @@ class KernelCountsOp : public tf::OpKernel {
   using tf::OpKernel::OpKernel;
   void Compute(tf::OpKernelContext* ctx) override {
     tf::Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {4}, &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {6}, &out));
     auto counts = out->vec<int64_t>();
 #if TF_FLASH_WITH_CUDA
     const CudaKernelCounts c = flash_cuda_kernel_counts();
     counts(0) = c.forward_sm80, counts(1) = c.forward_sm90, counts(2) = c.backward_sm80, counts(3) = c.backward_sm90;
+    counts(4) = c.forward_float32, counts(5) = c.backward_float32;
 #else
     counts.setZero();
 #endif

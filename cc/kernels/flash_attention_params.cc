@@ -11,6 +11,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/util/determinism.h"
+#include "tsl/platform/tensor_float_32_utils.h"
 
 namespace tf_flash {
 
@@ -194,6 +195,7 @@ tf::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& s, FlashF
 #undef TF_FLASH_SET_PARAM
   // TF's contract: under tf.config.experimental.enable_op_determinism() every op is deterministic.
   p->deterministic = p->deterministic || ::tensorflow::OpDeterminismRequired();
+  p->allow_tf32 = ::tsl::tensor_float_32_execution_enabled();
   p->batch = static_cast<int>(batch);
   p->seqlen_q = static_cast<int>(seqlen_q);
   p->seqlen_k = static_cast<int>(seqlen_k);
@@ -311,9 +313,14 @@ struct Staged {
 // copies the inputs into float16/bfloat16 rows of a padded head dim, points the params at the copies,
 // launches, then copies the outputs back. float32 goes to float16 by the powers of two of a StagePlan
 // the device fills first (float32's range, launch.h). One plan for forward and backward; all on `stream`.
+// float32 with TF's TF32 switch off is not staged: the full-float32 kernels read it in place.
 template <typename Params, typename Launch>
 tf::Status RunStaged(const Params& in, DType dtype, bool backward, void* stream, const FlashAllocate& allocate,
                      std::initializer_list<Staged<Params>> tensors, const Launch& launch) {
+  if (dtype == DType::kFloat32 && !in.allow_tf32) {
+    TF_RETURN_IF_ERROR(CheckCudaSupport(in, dtype, backward));
+    return launch(in, dtype);
+  }
   const DType compute = dtype == DType::kFloat32 ? DType::kFloat16 : dtype;
   const int d = RoundUp8(in.head_dim), dv = RoundUp8(in.head_dim_v);
   if (compute == dtype && d == in.head_dim && dv == in.head_dim_v) {
@@ -415,7 +422,7 @@ tf::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream, c
                    [&](const FlashBwdParams& params, DType compute) {
                      FlashBwdParams launch = params;
                      void* scratch = nullptr;
-                     TF_RETURN_IF_ERROR(allocate(flash_bwd_cuda_scratch_bytes(launch), &scratch));
+                     TF_RETURN_IF_ERROR(allocate(flash_bwd_cuda_scratch_bytes(launch, compute), &scratch));
                      launch.scratch = static_cast<float*>(scratch);
                      return CudaStatus(flash_bwd_cuda(launch, compute, stream));
                    });

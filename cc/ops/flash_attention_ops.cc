@@ -123,10 +123,11 @@ REGISTER_OP("TfFlash>KernelCounts")
     .Output("counts: int64")
     .SetIsStateful()  // the value changes between calls: never constant-folded or cached
     .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(4));
+      c->set_output(0, c->Vector(6));
       return Status();
     })
     .Doc("CUDA kernel launches of this process by family: [forward sm_80, forward sm_90 (Hopper), backward sm_80, "
-         "backward sm_90]; zeros in a CPU-only library.");
+         "backward sm_90, forward float32, backward float32 (full float32: TF32 off)]; zeros in a CPU-only "
+         "library.");
 
 }  // namespace tf_flash

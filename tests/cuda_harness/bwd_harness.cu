@@ -296,7 +296,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   CHECK_CUDA(cudaMemset(p.d_q, 0xFF, q.size() * 2));  // NaN poison
   CHECK_CUDA(cudaMemset(p.d_k, 0xFF, k.size() * 2));
   CHECK_CUDA(cudaMemset(p.d_v, 0xFF, v.size() * 2));
-  const int64_t scratch = flash_bwd_cuda_scratch_bytes(p);
+  const int64_t scratch = flash_bwd_cuda_scratch_bytes(p, c.dtype);
   CHECK_CUDA(cudaMalloc(&p.scratch, std::max<int64_t>(scratch, 16)));
   CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
   cudaStream_t stream;
@@ -569,7 +569,7 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
   CHECK_CUDA(cudaMalloc(&p.d_q, n * 2));
   CHECK_CUDA(cudaMalloc(&p.d_k, n * 2));
   CHECK_CUDA(cudaMalloc(&p.d_v, n * 2));
-  CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p)));
+  CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p, t)));
   // BWD_BENCH_BLOCK_DENSITY=x: random 128x128 block mask keeping a fraction x of the blocks (block-sparse).
   const char* density_env = std::getenv("BWD_BENCH_BLOCK_DENSITY");
   void* bmask_dev = nullptr;

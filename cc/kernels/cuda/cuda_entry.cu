@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cc/kernels/cuda/family.h"
+#include "cc/kernels/cuda/float32_kernels.h"
 #include "cc/kernels/cuda/fwd_api.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
@@ -27,6 +28,11 @@ bool hopper_forward_runs(const FlashFwdParams& p) {
 
 int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
   if (!cuda::check_supported(p, dtype, Direction::kForward).empty()) return int(cudaErrorInvalidValue);
+  if (dtype == DType::kFloat32) {
+    const cudaError_t err = cuda::run_flash_fwd_float32(p, static_cast<cudaStream_t>(stream_ptr));
+    if (err == cudaSuccess) cuda::forward_float32_launches.fetch_add(1, std::memory_order_relaxed);
+    return int(err);
+  }
   if (!cuda::aligned16(p.q) || !cuda::aligned16(p.k) || !cuda::aligned16(p.v) || !cuda::aligned16(p.out))
     return int(cudaErrorMisalignedAddress);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);

@@ -14,7 +14,7 @@ namespace tf_flash {
 namespace cuda {
 
 std::atomic<int64_t> forward_sm80_launches{0}, forward_sm90_launches{0}, backward_sm80_launches{0},
-    backward_sm90_launches{0};
+    backward_sm90_launches{0}, forward_float32_launches{0}, backward_float32_launches{0};
 
 namespace {
 
@@ -45,8 +45,9 @@ bool hopper_family_allowed() {
 }  // namespace cuda
 
 CudaKernelCounts flash_cuda_kernel_counts() {
-  return CudaKernelCounts{cuda::forward_sm80_launches.load(), cuda::forward_sm90_launches.load(),
-                          cuda::backward_sm80_launches.load(), cuda::backward_sm90_launches.load()};
+  return CudaKernelCounts{cuda::forward_sm80_launches.load(),    cuda::forward_sm90_launches.load(),
+                          cuda::backward_sm80_launches.load(),   cuda::backward_sm90_launches.load(),
+                          cuda::forward_float32_launches.load(), cuda::backward_float32_launches.load()};
 }
 
 }  // namespace tf_flash

@@ -16,7 +16,7 @@ bool hopper_family_allowed();
 
 // Launches by family, for flash_cuda_kernel_counts (launch.h).
 extern std::atomic<int64_t> forward_sm80_launches, forward_sm90_launches, backward_sm80_launches,
-    backward_sm90_launches;
+    backward_sm90_launches, forward_float32_launches, backward_float32_launches;
 
 }  // namespace cuda
 }  // namespace tf_flash

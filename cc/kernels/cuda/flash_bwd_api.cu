@@ -5,14 +5,23 @@
 #include <cstdint>
 
 #include "cc/kernels/cuda/bwd_launch.h"
+#include "cc/kernels/cuda/family.h"
+#include "cc/kernels/cuda/float32_kernels.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
 
 namespace tf_flash {
-int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params) { return cuda::bwd_scratch_bytes(params); }
+int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params, DType dtype) {
+  return dtype == DType::kFloat32 ? cuda::bwd_float32_scratch_bytes(params) : cuda::bwd_scratch_bytes(params);
+}
 
 int flash_bwd_cuda(const FlashBwdParams& p, DType dtype, void* stream_ptr) {
   if (!cuda::check_supported(p, dtype, Direction::kBackward).empty()) return int(cudaErrorInvalidValue);
+  if (dtype == DType::kFloat32) {
+    const cudaError_t err = cuda::run_flash_bwd_float32(p, static_cast<cudaStream_t>(stream_ptr));
+    if (err == cudaSuccess) cuda::backward_float32_launches.fetch_add(1, std::memory_order_relaxed);
+    return int(err);
+  }
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out), p.d_out, static_cast<const void*>(p.d_q),
                           static_cast<const void*>(p.d_k), static_cast<const void*>(p.d_v),
                           static_cast<const void*>(p.scratch)}) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cc/kernels/cuda/float32_kernels.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
@@ -30,12 +31,9 @@ std::string compiled_headdims() {
   return list;
 }
 
-}  // namespace
-
-std::string check_supported(const FlashFwdParams& p, DType dtype, Direction direction) {
-  const std::string kernels = direction == Direction::kForward ? "the CUDA forward" : "the CUDA backward";
-  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16)
-    return kernels + " supports float16 and bfloat16 inputs only (received dtype=" + dtype_name(dtype) + ")";
+// The tensor-core families (float16, bfloat16; float32 staged to float16): their compiled head dims and
+// 16-byte rows.
+std::string check_supported_tensor_core(const FlashFwdParams& p, const std::string& kernels) {
   if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim_v <= 0 || p.head_dim_v % 8 != 0)
     return kernels + " needs head dims that are positive multiples of 8 (received head_dim=" +
            std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) + ")";
@@ -43,12 +41,6 @@ std::string check_supported(const FlashFwdParams& p, DType dtype, Direction dire
     return kernels + " has no kernel for head_dim=" + std::to_string(p.head_dim) + ", head_dim_v=" +
            std::to_string(p.head_dim_v) + " (compiled head dims: " + compiled_headdims() +
            "; smaller head dims run in the next larger kernel)";
-  if (p.num_heads_kv <= 0 || p.num_heads % p.num_heads_kv != 0)
-    return "num_heads must be a multiple of num_heads_kv (received num_heads=" + std::to_string(p.num_heads) +
-           ", num_heads_kv=" + std::to_string(p.num_heads_kv) + ")";
-  if (p.num_heads > 65535 || p.batch > 65535)  // grid dimensions y and z
-    return kernels + " supports at most 65535 heads and 65535 batch entries (received num_heads=" +
-           std::to_string(p.num_heads) + ", batch=" + std::to_string(p.batch) + ")";
   const int64_t strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
                              p.k_row_stride,   p.k_head_stride, p.v_batch_stride, p.v_row_stride,
                              p.v_head_stride,  p.o_batch_stride, p.o_row_stride, p.o_head_stride};
@@ -57,6 +49,34 @@ std::string check_supported(const FlashFwdParams& p, DType dtype, Direction dire
       return kernels + " needs q/k/v/out strides that are multiples of 8 elements (received stride " +
              std::to_string(s) + ")";
   }
+  return "";
+}
+
+// The full-float32 kernels (float32_kernels.cu): any head dim up to their largest, any strides.
+std::string check_supported_float32(const FlashFwdParams& p, const std::string& kernels) {
+  if (p.head_dim <= 0 || p.head_dim > float32_max_head_dim() || p.head_dim_v <= 0 ||
+      p.head_dim_v > float32_max_head_dim())
+    return kernels + " in full float32 supports head dims 1.." + std::to_string(float32_max_head_dim()) +
+           " (received head_dim=" + std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) +
+           ")";
+  return "";
+}
+
+}  // namespace
+
+std::string check_supported(const FlashFwdParams& p, DType dtype, Direction direction) {
+  const std::string kernels = direction == Direction::kForward ? "the CUDA forward" : "the CUDA backward";
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16)
+    return kernels + " supports float32, float16 and bfloat16 inputs only (received dtype=" + dtype_name(dtype) + ")";
+  const std::string reason =
+      dtype == DType::kFloat32 ? check_supported_float32(p, kernels) : check_supported_tensor_core(p, kernels);
+  if (!reason.empty()) return reason;
+  if (p.num_heads_kv <= 0 || p.num_heads % p.num_heads_kv != 0)
+    return "num_heads must be a multiple of num_heads_kv (received num_heads=" + std::to_string(p.num_heads) +
+           ", num_heads_kv=" + std::to_string(p.num_heads_kv) + ")";
+  if (p.num_heads > 65535 || p.batch > 65535)  // grid dimensions y and z
+    return kernels + " supports at most 65535 heads and 65535 batch entries (received num_heads=" +
+           std::to_string(p.num_heads) + ", batch=" + std::to_string(p.batch) + ")";
   // FillParams' rules, repeated because a kernel would divide by zero or mis-scale without them (the
   // harness in tests/cuda_harness calls the kernels without FillParams).
   if (p.block_mask.data != nullptr && (p.block_q <= 0 || p.block_k <= 0))

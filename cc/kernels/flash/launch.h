@@ -34,15 +34,18 @@ namespace cuda {
 // params, else the reason, naming the value received.
 std::string check_supported(const FlashFwdParams& params, DType dtype, Direction direction);
 }  // namespace cuda
-int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params);
-// Return a cudaError_t as int (0 = success) so this header needs no CUDA include.
+int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params, DType dtype);
+// Return a cudaError_t as int (0 = success) so this header needs no CUDA include. float32 runs on the
+// full-float32 kernels (CUDA cores; what params.allow_tf32 false asks for); float16 and bfloat16 on the
+// tensor-core families. TF32-grade float32 is float16 staged by the caller (below).
 int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream);
 int flash_bwd_cuda(const FlashBwdParams& params, DType dtype, void* stream);
 const char* flash_cuda_error_string(int error);
 // Kernel launches of this process by family (the Hopper family on sm_90 GPUs for the params it takes,
-// else sm_80's; cc/kernels/cuda/family.h): what tests read to prove which kernels ran.
+// else sm_80's, cc/kernels/cuda/family.h; the full-float32 kernels): what tests read to prove which ran.
 struct CudaKernelCounts {
   int64_t forward_sm80 = 0, forward_sm90 = 0, backward_sm80 = 0, backward_sm90 = 0;
+  int64_t forward_float32 = 0, backward_float32 = 0;
 };
 CudaKernelCounts flash_cuda_kernel_counts();
 // float32 through float16 operands at float32's range. Each float32 input is staged times a power of two

@@ -65,6 +65,11 @@ struct FlashFwdParams {
   // Bit-identical results for identical inputs on one device: the GPU backward then sums dQ in a fixed
   // order instead of by float atomics (the CPU always does; so does every forward).
   bool deterministic = false;
+
+  // TF's TF32 switch (tf.config.experimental.enable_tensor_float_32_execution), read when the op runs as TF's
+  // own GPU matmuls read it. On the GPU, float32 runs on float16 tensor-core operands at float32's range
+  // (TF32 grade, launch.h) while it is on, and on the full-float32 kernels (CUDA cores) when it is off.
+  bool allow_tf32 = true;
 };
 
 struct FlashBwdParams : FlashFwdParams {
