@@ -28,21 +28,33 @@ constexpr float kNegInf = -INFINITY;
 // probabilities: such query tiles recompute the forward's row max and sum (the CPU's rule, cpu/).
 constexpr float kExactNormalizerLse = 64.f;
 
-// Tiles of one head dim bucket (kDim >= max(head_dim, head_dim_v)). A 16 x 16 thread grid: thread (ty, tx)
-// owns the rows ty + 16 i and the columns tx + 16 j of every tile it computes, so the 16 threads of a row
-// are one half warp (row reductions by shuffles). Shared rows are kDim + 1 floats apart: the columns a half
-// warp reads at one depth fall in distinct banks.
+// Tiles of one head dim bucket (kDim >= max(head_dim, head_dim_v), 64, 128 or 256). A 16 x 16 thread
+// grid: thread (ty, tx) owns the rows ty + 16 i of every tile it computes, so the 16 threads of a row are
+// one half warp (row reductions by shuffles); of a score tile the key columns tx + 16 j, of an accumulator
+// over the head dim the columns dim_col(tx, j) (runs of 4). Shared memory is read 4 floats at a time
+// (LDS.128: a quarter of the instructions of scalar reads, which bound these loops), so rows are a
+// multiple of 4 floats apart, plus 4: the 8 rows a quarter warp reads at one depth fall in distinct banks.
 template <int kDim>
 struct Tiles {
+  static_assert(kDim % 64 == 0, "head dim buckets are multiples of 64 (dim_col)");
   static constexpr int kThreads = 256;
   static constexpr int kBlockM = kDim <= 128 ? 64 : 32;  // query rows
   static constexpr int kBlockN = kDim <= 128 ? 64 : 32;  // key columns
   static constexpr int kRows = kBlockM / 16;              // query rows per thread
   static constexpr int kCols = kBlockN / 16;              // key columns per thread (scores), key rows (dK, dV)
   static constexpr int kDimCols = kDim / 16;              // head-dim columns per thread
-  static constexpr int kStride = kDim + 1;
-  static constexpr int kScoreStride = kBlockN + 1;
+  static constexpr int kStride = kDim + 4;
+  static constexpr int kScoreStride = kBlockN + 4;
+  // Two blocks per SM where their shared memory allows (128 registers a thread): the loops wait on shared
+  // memory and barriers, and one block of 8 warps left the FMA pipe 70% idle (ncu, H100, head dim 64).
+  static constexpr int kMinBlocks = kDim <= 64 ? 2 : 1;
 };
+
+// The head-dim column of accumulator entry j of thread tx: 4 consecutive columns per 64.
+__device__ __forceinline__ int dim_col(int tx, int j) { return 4 * tx + 64 * (j / 4) + j % 4; }
+
+__device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float at(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 __device__ __forceinline__ float half_warp_max(float x) {
 #pragma unroll
@@ -66,7 +78,8 @@ __device__ void load_rows(float* dst, const float* src, int64_t row_stride, int 
 }
 
 // acc[i][j] = sum over d < depth of A[row i][d] * B[row j][d], as one FMA chain in d order (the chain that
-// makes every score, forward and backward). Rows ty + 16 i of A, tx + 16 j of B, both of stride `stride`.
+// makes every score, forward and backward). Rows ty + 16 i of A, tx + 16 j of B, both of stride `stride`;
+// columns past depth are zeros in shared memory (load_rows), so the chain runs to a multiple of 4 unchanged.
 template <int kI, int kJ>
 __device__ __forceinline__ void gemm_rows(const float* a, const float* b, int stride, int depth, int ty, int tx,
                                           float (&acc)[kI][kJ]) {
@@ -74,36 +87,47 @@ __device__ __forceinline__ void gemm_rows(const float* a, const float* b, int st
   for (int i = 0; i < kI; ++i)
 #pragma unroll
     for (int j = 0; j < kJ; ++j) acc[i][j] = 0.f;
-#pragma unroll 2
-  for (int d = 0; d < depth; ++d) {
-    float x[kI], y[kJ];
+  for (int d = 0; d < depth; d += 4) {
+    float4 x[kI], y[kJ];
 #pragma unroll
-    for (int i = 0; i < kI; ++i) x[i] = a[(ty + 16 * i) * stride + d];
+    for (int i = 0; i < kI; ++i) x[i] = lds4(a + (ty + 16 * i) * stride + d);
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) y[j] = b[(tx + 16 * j) * stride + d];
+    for (int j = 0; j < kJ; ++j) y[j] = lds4(b + (tx + 16 * j) * stride + d);
 #pragma unroll
-    for (int i = 0; i < kI; ++i)
+    for (int dd = 0; dd < 4; ++dd)
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
+      for (int i = 0; i < kI; ++i)
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) acc[i][j] = fmaf(at(x[i], dd), at(y[j], dd), acc[i][j]);
   }
 }
 
-// acc[i][j] += sum over k < depth of A(ty + 16 i, k) * B[k][tx + 16 j]; A(r, k) = a[r * a_stride + k], or
-// a[k * a_stride + r] when kTransposeA (dV = P^T dO, dK = dS^T Q).
+// acc[i][j] += sum over k < depth of A(ty + 16 i, k) * B[k][dim_col(tx, j)]; A(r, k) = a[r * a_stride + k],
+// or a[k * a_stride + r] when kTransposeA (dV = P^T dO, dK = dS^T Q). depth is a multiple of 4.
 template <int kI, int kJ, bool kTransposeA>
 __device__ __forceinline__ void gemm_accumulate(const float* a, int a_stride, const float* b, int b_stride, int depth,
                                                 int ty, int tx, float (&acc)[kI][kJ]) {
-#pragma unroll 4
-  for (int k = 0; k < depth; ++k) {
-    float x[kI], y[kJ];
+  for (int k = 0; k < depth; k += 4) {
+    float4 x[kI];
 #pragma unroll
-    for (int i = 0; i < kI; ++i) x[i] = kTransposeA ? a[k * a_stride + ty + 16 * i] : a[(ty + 16 * i) * a_stride + k];
+    for (int i = 0; i < kI; ++i) {
+      if (kTransposeA) {
+        x[i] = make_float4(a[k * a_stride + ty + 16 * i], a[(k + 1) * a_stride + ty + 16 * i],
+                           a[(k + 2) * a_stride + ty + 16 * i], a[(k + 3) * a_stride + ty + 16 * i]);
+      } else {
+        x[i] = lds4(a + (ty + 16 * i) * a_stride + k);
+      }
+    }
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) y[j] = b[k * b_stride + tx + 16 * j];
+    for (int kk = 0; kk < 4; ++kk) {
+      float4 y[kJ / 4];
 #pragma unroll
-    for (int i = 0; i < kI; ++i)
+      for (int jb = 0; jb < kJ / 4; ++jb) y[jb] = lds4(b + (k + kk) * b_stride + 4 * tx + 64 * jb);
 #pragma unroll
-      for (int j = 0; j < kJ; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
+      for (int i = 0; i < kI; ++i)
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) acc[i][j] = fmaf(at(x[i], kk), at(y[j / 4], j % 4), acc[i][j]);
+    }
   }
 }
 
@@ -144,12 +168,11 @@ __device__ KeyTile key_tile(const FlashFwdParams& p, const Head& hd, int64_t row
 
 // The scores of the query tile in q_s against the key tile in k_s, as the forward computes them: the
 // product chain, times scale, soft-capped, invisible entries replaced by -inf (never added to: a NaN of an
-// invisible key does not survive). d_tanh: 1 - tanh^2 of the soft-cap (backward), when asked.
-template <int kDim, bool kWithDTanh>
+// invisible key does not survive).
+template <int kDim>
 __device__ void masked_scores(const FlashFwdParams& p, const Head& hd, const float* q_s, const float* k_s,
                               int64_t row0, int rows, int64_t col0, int cols, bool full, int ty, int tx,
-                              float (&s)[Tiles<kDim>::kRows][Tiles<kDim>::kCols],
-                              float (&d_tanh)[Tiles<kDim>::kRows][Tiles<kDim>::kCols]) {
+                              float (&s)[Tiles<kDim>::kRows][Tiles<kDim>::kCols]) {
   using T = Tiles<kDim>;
   gemm_rows(q_s, k_s, T::kStride, p.head_dim, ty, tx, s);
   const float inv_softcap = p.softcap > 0.f ? 1.f / p.softcap : 0.f;
@@ -160,15 +183,20 @@ __device__ void masked_scores(const FlashFwdParams& p, const Head& hd, const flo
       const int r = ty + 16 * i, c = tx + 16 * j;
       float x = s[i][j] * p.scale;
       if (p.softcap > 0.f) {
-        const float t = tanhf(x * inv_softcap);
-        if (kWithDTanh) d_tanh[i][j] = 1.f - t * t;
-        x = t * p.softcap;
+        x = tanhf(x * inv_softcap) * p.softcap;
       }
       const bool in_tile = r < rows && c < cols;
       const bool vis = in_tile && (full || visible(p, hd.b, hd.h, row0 + r, col0 + c, hd.q_len, hd.kv_len));
       s[i][j] = vis ? x : kNegInf;
     }
   }
+}
+
+// dS through the soft-cap: d(softcap tanh(x / softcap)) / dx = 1 - tanh^2, tanh read back from the capped
+// score (registers are what bound these kernels' occupancy).
+__device__ __forceinline__ float softcap_grad(const FlashFwdParams& p, float capped) {
+  const float t = capped / p.softcap;
+  return 1.f - t * t;
 }
 
 // Marks in seen_s (kBlockN flags, cleared by the caller) the key columns some row of the tile sees.
@@ -198,10 +226,13 @@ constexpr int fwd_smem_bytes() {
          int(sizeof(int)) * T::kBlockN;
 }
 
+// Every bucket fits the 163 KiB an sm_80 block may use.
+static_assert(fwd_smem_bytes<256>() <= 163 * 1024 && fwd_smem_bytes<128>() <= 163 * 1024, "shared memory");
+
 template <int kDim>
-__global__ void __launch_bounds__(256) flash_fwd_float32_kernel(const FlashFwdParams p) {
+__global__ void __launch_bounds__(256, Tiles<kDim>::kMinBlocks) flash_fwd_float32_kernel(const FlashFwdParams p) {
   using T = Tiles<kDim>;
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
   float* k_s = q_s + T::kBlockM * T::kStride;
   float* v_s = k_s + T::kBlockN * T::kStride;
@@ -235,8 +266,8 @@ __global__ void __launch_bounds__(256) flash_fwd_float32_kernel(const FlashFwdPa
       load_rows<kDim>(v_s, v + col0 * p.v_row_stride, p.v_row_stride, T::kBlockN, cols, p.head_dim_v);
       if (threadIdx.x < T::kBlockN) seen_s[threadIdx.x] = 0;
       __syncthreads();
-      float s[T::kRows][T::kCols], unused[T::kRows][T::kCols];
-      masked_scores<kDim, false>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s, unused);
+      float s[T::kRows][T::kCols];
+      masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
       if (!tile.full) mark_seen<kDim>(s, tx, seen_s);
 #pragma unroll
       for (int i = 0; i < T::kRows; ++i) {
@@ -275,7 +306,7 @@ __global__ void __launch_bounds__(256) flash_fwd_float32_kernel(const FlashFwdPa
     const bool any = r < rows && l[i] > 0.f;
 #pragma unroll
     for (int j = 0; j < T::kDimCols; ++j) {
-      const int c = tx + 16 * j;
+      const int c = dim_col(tx, j);
       if (c < p.head_dim_v) out[r * p.o_row_stride + c] = any ? o[i][j] / l[i] : 0.f;
     }
     if (tx == 0) lse[r] = any ? m[i] + logf(l[i]) : kNegInf;
@@ -302,12 +333,14 @@ constexpr int bwd_smem_bytes() {
          int(sizeof(int)) * T::kBlockN;
 }
 
+static_assert(bwd_smem_bytes<256>() <= 163 * 1024 && bwd_smem_bytes<128>() <= 163 * 1024, "shared memory");
+
 // Per query tile: D = rowsum(dO * O) - d_lse, the rows' normalizers (the exact ones at large |lse|, as the
 // CPU does), then dQ = scale * sum over key tiles of dS K.
 template <int kDim>
-__global__ void __launch_bounds__(256) flash_bwd_dq_float32_kernel(const FlashBwdParams p, const RowStats stats) {
+__global__ void __launch_bounds__(256, Tiles<kDim>::kMinBlocks) flash_bwd_dq_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
   float* do_s = q_s + T::kBlockM * T::kStride;
   float* k_s = do_s + T::kBlockM * T::kStride;
@@ -365,14 +398,14 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_float32_kernel(const FlashBw
         body(col0, cols, tile);
       }
     };
-    float s[T::kRows][T::kCols], d_tanh[T::kRows][T::kCols], dp[T::kRows][T::kCols];
+    float s[T::kRows][T::kCols], dp[T::kRows][T::kCols];
     if (__syncthreads_or(exact)) {
       // The forward's row max and sum, by the forward's own loop; P then as dense softmax computes it.
       float m[T::kRows], l[T::kRows];
 #pragma unroll
       for (int i = 0; i < T::kRows; ++i) m[i] = kNegInf, l[i] = 0.f;
       for_each_key_tile(false, [&](int64_t col0, int cols, const KeyTile& tile) {
-        masked_scores<kDim, false>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s, d_tanh);
+        masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
 #pragma unroll
         for (int i = 0; i < T::kRows; ++i) {
           float tile_max = kNegInf;
@@ -397,7 +430,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_float32_kernel(const FlashBw
       // nearly one-hot and dS = P (dP - D) a difference of nearly equal numbers: D must carry dP's rounding).
       float p_dot_dp[T::kRows] = {};
       for_each_key_tile(true, [&](int64_t col0, int cols, const KeyTile& tile) {
-        masked_scores<kDim, false>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s, d_tanh);
+        masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
         gemm_rows(do_s, v_s, T::kStride, p.head_dim_v, ty, tx, dp);
 #pragma unroll
         for (int i = 0; i < T::kRows; ++i)
@@ -425,7 +458,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_float32_kernel(const FlashBw
       }
     }
     for_each_key_tile(true, [&](int64_t col0, int cols, const KeyTile& tile) {
-      masked_scores<kDim, true>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s, d_tanh);
+      masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
       if (!tile.full) mark_seen<kDim>(s, tx, seen_s);
       gemm_rows(do_s, v_s, T::kStride, p.head_dim_v, ty, tx, dp);
 #pragma unroll
@@ -435,8 +468,11 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_float32_kernel(const FlashBw
           // dS = P (dP - D), exactly 0 where P is (an invisible value row may have made dP NaN there).
           const float prob = ref[i] == kNegInf ? 0.f : expf(s[i][j] - ref[i]) * inv_sum[i];
           const float grad = dp[i][j] * hd.keep(p, row0 + ty + 16 * i, col0 + tx + 16 * j);
-          float ds = prob == 0.f ? 0.f : prob * (grad - delta[i]);
-          if (p.softcap > 0.f) ds *= d_tanh[i][j];
+          float ds = 0.f;
+          if (prob != 0.f) {  // s is -inf where prob is 0: its soft-cap gradient would make 0 x inf
+            ds = prob * (grad - delta[i]);
+            if (p.softcap > 0.f) ds *= softcap_grad(p, s[i][j]);
+          }
           ds_s[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] = ds;
         }
       __syncthreads();
@@ -454,7 +490,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_float32_kernel(const FlashBw
     if (r >= tile_rows) continue;
 #pragma unroll
     for (int j = 0; j < T::kDimCols; ++j) {
-      const int c = tx + 16 * j;
+      const int c = dim_col(tx, j);
       if (c < p.head_dim) d_q[r * p.q_row_stride + c] = r < rows ? dq[i][j] * p.scale : 0.f;
     }
   }
@@ -463,9 +499,9 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_float32_kernel(const FlashBw
 // Per key tile of one kv head: dV = sum of P^T dO and dK = scale * sum of dS^T Q over the query tiles of
 // every head of its group that see the tile (P, dS recomputed from the dq kernel's row values).
 template <int kDim>
-__global__ void __launch_bounds__(256) flash_bwd_dkdv_float32_kernel(const FlashBwdParams p, const RowStats stats) {
+__global__ void __launch_bounds__(256, Tiles<kDim>::kMinBlocks) flash_bwd_dkdv_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
   float* do_s = q_s + T::kBlockM * T::kStride;
   float* k_s = do_s + T::kBlockM * T::kStride;
@@ -510,8 +546,8 @@ __global__ void __launch_bounds__(256) flash_bwd_dkdv_float32_kernel(const Flash
           delta_s[r] = r < rows ? stats.delta[stat0 + row0 + r] : 0.f;
         }
         __syncthreads();
-        float s[T::kRows][T::kCols], d_tanh[T::kRows][T::kCols], dp[T::kRows][T::kCols];
-        masked_scores<kDim, true>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s, d_tanh);
+        float s[T::kRows][T::kCols], dp[T::kRows][T::kCols];
+        masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
         gemm_rows(do_s, v_s, T::kStride, p.head_dim_v, ty, tx, dp);
 #pragma unroll
         for (int i = 0; i < T::kRows; ++i) {
@@ -523,8 +559,11 @@ __global__ void __launch_bounds__(256) flash_bwd_dkdv_float32_kernel(const Flash
             const float keep = hd.keep(p, row0 + r, col0 + tx + 16 * j);
             ps_s[r * T::kScoreStride + tx + 16 * j] = prob * keep;  // the forward's dropped P
             const float grad = dp[i][j] * keep;
-            float ds = prob == 0.f ? 0.f : prob * (grad - delta_s[r]);
-            if (p.softcap > 0.f) ds *= d_tanh[i][j];
+            float ds = 0.f;
+            if (prob != 0.f) {  // as in the dq kernel
+              ds = prob * (grad - delta_s[r]);
+              if (p.softcap > 0.f) ds *= softcap_grad(p, s[i][j]);
+            }
             s[i][j] = ds;
           }
         }
@@ -548,7 +587,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dkdv_float32_kernel(const Flash
     if (r >= tile_cols) continue;
 #pragma unroll
     for (int j = 0; j < T::kDimCols; ++j) {
-      const int c = tx + 16 * j;
+      const int c = dim_col(tx, j);
       if (c < p.head_dim) d_k[r * p.k_row_stride + c] = r < cols ? dk[i][j] * p.scale : 0.f;
       if (c < p.head_dim_v) d_v[r * p.v_row_stride + c] = r < cols ? dv[i][j] : 0.f;
     }
