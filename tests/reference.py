@@ -20,8 +20,8 @@ import numpy as np
 
 import philox_ref
 
-__all__ = ["to_numpy", "element_mask", "reference_attention", "reference_attention_grad",
-           "standard_attention"]
+__all__ = ["to_numpy", "relative_error", "max_error", "element_mask", "reference_attention",
+           "reference_attention_grad", "standard_attention"]
 
 
 def to_numpy(x, dtype=np.float64):
@@ -32,6 +32,21 @@ def to_numpy(x, dtype=np.float64):
         x = x.numpy()
     x = np.asarray(x)
     return x.astype(dtype) if dtype is not None else x
+
+
+def relative_error(x, ref, floor=1e-30):
+    """||x - ref|| / ||ref|| (Frobenius, float64). A NaN in x fails here: `error < bound` would be False
+    for NaN, but `not error > bound` would pass it. `floor` keeps tiny references (1e-8 inputs) apart from
+    an all-zero one."""
+    x, ref = to_numpy(x), to_numpy(ref)
+    assert not np.isnan(x).any(), "NaN in the result"
+    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), floor)
+
+
+def max_error(actual, expected):
+    """max |actual - expected| / max(1, max |expected|) (float64): absolute below 1, relative above."""
+    actual, expected = to_numpy(actual), to_numpy(expected)
+    return np.abs(actual - expected).max() / max(1.0, np.abs(expected).max())
 
 
 def _block_pair(block_size):

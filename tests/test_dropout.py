@@ -12,7 +12,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import philox_ref  # noqa: E402
 from device_util import hold_gpu_float32_to_float16, on_device  # noqa: E402
-from reference import reference_attention, reference_attention_grad, standard_attention  # noqa: E402
+from reference import max_error, reference_attention, reference_attention_grad, standard_attention  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -199,11 +199,6 @@ def _rng_state(q, k, v, device, **kwargs):
     return int(state[0]), int(state[1])
 
 
-def _norm_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    return np.abs(actual - expected).max() / max(1.0, np.abs(expected).max())
-
-
 @needs_op
 @pytest.mark.parametrize("device", DEVICES)
 @DTYPES
@@ -274,9 +269,9 @@ def test_gradient_uses_forward_mask_recovered_through_output(device):
     dout = tf.constant(rng.standard_normal((batch, n, heads, n)).astype(np.float32))
     out, _, _, dq, dk, dv = _flash(q, k, v, device, False, dout=dout, dropout_rate=rate, seed=5)
     kw = dict(keep_mask=keep, dropout_rate=rate)
-    assert _norm_err(out, reference_attention(q, k, v, **kw)[0]) < TOL[dtype]
+    assert max_error(out, reference_attention(q, k, v, **kw)[0]) < TOL[dtype]
     for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
-        assert _norm_err(got, want) < GRAD_TOL[dtype], f"d{name}"
+        assert max_error(got, want) < GRAD_TOL[dtype], f"d{name}"
 
 
 FEATURES = {
@@ -314,14 +309,14 @@ def test_output_and_gradient_match_reference_with_philox_mask(device, dtype, use
     ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
     out_tol = TOL[dtype]
     if dtype != tf.float32:  # at most 2x the error of same-dtype standard attention
-        std_err = _norm_err(standard_attention(q, k, v, dtype=q.dtype.as_numpy_dtype, **ref_kw), ref_out)
+        std_err = max_error(standard_attention(q, k, v, dtype=q.dtype.as_numpy_dtype, **ref_kw), ref_out)
         out_tol = max(out_tol, 2 * std_err)
-    assert _norm_err(out, ref_out) <= out_tol
+    assert max_error(out, ref_out) <= out_tol
     finite = np.isfinite(ref_lse)
     np.testing.assert_array_equal(np.isfinite(lse), finite)
     np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=LSE_TOL[dtype])
     for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **ref_kw)):
-        assert _norm_err(got, want) <= GRAD_TOL[dtype], f"d{name}: {_norm_err(got, want)}"
+        assert max_error(got, want) <= GRAD_TOL[dtype], f"d{name}: {max_error(got, want)}"
 
 
 @needs_op
@@ -399,7 +394,7 @@ def test_seed_int_and_tensor(device):
     for out, state in ((out1, state1), (out2, state2)):
         keep = philox_ref.keep_mask(int(state[0]), int(state[1]), 1, 2, 40, 48, 0.3)
         ref = reference_attention(q, k, v, keep_mask=keep, dropout_rate=0.3)[0]
-        assert _norm_err(out, ref) < TOL[dtype]
+        assert max_error(out, ref) < TOL[dtype]
 
 
 @needs_op

@@ -12,8 +12,8 @@ import tensorflow as tf
 import tf_flash
 from conftest import seed_of
 from device_util import GPU_UNSUPPORTED, gpu_float32_bound_dtype, gpu_unsupported, on_device
-from reference import (draw_features, reference_attention, reference_attention_grad, standard_attention,
-                       to_numpy)
+from reference import (draw_features, reference_attention, reference_attention_grad, relative_error,
+                       standard_attention, to_numpy)
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
@@ -27,12 +27,6 @@ def _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v=N
     return (_random(rng, (batch, seqlen_q, heads, head_dim), dtype),
             _random(rng, (batch, seqlen_k, heads_kv, head_dim), dtype),
             _random(rng, (batch, seqlen_k, heads_kv, head_dim_v or head_dim), dtype))
-
-
-def _rel_err(x, ref):
-    x, ref = to_numpy(x), to_numpy(ref)
-    assert not np.isnan(x).any(), "NaN in the result"
-    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
 
 
 def _run(fn, mode):
@@ -104,13 +98,13 @@ def test_forward_and_gradients(device, dtype, shape, feature, rng):
     ref_grads = reference_attention_grad(q, k, v, d_out, d_lse=d_lse_ref, **kwargs)
     out_tol, grad_tol = _tolerance(device, dtype)
     assert out.dtype == tf_dtype and lse.dtype == tf.float32
-    assert _rel_err(out, ref_out) < out_tol
+    assert relative_error(out, ref_out) < out_tol
     np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
     assert lse.numpy()[~finite].max(initial=-np.inf) == -np.inf
     np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], rtol=out_tol, atol=out_tol)
     for name, grad, ref in zip("qkv", grads, ref_grads):
         assert grad.dtype == tf_dtype
-        assert _rel_err(grad, ref) < grad_tol, name
+        assert relative_error(grad, ref) < grad_tol, name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -132,13 +126,13 @@ def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, h
     assert out.dtype == tf_dtype and all(g.dtype == tf_dtype for g in grads)
     ref = reference_attention(q, k, v, causal=causal)[0]
     baseline = standard_attention(q, k, v, causal=causal)
-    bound = 2 * _rel_err(baseline, ref)
-    assert _rel_err(out, ref) <= bound
+    bound = 2 * relative_error(baseline, ref)
+    assert relative_error(out, ref) <= bound
     # Gradients: the same-dtype standard attention's gradient error is about the forward's; allow the
     # bound of the forward scaled by a small factor for the longer chain of rounding.
     ref_grads = reference_attention_grad(q, k, v, d_out, causal=causal)
     for name, grad, r in zip("qkv", grads, ref_grads):
-        assert _rel_err(grad, r) <= 4 * bound, name
+        assert relative_error(grad, r) <= 4 * bound, name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -152,10 +146,10 @@ def test_head_dims(device, head_dim, rng):
             out = tf_flash.flash_attention(q, k, v, causal=True)
         grads = tape.gradient(out, [q, k, v])
     out_tol, grad_tol = _tolerance(device, tf.float32)
-    assert _rel_err(out, reference_attention(q, k, v, causal=True)[0]) < out_tol
+    assert relative_error(out, reference_attention(q, k, v, causal=True)[0]) < out_tol
     ref_grads = reference_attention_grad(q, k, v, tf.ones_like(out), causal=True)
     for name, grad, ref in zip("qkv", grads, ref_grads):
-        assert _rel_err(grad, ref) < grad_tol, name
+        assert relative_error(grad, ref) < grad_tol, name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -359,7 +353,7 @@ def test_long_sequence_past_2_31_scores():
     out = tf_flash.flash_attention(q, k, v).numpy()
     rows = np.sort(rng.choice(seqlen, size=8, replace=False))
     ref = reference_attention(tf.gather(q, rows, axis=1), k, v)[0]
-    assert _rel_err(out[:, rows], ref) < 1e-5
+    assert relative_error(out[:, rows], ref) < 1e-5
 
 
 def test_memory_is_linear_in_sequence_length():

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import tf_flash
 from device_util import gpu_float32_bound_dtype, on_device
-from reference import reference_attention, reference_attention_grad
+from reference import reference_attention, reference_attention_grad, relative_error
 
 # (device, TF's TF32 switch): the CPU computes float32 exactly either way; the GPU has a kernel for each.
 DEVICE_TF32 = [pytest.param("/CPU:0", True, id="CPU"),
@@ -46,11 +46,6 @@ SHAPES = {
 }
 # Relative error vs float64, (output, gradients): the bounds of the dtype the device computes float32 at.
 BOUNDS = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2)}
-
-
-def _rel_err(x, ref):
-    x = np.asarray(x, np.float64)
-    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300)
 
 
 @contextlib.contextmanager
@@ -97,7 +92,8 @@ def test_float32_far_from_float16_range(device, tf32, mode, shape_name, magnitud
     out_bound, grad_bound = BOUNDS[bound_dtype]
     for name, x, ref, bound in zip(("out", "dq", "dk", "dv"), got, refs, (out_bound,) + (grad_bound,) * 3):
         assert np.isfinite(x).all(), f"{name}: non-finite entries where the reference is finite"
-        assert _rel_err(x, ref) < bound, f"{name}: relative error {_rel_err(x, ref):.3g} (bound {bound})"
+        error = relative_error(x, ref, floor=1e-300)
+        assert error < bound, f"{name}: relative error {error:.3g} (bound {bound})"
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ import keras
 import tf_flash
 from tf_flash import keras as flash_keras
 from device_util import float32_tolerance as f32_tol
-from reference import to_numpy
+from reference import relative_error, to_numpy
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
@@ -59,12 +59,6 @@ def keras_reference(q, k, v, *, mask=None, is_causal=False, scale=None, soft_cap
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     return np.einsum("bnts,bsnh->btnh", probs, v)
-
-
-def _rel_err(x, ref):
-    x = to_numpy(x)
-    assert not np.isnan(x).any(), "NaN in the result"
-    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
 
 
 def _run(fn, mode):
@@ -119,8 +113,8 @@ def test_op_parity_over_masks_causal_gqa(rng, device, mode, mask_name, is_causal
         with flash_keras.enabled():
             flash = _run(lambda: keras.ops.dot_product_attention(
                 q, k, v, mask=mask, is_causal=is_causal, flash_attention=True), mode)
-    assert _rel_err(standard, reference) < 1e-5
-    assert _rel_err(flash, reference) < f32_tol(device, 2e-5)
+    assert relative_error(standard, reference) < 1e-5
+    assert relative_error(flash, reference) < f32_tol(device, 2e-5)
     np.testing.assert_allclose(to_numpy(flash), to_numpy(standard), atol=f32_tol(device, 2e-5),
                                rtol=f32_tol(device, 1e-4))
 
@@ -138,7 +132,7 @@ def test_op_parity_dtypes(rng, device, dtype):
             flash = keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True, flash_attention=True)
     assert flash.dtype == standard.dtype == DTYPES[dtype]
     floor = {"float32": f32_tol(device, 1e-5), "float16": 2e-3, "bfloat16": 1e-2}[dtype]
-    assert _rel_err(flash, reference) <= max(2 * _rel_err(standard, reference), floor)
+    assert relative_error(flash, reference) <= max(2 * relative_error(standard, reference), floor)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -196,7 +190,7 @@ def test_multi_query_attention_served(rng):
     q, k, v = _qkv(rng, 2, 17, 23, 4, 1, 16)
     with flash_keras.enabled():
         flash = keras.ops.dot_product_attention(q, k, v, flash_attention=True)
-    assert _rel_err(flash, keras_reference(q, k, v)) < 2e-5
+    assert relative_error(flash, keras_reference(q, k, v)) < 2e-5
 
 
 def test_none_follows_the_global_switch(rng):
@@ -236,7 +230,7 @@ def test_soft_cap(rng, device, mode, dtype):
     with tf.device(device), flash_keras.enabled():
         flash = _run(lambda: keras.ops.dot_product_attention(
             q, k, v, mask=mask, is_causal=True, attn_logits_soft_cap=2.5), mode)
-    assert _rel_err(flash, reference) < {"float32": f32_tol(device, 2e-5), "float16": 3e-3, "bfloat16": 2e-2}[dtype]
+    assert relative_error(flash, reference) < {"float32": f32_tol(device, 2e-5), "float16": 3e-3, "bfloat16": 2e-2}[dtype]
 
 
 def test_soft_cap_gradients(rng):
@@ -328,7 +322,7 @@ def test_xla_runs_the_kernel(rng, device):
             warnings.simplefilter("error")  # no fallback
             got = tf.function(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True),
                               jit_compile=True)()
-    assert _rel_err(got, keras_reference(q, k, v, mask=mask, is_causal=True)) < f32_tol(device, 2e-5)
+    assert relative_error(got, keras_reference(q, k, v, mask=mask, is_causal=True)) < f32_tol(device, 2e-5)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from reference import element_mask, reference_attention, reference_attention_grad
+from reference import element_mask, max_error, reference_attention, reference_attention_grad
 
 import tf_flash
 
@@ -28,11 +28,6 @@ INT32_MAX = 2 ** 31 - 1
 def _rng(request):
     """A generator seeded from the test id: the same inputs in every process, so failures replay."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
-
-
-def _norm_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    return np.abs(actual - expected).max() / max(1.0, np.abs(expected).max())
 
 
 def _run(q, k, v, dout, device, **kwargs):
@@ -107,11 +102,11 @@ def test_nan_in_invisible_positions_does_not_leak(request, device, dtype, head_d
         else:
             assert np.isfinite(got).all(), f"{name}: {np.count_nonzero(~np.isfinite(got))} non-finite entries"
     tol, grad_tol = (2e-5, 1e-4) if dtype == np.float32 else (5e-3, 2e-2)
-    assert _norm_err(out, ref_out) < tol
+    assert max_error(out, ref_out) < tol
     assert np.abs(dk[key_unseen]).max(initial=0) == 0 and np.abs(dv[key_unseen]).max(initial=0) == 0
     assert np.abs(out[row_unseen]).max(initial=0) == 0  # a query row that sees nothing returns 0
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_grads):
-        assert _norm_err(got, want) < grad_tol, f"{name}: {_norm_err(got, want)}"
+        assert max_error(got, want) < grad_tol, f"{name}: {max_error(got, want)}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -225,6 +220,6 @@ def test_wide_window_gradients(request, device, window):
         out, _, dq, dk, dv = _run(q, k, v, dout, device, **kw)
         ref_out, _ = reference_attention(q, k, v, **kw)
         tol, grad_tol = (2e-5, 1e-4) if dtype == np.float32 else (5e-3, 2e-2)
-        assert _norm_err(out, ref_out) < tol
+        assert max_error(out, ref_out) < tol
         for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
-            assert _norm_err(got, want) < grad_tol, f"{name} with {kw}: {_norm_err(got, want)}"
+            assert max_error(got, want) < grad_tol, f"{name} with {kw}: {max_error(got, want)}"

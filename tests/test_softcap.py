@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import philox_ref
 from device_util import hold_gpu_float32_to_float16
-from reference import reference_attention, reference_attention_grad, standard_attention
+from reference import max_error, reference_attention, reference_attention_grad, standard_attention
 
 import tf_flash
 
@@ -33,11 +33,6 @@ def _gpu_float32_tolerance(request, monkeypatch):
 def _rng(request):
     """A generator seeded from the test id: the same inputs in every process, so failures replay."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
-
-
-def _norm_err(actual, expected):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    return np.abs(actual - expected).max() / max(1.0, np.abs(expected).max())
 
 
 def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v, dtype, logit_scale=3.0):
@@ -98,13 +93,13 @@ def test_softcap_matches_reference(request, device, dtype, use_function, feature
     out_tol = TOL[dtype]
     if dtype != tf.float32:  # at most 2x the error of same-dtype standard attention
         std = standard_attention(q, k, v, dtype=q.dtype.as_numpy_dtype, **ref_kw)
-        out_tol = max(out_tol, 2 * _norm_err(std, ref_out))
-    assert _norm_err(out, ref_out) <= out_tol
+        out_tol = max(out_tol, 2 * max_error(std, ref_out))
+    assert max_error(out, ref_out) <= out_tol
     finite = np.isfinite(ref_lse)
     np.testing.assert_array_equal(np.isfinite(lse), finite)
     np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=LSE_TOL[dtype])
     for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **ref_kw)):
-        err = _norm_err(got, want)
+        err = max_error(got, want)
         assert err <= GRAD_TOL[dtype], f"d{name}: {err}"
 
 
@@ -116,10 +111,10 @@ def test_softcap_changes_the_result_and_large_cap_is_identity(request, device):
     dout = tf.constant(rng.standard_normal((1, 70, 2, 64)).astype(np.float32))
     plain = _run(q, k, v, dout, device, False)
     capped = _run(q, k, v, dout, device, False, softcap=2.0)
-    assert _norm_err(capped[0], plain[0]) > 1e-2  # the cap bends these scores
+    assert max_error(capped[0], plain[0]) > 1e-2  # the cap bends these scores
     huge = _run(q, k, v, dout, device, False, softcap=1e6)  # tanh(s / c) * c = s to float precision
     for a, b in zip(huge[:2] + huge[3:], plain[:2] + plain[3:]):
-        assert _norm_err(a, b) < (2e-3 if dtype == tf.float16 else 1e-5)
+        assert max_error(a, b) < (2e-3 if dtype == tf.float16 else 1e-5)
     zero = _run(q, k, v, dout, device, False, softcap=0)  # 0 = off
     for a, b in zip(zero, plain):
         np.testing.assert_array_equal(a, b)

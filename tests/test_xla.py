@@ -17,7 +17,7 @@ import tensorflow as tf
 import philox_ref
 import tf_flash
 from device_util import gpu_float32_bound_dtype, on_device
-from reference import draw_features, reference_attention, reference_attention_grad, to_numpy
+from reference import draw_features, reference_attention, reference_attention_grad, relative_error, to_numpy
 
 DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
@@ -38,12 +38,6 @@ def _rng(*key):
 
 def _random(rng, shape, dtype=tf.float32):
     return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
-
-
-def _rel_err(x, ref):
-    x, ref = to_numpy(x), to_numpy(ref)
-    assert not np.isnan(x).any(), "NaN in the result"
-    return np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30)
 
 
 def _tolerance(device, dtype, table=TOLERANCE):
@@ -133,12 +127,12 @@ def test_every_feature_matches_reference_in_every_mode(device, mode, feature, dt
     ref_grads = reference_attention_grad(q, k, v, d_out, d_lse=np.where(finite, to_numpy(d_lse), 0.0), **kwargs)
     out_tol, grad_tol = _tolerance(device, dtype)
     assert out.dtype == DTYPES[dtype] and lse.dtype == tf.float32
-    assert _rel_err(out, ref_out) < out_tol
+    assert relative_error(out, ref_out) < out_tol
     np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
     np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], rtol=out_tol, atol=out_tol)
     for name, grad, ref in zip("qkv", grads, ref_grads):
         assert grad.dtype == DTYPES[dtype]
-        assert _rel_err(grad, ref) < grad_tol, name
+        assert relative_error(grad, ref) < grad_tol, name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -152,7 +146,7 @@ def test_xla_equals_the_op_without_xla(device, feature, dtype):
         got, want = to_numpy(got), to_numpy(want)
         np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want), err_msg=name)
         finite = np.isfinite(want)
-        assert _rel_err(got[finite], want[finite]) <= tol, name
+        assert relative_error(got[finite], want[finite]) <= tol, name
 
 
 def _dropout_case(dtype="float32"):
@@ -185,17 +179,17 @@ def test_dropout_same_mask_with_and_without_xla(device, dtype):
             results[tuple(seed)] = with_xla = compiled(q, k, v, d_out, seed_tensor)
             without = fn(q, k, v, d_out, seed_tensor)
             for name, got, want in zip(["out", "dq", "dk", "dv"], with_xla, without):
-                assert _rel_err(got, want) <= tol, (seed, name)
+                assert relative_error(got, want) <= tol, (seed, name)
     # Different seeds drop different entries; both match the float64 reference with philox_ref's mask.
     first, second = results.values()
-    assert _rel_err(first[0], second[0]) > 1e-2
+    assert relative_error(first[0], second[0]) > 1e-2
     out_tol, grad_tol = _tolerance(device, dtype)
     for (seed, offset), (out, *grads) in results.items():
         keep = philox_ref.keep_mask(seed, offset, 2, 4, 70, 90, rate)
         kwargs = dict(causal=True, dropout_rate=rate, keep_mask=keep)
-        assert _rel_err(out, reference_attention(q, k, v, **kwargs)[0]) < out_tol
+        assert relative_error(out, reference_attention(q, k, v, **kwargs)[0]) < out_tol
         for name, grad, ref in zip("qkv", grads, reference_attention_grad(q, k, v, d_out, **kwargs)):
-            assert _rel_err(grad, ref) < grad_tol, name
+            assert relative_error(grad, ref) < grad_tol, name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -222,7 +216,7 @@ def test_dropout_without_seed_under_xla_backward_uses_the_forward_mask(device):
     tol = 1e-5 if "CPU" in device else 4e-3  # the GPU computes float32 on float16 operands
     np.testing.assert_allclose(to_numpy(d_v)[0, :seqlen_k, 0, :seqlen_q].T, probs, rtol=tol, atol=tol / 10)
     assert (probs == 0).mean() > 0.1  # dropout happened
-    assert _rel_err(other, out) > 1e-2  # and each call draws a new seed
+    assert relative_error(other, out) > 1e-2  # and each call draws a new seed
 
 
 def _hlo(fn, *args):
