@@ -39,7 +39,7 @@ struct Tiles {
   static_assert(kDim % 64 == 0, "head dim buckets are multiples of 64 (dim_col)");
   static constexpr int kThreads = 256;
   static constexpr int kBlockM = kDim <= 128 ? 64 : 32;  // query rows
-  static constexpr int kBlockN = kDim <= 128 ? 64 : 32;  // key columns
+  static constexpr int kBlockN = kDim <= 64 ? 64 : 32;   // key columns (32 at 128: two blocks per SM fit)
   static constexpr int kRows = kBlockM / 16;              // query rows per thread
   static constexpr int kCols = kBlockN / 16;              // key columns per thread (scores), key rows (dK, dV)
   static constexpr int kDimCols = kDim / 16;              // head-dim columns per thread
@@ -47,7 +47,7 @@ struct Tiles {
   static constexpr int kScoreStride = kBlockN + 4;
   // Two blocks per SM where their shared memory allows (128 registers a thread): the loops wait on shared
   // memory and barriers, and one block of 8 warps left the FMA pipe 70% idle (ncu, H100, head dim 64).
-  static constexpr int kMinBlocks = kDim <= 64 ? 2 : 1;
+  static constexpr int kMinBlocks = kDim <= 128 ? 2 : 1;
 };
 
 // The head-dim column of accumulator entry j of thread tx: 4 consecutive columns per 64.
