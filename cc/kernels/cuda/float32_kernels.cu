@@ -45,10 +45,23 @@ struct Tiles {
   static constexpr int kDimCols = kDim / 16;              // head-dim columns per thread
   static constexpr int kStride = kDim + 4;
   static constexpr int kScoreStride = kBlockN + 4;
-  // Two blocks per SM where their shared memory allows (128 registers a thread): the loops wait on shared
-  // memory and barriers, and one block of 8 warps left the FMA pipe 70% idle (ncu, H100, head dim 64).
-  static constexpr int kMinBlocks = kDim <= 128 ? 2 : 1;
 };
+
+// Shared memory of one SM on the architecture being compiled (a block also takes 1 KiB of its own): A100's
+// 164 KiB, Hopper's 228.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kSharedBytesPerSm = 164 * 1024;
+#else
+constexpr int kSharedBytesPerSm = 228 * 1024;
+#endif
+
+// Blocks per SM a kernel asks registers for (__launch_bounds__): two (128 registers a thread) where two
+// blocks' shared memory fits, up to head dim 128. The loops wait on shared memory and barriers: one block
+// of 8 warps left the FMA pipe 70% idle (ncu, H100), two made the step 1.22x (d64) and 1.09x (d128) faster.
+// Where only one fits, asking for two would only spill.
+constexpr int min_blocks(int kDim, int smem_bytes) {
+  return kDim <= 128 && 2 * (smem_bytes + 1024) <= kSharedBytesPerSm ? 2 : 1;
+}
 
 // The head-dim column of accumulator entry j of thread tx: 4 consecutive columns per 64.
 __device__ __forceinline__ int dim_col(int tx, int j) { return 4 * tx + 64 * (j / 4) + j % 4; }
@@ -230,7 +243,7 @@ constexpr int fwd_smem_bytes() {
 static_assert(fwd_smem_bytes<256>() <= 163 * 1024 && fwd_smem_bytes<128>() <= 163 * 1024, "shared memory");
 
 template <int kDim>
-__global__ void __launch_bounds__(256, Tiles<kDim>::kMinBlocks) flash_fwd_float32_kernel(const FlashFwdParams p) {
+__global__ void __launch_bounds__(256, min_blocks(kDim, fwd_smem_bytes<kDim>())) flash_fwd_float32_kernel(const FlashFwdParams p) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
@@ -338,7 +351,7 @@ static_assert(bwd_smem_bytes<256>() <= 163 * 1024 && bwd_smem_bytes<128>() <= 16
 // Per query tile: D = rowsum(dO * O) - d_lse, the rows' normalizers (the exact ones at large |lse|, as the
 // CPU does), then dQ = scale * sum over key tiles of dS K.
 template <int kDim>
-__global__ void __launch_bounds__(256, Tiles<kDim>::kMinBlocks) flash_bwd_dq_float32_kernel(const FlashBwdParams p, const RowStats stats) {
+__global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>())) flash_bwd_dq_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
@@ -499,7 +512,7 @@ __global__ void __launch_bounds__(256, Tiles<kDim>::kMinBlocks) flash_bwd_dq_flo
 // Per key tile of one kv head: dV = sum of P^T dO and dK = scale * sum of dS^T Q over the query tiles of
 // every head of its group that see the tile (P, dS recomputed from the dq kernel's row values).
 template <int kDim>
-__global__ void __launch_bounds__(256, Tiles<kDim>::kMinBlocks) flash_bwd_dkdv_float32_kernel(const FlashBwdParams p, const RowStats stats) {
+__global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>())) flash_bwd_dkdv_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
