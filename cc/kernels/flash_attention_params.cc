@@ -264,10 +264,11 @@ tf::Status RunFlashBwdCpu(const FlashBwdParams& params, DType dtype, int num_thr
 // ---- CUDA ----
 #if TF_FLASH_WITH_CUDA
 namespace {
-// The CUDA kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are staged:
-// float32 is computed on float16 tensor-core operands with float32 accumulation (the 10-bit mantissa of
-// the TF32 that TF itself uses for float32 matmuls on Ampere and later; values must fit float16's range),
-// and head dims are zero-padded to a multiple of 8 (padding changes no score and is cropped away).
+// The tensor-core kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are
+// staged: float32 with TF32 allowed is computed on float16 operands with float32 accumulation (the 10-bit
+// mantissa of the TF32 that TF itself uses for float32 matmuls on Ampere and later; float32's range by the
+// powers of two of a StagePlan), and head dims are zero-padded to a multiple of 8 (padding changes no score
+// and is cropped away). float32 with TF32 off runs the full-float32 kernels, unstaged.
 int RoundUp8(int x) { return (x + 7) / 8 * 8; }
 int64_t ElementBytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
