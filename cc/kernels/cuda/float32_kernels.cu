@@ -32,7 +32,7 @@ constexpr float kExactNormalizerLse = 64.f;
 // grid: thread (ty, tx) owns the rows ty + 16 i of every tile it computes, so the 16 threads of a row are
 // one half warp (row reductions by shuffles); of a score tile the key columns tx + 16 j, of an accumulator
 // over the head dim the columns dim_col(tx, j) (runs of 4). Shared memory is read 4 floats at a time
-// (LDS.128: a quarter of the instructions of scalar reads, which bound these loops), so rows are a
+// (LDS.128: a quarter of the instructions of scalar reads), so rows are a
 // multiple of 4 floats apart, plus 4: the 8 rows a quarter warp reads at one depth fall in distinct banks.
 template <int kDim>
 struct Tiles {
@@ -243,7 +243,8 @@ constexpr int fwd_smem_bytes() {
 static_assert(fwd_smem_bytes<256>() <= 163 * 1024 && fwd_smem_bytes<128>() <= 163 * 1024, "shared memory");
 
 template <int kDim>
-__global__ void __launch_bounds__(256, min_blocks(kDim, fwd_smem_bytes<kDim>())) flash_fwd_float32_kernel(const FlashFwdParams p) {
+__global__ void __launch_bounds__(256, min_blocks(kDim, fwd_smem_bytes<kDim>()))
+    flash_fwd_float32_kernel(const FlashFwdParams p) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
@@ -351,7 +352,8 @@ static_assert(bwd_smem_bytes<256>() <= 163 * 1024 && bwd_smem_bytes<128>() <= 16
 // Per query tile: D = rowsum(dO * O) - d_lse, the rows' normalizers (the exact ones at large |lse|, as the
 // CPU does), then dQ = scale * sum over key tiles of dS K.
 template <int kDim>
-__global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>())) flash_bwd_dq_float32_kernel(const FlashBwdParams p, const RowStats stats) {
+__global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
+    flash_bwd_dq_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
@@ -512,7 +514,8 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
 // Per key tile of one kv head: dV = sum of P^T dO and dK = scale * sum of dS^T Q over the query tiles of
 // every head of its group that see the tile (P, dS recomputed from the dq kernel's row values).
 template <int kDim>
-__global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>())) flash_bwd_dkdv_float32_kernel(const FlashBwdParams p, const RowStats stats) {
+__global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
+    flash_bwd_dkdv_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;
@@ -635,6 +638,19 @@ cudaError_t launch(Kernel kernel, dim3 grid, int smem, cudaStream_t stream, cons
 }  // namespace
 
 int float32_max_head_dim() { return 256; }
+
+int float32_shared_bytes(const FlashFwdParams& p, Direction direction) {
+  const auto bytes = [&](auto bucket) {
+    constexpr int kDim = decltype(bucket)::value;
+    return direction == Direction::kForward ? fwd_smem_bytes<kDim>() : bwd_smem_bytes<kDim>();
+  };
+  switch (float32_bucket(p)) {
+    case 64: return bytes(std::integral_constant<int, 64>{});
+    case 128: return bytes(std::integral_constant<int, 128>{});
+    case 256: return bytes(std::integral_constant<int, 256>{});
+  }
+  return 0;
+}
 
 cudaError_t run_flash_fwd_float32(const FlashFwdParams& p, cudaStream_t stream) {
   return bucket_switch(p, [&](auto bucket) {

@@ -2,6 +2,8 @@
 // each device's support lives). The argument rules common to CPU and GPU (scale, window, block sizes,
 // dropout rate, lengths) are checked before, by FillParams; repeated here only where a kernel would
 // misbehave without them. Nothing here includes CuTe.
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <string>
 
@@ -52,13 +54,23 @@ std::string check_supported_tensor_core(const FlashFwdParams& p, const std::stri
   return "";
 }
 
-// The full-float32 kernels (float32_kernels.cu): any head dim up to their largest, any strides.
-std::string check_supported_float32(const FlashFwdParams& p, const std::string& kernels) {
+// The full-float32 kernels (float32_kernels.cu): any head dim up to their largest, any strides, and the
+// shared memory of their head dim bucket (the backward runs the forward's kernel too, and needs more).
+std::string check_supported_float32(const FlashFwdParams& p, const std::string& kernels, Direction direction) {
   if (p.head_dim <= 0 || p.head_dim > float32_max_head_dim() || p.head_dim_v <= 0 ||
       p.head_dim_v > float32_max_head_dim())
     return kernels + " in full float32 supports head dims 1.." + std::to_string(float32_max_head_dim()) +
            " (received head_dim=" + std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) +
            ")";
+  const int needed = float32_shared_bytes(p, direction);
+  int device = 0, available = 0;
+  if (cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&available, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+      needed > available)
+    return kernels + " in full float32 needs " + std::to_string(needed / 1024) + " KiB of shared memory per " +
+           "block at head_dim=" + std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) +
+           "; this GPU gives " + std::to_string(available / 1024) + " KiB (TF's TF32 switch on runs float32 on " +
+           "the tensor-core kernels)";
   return "";
 }
 
@@ -69,7 +81,8 @@ std::string check_supported(const FlashFwdParams& p, DType dtype, Direction dire
   if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16)
     return kernels + " supports float32, float16 and bfloat16 inputs only (received dtype=" + dtype_name(dtype) + ")";
   const std::string reason =
-      dtype == DType::kFloat32 ? check_supported_float32(p, kernels) : check_supported_tensor_core(p, kernels);
+      dtype == DType::kFloat32 ? check_supported_float32(p, kernels, direction)
+                               : check_supported_tensor_core(p, kernels);
   if (!reason.empty()) return reason;
   if (p.num_heads_kv <= 0 || p.num_heads % p.num_heads_kv != 0)
     return "num_heads must be a multiple of num_heads_kv (received num_heads=" + std::to_string(p.num_heads) +
