@@ -211,7 +211,7 @@ def test_gpu_runs_every_configuration_not_declared_unsupported(dtype, head_dims,
     """A GPU refusal ("tf_flash GPU kernel: ...") of any configuration GPU_UNSUPPORTED does not declare
     fails here: a regression cannot hide as a skip."""
     head_dim, head_dim_v = head_dims
-    expected = gpu_unsupported(head_dim=head_dim, head_dim_v=head_dim_v, heads=4, batch=2)
+    expected = gpu_unsupported(head_dim=head_dim, head_dim_v=head_dim_v, heads=4, batch=2, dtype=dtype)
     for name, features in GPU_COVERAGE_FEATURES.items():
         kwargs = dict(features)
         heads_kv = 2 if kwargs.pop("gqa", False) else 4

@@ -14,7 +14,7 @@ namespace cuda {
 // The largest head dim (key or value) they run.
 int float32_max_head_dim();
 // Shared memory one block of `direction`'s kernels takes for the head dims of p (the backward's are larger
-// than the forward's): 66-138 KiB, more than GPUs with 100 KiB per SM (sm_86, sm_89) give above head dim 64.
+// than the forward's): 68-135 KiB, more than GPUs with 99 KiB a block (sm_86, sm_89) give above head dim 64.
 int float32_shared_bytes(const FlashFwdParams& p, Direction direction);
 
 cudaError_t run_flash_fwd_float32(const FlashFwdParams& p, cudaStream_t stream);
