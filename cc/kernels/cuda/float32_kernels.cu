@@ -195,9 +195,7 @@ __device__ void masked_scores(const FlashFwdParams& p, const Head& hd, const flo
     for (int j = 0; j < T::kCols; ++j) {
       const int r = ty + 16 * i, c = tx + 16 * j;
       float x = s[i][j] * p.scale;
-      if (p.softcap > 0.f) {
-        x = tanhf(x * inv_softcap) * p.softcap;
-      }
+      if (p.softcap > 0.f) x = tanhf(x * inv_softcap) * p.softcap;
       const bool in_tile = r < rows && c < cols;
       const bool vis = in_tile && (full || visible(p, hd.b, hd.h, row0 + r, col0 + c, hd.q_len, hd.kv_len));
       s[i][j] = vis ? x : kNegInf;
