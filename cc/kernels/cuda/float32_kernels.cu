@@ -230,31 +230,51 @@ __device__ void zero_unseen_rows(float* tile_s, const int* seen_s) {
   }
 }
 
-template <int kDim>
-constexpr int fwd_smem_bytes() {
+// A block's shared memory, carved in order from one buffer of kBytes: the query tile (and, backward, its
+// dO), the key and value tiles, a score tile (P or dS), the backward's row values, the seen flags.
+template <int kDim, bool kBackward>
+struct SharedTiles {
   using T = Tiles<kDim>;
-  return int(sizeof(float)) * (T::kBlockM * T::kStride + 2 * T::kBlockN * T::kStride + T::kBlockM * T::kScoreStride) +
-         int(sizeof(int)) * T::kBlockN;
-}
+  static constexpr int kQueryTiles = kBackward ? 2 : 1;  // Q, and dO
+  static constexpr int kRowValues = kBackward ? 3 : 0;   // ref, inv_sum, delta (dkdv)
+  static constexpr int kFloats = kQueryTiles * T::kBlockM * T::kStride + 2 * T::kBlockN * T::kStride +
+                                 T::kBlockM * T::kScoreStride + kRowValues * T::kBlockM;
+  static constexpr int kBytes = int(sizeof(float)) * kFloats + int(sizeof(int)) * T::kBlockN;
+
+  float *q, *d_out, *k, *v, *scores, *ref, *inv_sum, *delta;  // d_out and the row values: backward only
+  int* seen;
+
+  __device__ explicit SharedTiles(float* base)
+      : q(base),
+        d_out(q + T::kBlockM * T::kStride),
+        k(q + kQueryTiles * T::kBlockM * T::kStride),
+        v(k + T::kBlockN * T::kStride),
+        scores(v + T::kBlockN * T::kStride),
+        ref(scores + T::kBlockM * T::kScoreStride),
+        inv_sum(ref + T::kBlockM),
+        delta(inv_sum + T::kBlockM),
+        seen(reinterpret_cast<int*>(base + kFloats)) {}
+};
+template <int kDim>
+constexpr int fwd_smem_bytes() { return SharedTiles<kDim, false>::kBytes; }
+template <int kDim>
+constexpr int bwd_smem_bytes() { return SharedTiles<kDim, true>::kBytes; }
 
 // Every bucket fits the 163 KiB an sm_80 block may use.
 static_assert(fwd_smem_bytes<256>() <= 163 * 1024 && fwd_smem_bytes<128>() <= 163 * 1024, "shared memory");
+static_assert(bwd_smem_bytes<256>() <= 163 * 1024 && bwd_smem_bytes<128>() <= 163 * 1024, "shared memory");
 
 template <int kDim>
 __global__ void __launch_bounds__(256, min_blocks(kDim, fwd_smem_bytes<kDim>()))
     flash_fwd_float32_kernel(const FlashFwdParams p) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
-  float* q_s = smem;
-  float* k_s = q_s + T::kBlockM * T::kStride;
-  float* v_s = k_s + T::kBlockN * T::kStride;
-  float* p_s = v_s + T::kBlockN * T::kStride;
-  int* seen_s = reinterpret_cast<int*>(p_s + T::kBlockM * T::kScoreStride);
+  const SharedTiles<kDim, false> sm(smem);
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const Head hd(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t{blockIdx.x} * T::kBlockM;
-  const int tile_rows = int(p.seqlen_q - row0 < T::kBlockM ? p.seqlen_q - row0 : T::kBlockM);
-  const int rows = int(hd.q_len - row0 < 0 ? 0 : (hd.q_len - row0 < tile_rows ? hd.q_len - row0 : tile_rows));
+  const int tile_rows = int(clamp_len(p.seqlen_q - row0, T::kBlockM));
+  const int rows = int(clamp_len(hd.q_len - row0, tile_rows));
   const float* q = static_cast<const float*>(p.q) + hd.b * p.q_batch_stride + row0 * p.q_row_stride +
                    int64_t{hd.h} * p.q_head_stride;
   const float* k = static_cast<const float*>(p.k) + hd.b * p.k_batch_stride + int64_t{hd.hkv} * p.k_head_stride;
@@ -267,20 +287,20 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, fwd_smem_bytes<kDim>()))
 #pragma unroll
   for (int i = 0; i < T::kRows; ++i) m[i] = kNegInf, l[i] = 0.f;
   if (rows > 0) {
-    load_rows<kDim>(q_s, q, p.q_row_stride, T::kBlockM, rows, p.head_dim);
+    load_rows<kDim>(sm.q, q, p.q_row_stride, T::kBlockM, rows, p.head_dim);
     const KeyRange range = key_range_of_rows(p, row0, row0 + rows, hd.q_len, hd.kv_len);
     for (int64_t col0 = range.begin / T::kBlockN * T::kBlockN; col0 < range.end; col0 += T::kBlockN) {
-      const int cols = int(hd.kv_len - col0 < T::kBlockN ? hd.kv_len - col0 : T::kBlockN);
+      const int cols = int(clamp_len(hd.kv_len - col0, T::kBlockN));
       const KeyTile tile = key_tile(p, hd, row0, rows, col0, cols, range);
       if (!tile.any) continue;  // never loaded
       __syncthreads();          // the previous tile's readers are done
-      load_rows<kDim>(k_s, k + col0 * p.k_row_stride, p.k_row_stride, T::kBlockN, cols, p.head_dim);
-      load_rows<kDim>(v_s, v + col0 * p.v_row_stride, p.v_row_stride, T::kBlockN, cols, p.head_dim_v);
-      if (threadIdx.x < T::kBlockN) seen_s[threadIdx.x] = 0;
+      load_rows<kDim>(sm.k, k + col0 * p.k_row_stride, p.k_row_stride, T::kBlockN, cols, p.head_dim);
+      load_rows<kDim>(sm.v, v + col0 * p.v_row_stride, p.v_row_stride, T::kBlockN, cols, p.head_dim_v);
+      if (threadIdx.x < T::kBlockN) sm.seen[threadIdx.x] = 0;
       __syncthreads();
       float s[T::kRows][T::kCols];
-      masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
-      if (!tile.full) mark_seen<kDim>(s, tx, seen_s);
+      masked_scores<kDim>(p, hd, sm.q, sm.k, row0, rows, col0, cols, tile.full, ty, tx, s);
+      if (!tile.full) mark_seen<kDim>(s, tx, sm.seen);
 #pragma unroll
       for (int i = 0; i < T::kRows; ++i) {
         float tile_max = kNegInf;
@@ -294,7 +314,7 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, fwd_smem_bytes<kDim>()))
         for (int j = 0; j < T::kCols; ++j) {
           const float prob = expf(s[i][j] - safe_max);
           sum += prob;  // the normalizer sums the undropped probabilities
-          p_s[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] =
+          sm.scores[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] =
               prob * hd.keep(p, row0 + ty + 16 * i, col0 + tx + 16 * j);
         }
         l[i] = l[i] * correction + half_warp_sum(sum);
@@ -304,10 +324,11 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, fwd_smem_bytes<kDim>()))
       }
       __syncthreads();
       if (!tile.full) {
-        zero_unseen_rows<kDim>(v_s, seen_s);
+        zero_unseen_rows<kDim>(sm.v, sm.seen);
         __syncthreads();
       }
-      gemm_accumulate<T::kRows, T::kDimCols, false>(p_s, T::kScoreStride, v_s, T::kStride, T::kBlockN, ty, tx, o);
+      gemm_accumulate<T::kRows, T::kDimCols, false>(sm.scores, T::kScoreStride, sm.v,
+                                                    T::kStride, T::kBlockN, ty, tx, o);
     }
   }
   // Rows that see nothing (and padded rows) get 0 and lse -inf, never NaN.
@@ -337,16 +358,6 @@ RowStats split_scratch(const FlashBwdParams& p) {
   return {p.scratch, p.scratch + n, p.scratch + 2 * n};
 }
 
-template <int kDim>
-constexpr int bwd_smem_bytes() {
-  using T = Tiles<kDim>;
-  return int(sizeof(float)) * (2 * T::kBlockM * T::kStride + 2 * T::kBlockN * T::kStride +
-                               T::kBlockM * T::kScoreStride + 3 * T::kBlockM) +
-         int(sizeof(int)) * T::kBlockN;
-}
-
-static_assert(bwd_smem_bytes<256>() <= 163 * 1024 && bwd_smem_bytes<128>() <= 163 * 1024, "shared memory");
-
 // Per query tile: D = rowsum(dO * O) - d_lse, the rows' normalizers (the exact ones at large |lse|, as the
 // CPU does), then dQ = scale * sum over key tiles of dS K.
 template <int kDim>
@@ -354,17 +365,12 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
     flash_bwd_dq_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
-  float* q_s = smem;
-  float* do_s = q_s + T::kBlockM * T::kStride;
-  float* k_s = do_s + T::kBlockM * T::kStride;
-  float* v_s = k_s + T::kBlockN * T::kStride;
-  float* ds_s = v_s + T::kBlockN * T::kStride;
-  int* seen_s = reinterpret_cast<int*>(ds_s + T::kBlockM * T::kScoreStride + 3 * T::kBlockM);
+  const SharedTiles<kDim, true> sm(smem);
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const Head hd(p, blockIdx.z, blockIdx.y);
   const int64_t row0 = int64_t{blockIdx.x} * T::kBlockM;
-  const int tile_rows = int(p.seqlen_q - row0 < T::kBlockM ? p.seqlen_q - row0 : T::kBlockM);
-  const int rows = int(hd.q_len - row0 < 0 ? 0 : (hd.q_len - row0 < tile_rows ? hd.q_len - row0 : tile_rows));
+  const int tile_rows = int(clamp_len(p.seqlen_q - row0, T::kBlockM));
+  const int rows = int(clamp_len(hd.q_len - row0, tile_rows));
   const int64_t q_offset = hd.b * p.q_batch_stride + row0 * p.q_row_stride + int64_t{hd.h} * p.q_head_stride;
   const int64_t o_offset = hd.b * p.o_batch_stride + row0 * p.o_row_stride + int64_t{hd.h} * p.o_head_stride;
   const float* k = static_cast<const float*>(p.k) + hd.b * p.k_batch_stride + int64_t{hd.hkv} * p.k_head_stride;
@@ -374,8 +380,8 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
 
   float dq[T::kRows][T::kDimCols] = {};
   if (rows > 0) {
-    load_rows<kDim>(q_s, static_cast<const float*>(p.q) + q_offset, p.q_row_stride, T::kBlockM, rows, p.head_dim);
-    load_rows<kDim>(do_s, static_cast<const float*>(p.d_out) + o_offset, p.o_row_stride, T::kBlockM, rows,
+    load_rows<kDim>(sm.q, static_cast<const float*>(p.q) + q_offset, p.q_row_stride, T::kBlockM, rows, p.head_dim);
+    load_rows<kDim>(sm.d_out, static_cast<const float*>(p.d_out) + o_offset, p.o_row_stride, T::kBlockM, rows,
                     p.head_dim_v);
     __syncthreads();
     float ref[T::kRows], inv_sum[T::kRows], delta[T::kRows];
@@ -387,7 +393,7 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
 #pragma unroll
       for (int j = 0; j < T::kDimCols; ++j) {
         const int c = tx + 16 * j;
-        if (r < rows && c < p.head_dim_v) dot = fmaf(do_s[r * T::kStride + c], out[r * p.o_row_stride + c], dot);
+        if (r < rows && c < p.head_dim_v) dot = fmaf(sm.d_out[r * T::kStride + c], out[r * p.o_row_stride + c], dot);
       }
       dot = half_warp_sum(dot);
       ref[i] = r < rows ? p.lse[stat0 + r] : kNegInf;
@@ -399,14 +405,14 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
     // Loops over the visible key tiles of this query tile, as the forward does; body(col0, cols, tile).
     auto for_each_key_tile = [&](bool with_values, auto&& body) {
       for (int64_t col0 = range.begin / T::kBlockN * T::kBlockN; col0 < range.end; col0 += T::kBlockN) {
-        const int cols = int(hd.kv_len - col0 < T::kBlockN ? hd.kv_len - col0 : T::kBlockN);
+        const int cols = int(clamp_len(hd.kv_len - col0, T::kBlockN));
         const KeyTile tile = key_tile(p, hd, row0, rows, col0, cols, range);
         if (!tile.any) continue;
         __syncthreads();
-        load_rows<kDim>(k_s, k + col0 * p.k_row_stride, p.k_row_stride, T::kBlockN, cols, p.head_dim);
+        load_rows<kDim>(sm.k, k + col0 * p.k_row_stride, p.k_row_stride, T::kBlockN, cols, p.head_dim);
         if (with_values)
-          load_rows<kDim>(v_s, v + col0 * p.v_row_stride, p.v_row_stride, T::kBlockN, cols, p.head_dim_v);
-        if (threadIdx.x < T::kBlockN) seen_s[threadIdx.x] = 0;
+          load_rows<kDim>(sm.v, v + col0 * p.v_row_stride, p.v_row_stride, T::kBlockN, cols, p.head_dim_v);
+        if (threadIdx.x < T::kBlockN) sm.seen[threadIdx.x] = 0;
         __syncthreads();
         body(col0, cols, tile);
       }
@@ -418,7 +424,7 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
 #pragma unroll
       for (int i = 0; i < T::kRows; ++i) m[i] = kNegInf, l[i] = 0.f;
       for_each_key_tile(false, [&](int64_t col0, int cols, const KeyTile& tile) {
-        masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
+        masked_scores<kDim>(p, hd, sm.q, sm.k, row0, rows, col0, cols, tile.full, ty, tx, s);
 #pragma unroll
         for (int i = 0; i < T::kRows; ++i) {
           float tile_max = kNegInf;
@@ -443,8 +449,8 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
       // nearly one-hot and dS = P (dP - D) a difference of nearly equal numbers: D must carry dP's rounding).
       float p_dot_dp[T::kRows] = {};
       for_each_key_tile(true, [&](int64_t col0, int cols, const KeyTile& tile) {
-        masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
-        gemm_rows(do_s, v_s, T::kStride, p.head_dim_v, ty, tx, dp);
+        masked_scores<kDim>(p, hd, sm.q, sm.k, row0, rows, col0, cols, tile.full, ty, tx, s);
+        gemm_rows(sm.d_out, sm.v, T::kStride, p.head_dim_v, ty, tx, dp);
 #pragma unroll
         for (int i = 0; i < T::kRows; ++i)
 #pragma unroll
@@ -471,9 +477,9 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
       }
     }
     for_each_key_tile(true, [&](int64_t col0, int cols, const KeyTile& tile) {
-      masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
-      if (!tile.full) mark_seen<kDim>(s, tx, seen_s);
-      gemm_rows(do_s, v_s, T::kStride, p.head_dim_v, ty, tx, dp);
+      masked_scores<kDim>(p, hd, sm.q, sm.k, row0, rows, col0, cols, tile.full, ty, tx, s);
+      if (!tile.full) mark_seen<kDim>(s, tx, sm.seen);
+      gemm_rows(sm.d_out, sm.v, T::kStride, p.head_dim_v, ty, tx, dp);
 #pragma unroll
       for (int i = 0; i < T::kRows; ++i)
 #pragma unroll
@@ -486,14 +492,15 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
             ds = prob * (grad - delta[i]);
             if (p.softcap > 0.f) ds *= softcap_grad(p, s[i][j]);
           }
-          ds_s[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] = ds;
+          sm.scores[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] = ds;
         }
       __syncthreads();
       if (!tile.full) {  // a non-finite key no row sees must not reach dQ = dS K as 0 x NaN
-        zero_unseen_rows<kDim>(k_s, seen_s);
+        zero_unseen_rows<kDim>(sm.k, sm.seen);
         __syncthreads();
       }
-      gemm_accumulate<T::kRows, T::kDimCols, false>(ds_s, T::kScoreStride, k_s, T::kStride, T::kBlockN, ty, tx, dq);
+      gemm_accumulate<T::kRows, T::kDimCols, false>(sm.scores, T::kScoreStride, sm.k,
+                                                    T::kStride, T::kBlockN, ty, tx, dq);
     });
   }
   float* d_q = static_cast<float*>(p.d_q) + q_offset;
@@ -516,33 +523,26 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
     flash_bwd_dkdv_float32_kernel(const FlashBwdParams p, const RowStats stats) {
   using T = Tiles<kDim>;
   extern __shared__ __align__(16) float smem[];
-  float* q_s = smem;
-  float* do_s = q_s + T::kBlockM * T::kStride;
-  float* k_s = do_s + T::kBlockM * T::kStride;
-  float* v_s = k_s + T::kBlockN * T::kStride;
-  float* ps_s = v_s + T::kBlockN * T::kStride;
-  float* ref_s = ps_s + T::kBlockM * T::kScoreStride;
-  float* inv_sum_s = ref_s + T::kBlockM;
-  float* delta_s = inv_sum_s + T::kBlockM;
+  const SharedTiles<kDim, true> sm(smem);
   const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
   const int b = blockIdx.z, hkv = blockIdx.y, group = p.num_heads / p.num_heads_kv;
   const int64_t col0 = int64_t{blockIdx.x} * T::kBlockN;
   const int64_t q_len = valid_q_len(p, b), kv_len = valid_kv_len(p, b);
-  const int tile_cols = int(p.seqlen_k - col0 < T::kBlockN ? p.seqlen_k - col0 : T::kBlockN);
-  const int cols = int(kv_len - col0 < 0 ? 0 : (kv_len - col0 < tile_cols ? kv_len - col0 : tile_cols));
+  const int tile_cols = int(clamp_len(p.seqlen_k - col0, T::kBlockN));
+  const int cols = int(clamp_len(kv_len - col0, tile_cols));
   const int64_t k_offset = b * p.k_batch_stride + col0 * p.k_row_stride + int64_t{hkv} * p.k_head_stride;
   const int64_t v_offset = b * p.v_batch_stride + col0 * p.v_row_stride + int64_t{hkv} * p.v_head_stride;
 
   float dk[T::kCols][T::kDimCols] = {}, dv[T::kCols][T::kDimCols] = {};
   if (cols > 0) {
-    load_rows<kDim>(k_s, static_cast<const float*>(p.k) + k_offset, p.k_row_stride, T::kBlockN, cols, p.head_dim);
-    load_rows<kDim>(v_s, static_cast<const float*>(p.v) + v_offset, p.v_row_stride, T::kBlockN, cols, p.head_dim_v);
+    load_rows<kDim>(sm.k, static_cast<const float*>(p.k) + k_offset, p.k_row_stride, T::kBlockN, cols, p.head_dim);
+    load_rows<kDim>(sm.v, static_cast<const float*>(p.v) + v_offset, p.v_row_stride, T::kBlockN, cols, p.head_dim_v);
     const IndexRange queries = query_range_of_keys(p, col0, col0 + cols, q_len, kv_len);
     for (int h = hkv * group; h < (hkv + 1) * group; ++h) {
       const Head hd(p, b, h);
       const int64_t stat0 = (int64_t{b} * p.num_heads + h) * p.seqlen_q;
       for (int64_t row0 = queries.begin / T::kBlockM * T::kBlockM; row0 < queries.end; row0 += T::kBlockM) {
-        const int rows = int(q_len - row0 < T::kBlockM ? q_len - row0 : T::kBlockM);
+        const int rows = int(clamp_len(q_len - row0, T::kBlockM));
         const KeyRange range = key_range_of_rows(p, row0, row0 + rows, q_len, kv_len);
         if (range.end <= col0 || range.begin >= col0 + cols) continue;
         const KeyTile tile = key_tile(p, hd, row0, rows, col0, cols, range);
@@ -550,46 +550,48 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
         __syncthreads();
         const int64_t q_offset = b * p.q_batch_stride + row0 * p.q_row_stride + int64_t{h} * p.q_head_stride;
         const int64_t o_offset = b * p.o_batch_stride + row0 * p.o_row_stride + int64_t{h} * p.o_head_stride;
-        load_rows<kDim>(q_s, static_cast<const float*>(p.q) + q_offset, p.q_row_stride, T::kBlockM, rows, p.head_dim);
-        load_rows<kDim>(do_s, static_cast<const float*>(p.d_out) + o_offset, p.o_row_stride, T::kBlockM, rows,
+        load_rows<kDim>(sm.q, static_cast<const float*>(p.q) + q_offset, p.q_row_stride, T::kBlockM, rows, p.head_dim);
+        load_rows<kDim>(sm.d_out, static_cast<const float*>(p.d_out) + o_offset, p.o_row_stride, T::kBlockM, rows,
                         p.head_dim_v);
         if (threadIdx.x < T::kBlockM) {
           const int r = threadIdx.x;
-          ref_s[r] = r < rows ? stats.ref[stat0 + row0 + r] : kNegInf;
-          inv_sum_s[r] = r < rows ? stats.inv_sum[stat0 + row0 + r] : 0.f;
-          delta_s[r] = r < rows ? stats.delta[stat0 + row0 + r] : 0.f;
+          sm.ref[r] = r < rows ? stats.ref[stat0 + row0 + r] : kNegInf;
+          sm.inv_sum[r] = r < rows ? stats.inv_sum[stat0 + row0 + r] : 0.f;
+          sm.delta[r] = r < rows ? stats.delta[stat0 + row0 + r] : 0.f;
         }
         __syncthreads();
         float s[T::kRows][T::kCols], dp[T::kRows][T::kCols];
-        masked_scores<kDim>(p, hd, q_s, k_s, row0, rows, col0, cols, tile.full, ty, tx, s);
-        gemm_rows(do_s, v_s, T::kStride, p.head_dim_v, ty, tx, dp);
+        masked_scores<kDim>(p, hd, sm.q, sm.k, row0, rows, col0, cols, tile.full, ty, tx, s);
+        gemm_rows(sm.d_out, sm.v, T::kStride, p.head_dim_v, ty, tx, dp);
 #pragma unroll
         for (int i = 0; i < T::kRows; ++i) {
           const int r = ty + 16 * i;
-          const float ref = ref_s[r], inv_sum = inv_sum_s[r];
+          const float ref = sm.ref[r], inv_sum = sm.inv_sum[r];
 #pragma unroll
           for (int j = 0; j < T::kCols; ++j) {
             const float prob = ref == kNegInf ? 0.f : expf(s[i][j] - ref) * inv_sum;
             const float keep = hd.keep(p, row0 + r, col0 + tx + 16 * j);
-            ps_s[r * T::kScoreStride + tx + 16 * j] = prob * keep;  // the forward's dropped P
+            sm.scores[r * T::kScoreStride + tx + 16 * j] = prob * keep;  // the forward's dropped P
             const float grad = dp[i][j] * keep;
             float ds = 0.f;
             if (prob != 0.f) {  // as in the dq kernel
-              ds = prob * (grad - delta_s[r]);
+              ds = prob * (grad - sm.delta[r]);
               if (p.softcap > 0.f) ds *= softcap_grad(p, s[i][j]);
             }
             s[i][j] = ds;
           }
         }
         __syncthreads();
-        gemm_accumulate<T::kCols, T::kDimCols, true>(ps_s, T::kScoreStride, do_s, T::kStride, T::kBlockM, ty, tx, dv);
+        gemm_accumulate<T::kCols, T::kDimCols, true>(sm.scores, T::kScoreStride, sm.d_out,
+                                                     T::kStride, T::kBlockM, ty, tx, dv);
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < T::kRows; ++i)
 #pragma unroll
-          for (int j = 0; j < T::kCols; ++j) ps_s[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] = s[i][j];
+          for (int j = 0; j < T::kCols; ++j) sm.scores[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] = s[i][j];
         __syncthreads();
-        gemm_accumulate<T::kCols, T::kDimCols, true>(ps_s, T::kScoreStride, q_s, T::kStride, T::kBlockM, ty, tx, dk);
+        gemm_accumulate<T::kCols, T::kDimCols, true>(sm.scores, T::kScoreStride, sm.q,
+                                                     T::kStride, T::kBlockM, ty, tx, dk);
       }
     }
   }
@@ -614,14 +616,15 @@ int float32_bucket(const FlashFwdParams& p) {
   return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
 }
 
-template <class Run>
-cudaError_t bucket_switch(const FlashFwdParams& p, const Run& run) {
+// run(std::integral_constant<int, bucket>) for the head dim bucket of p; `none` when there is none.
+template <class Result, class Run>
+Result bucket_switch(const FlashFwdParams& p, Result none, const Run& run) {
   switch (float32_bucket(p)) {
     case 64: return run(std::integral_constant<int, 64>{});
     case 128: return run(std::integral_constant<int, 128>{});
     case 256: return run(std::integral_constant<int, 256>{});
   }
-  return cudaErrorInvalidValue;
+  return none;
 }
 
 template <class Kernel, class... Args>
@@ -638,20 +641,14 @@ cudaError_t launch(Kernel kernel, dim3 grid, int smem, cudaStream_t stream, cons
 int float32_max_head_dim() { return 256; }
 
 int float32_shared_bytes(const FlashFwdParams& p, Direction direction) {
-  const auto bytes = [&](auto bucket) {
+  return bucket_switch(p, 0, [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
     return direction == Direction::kForward ? fwd_smem_bytes<kDim>() : bwd_smem_bytes<kDim>();
-  };
-  switch (float32_bucket(p)) {
-    case 64: return bytes(std::integral_constant<int, 64>{});
-    case 128: return bytes(std::integral_constant<int, 128>{});
-    case 256: return bytes(std::integral_constant<int, 256>{});
-  }
-  return 0;
+  });
 }
 
 cudaError_t run_flash_fwd_float32(const FlashFwdParams& p, cudaStream_t stream) {
-  return bucket_switch(p, [&](auto bucket) {
+  return bucket_switch(p, cudaErrorInvalidValue, [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
     const dim3 grid(unsigned((p.seqlen_q + Tiles<kDim>::kBlockM - 1) / Tiles<kDim>::kBlockM), p.num_heads, p.batch);
     return launch(flash_fwd_float32_kernel<kDim>, grid, fwd_smem_bytes<kDim>(), stream, p);
@@ -664,7 +661,7 @@ int64_t bwd_float32_scratch_bytes(const FlashBwdParams& p) {
 
 cudaError_t run_flash_bwd_float32(const FlashBwdParams& p, cudaStream_t stream) {
   const RowStats stats = split_scratch(p);
-  return bucket_switch(p, [&](auto bucket) {
+  return bucket_switch(p, cudaErrorInvalidValue, [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
     using T = Tiles<kDim>;
     const dim3 q_grid(unsigned((p.seqlen_q + T::kBlockM - 1) / T::kBlockM), p.num_heads, p.batch);
