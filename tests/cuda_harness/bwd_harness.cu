@@ -45,6 +45,7 @@ struct Case {
   bool q_lengths = false, kv_lengths = false;
   float scale = 0.f;  // 0: 1/sqrt(d)
   float dropout = 0.f;
+  float softcap = 0.f;
   bool attn_mask = false;
   int block_mask = 0;  // 0 none; else block size (block_q = block_k)
   bool d_lse = false;
@@ -147,6 +148,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   p.window_left = c.wl;
   p.window_right = c.wr;
   p.dropout_rate = c.dropout;
+  p.softcap = c.softcap;
   p.seed = 0x1234567890abcdefull ^ seed;
   p.seed_offset = 77;
   // Host copies of the masks for the reference (same struct, host pointers).
@@ -174,7 +176,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int b = 0; b < B; ++b)
     for (int hk = 0; hk < Hkv; ++hk) {
-      std::vector<double> s(Sk), pr(Sk), dp(Sk);
+      std::vector<double> s(Sk), pr(Sk), dp(Sk), dtanh(Sk, 1.0);
       std::vector<char> vis(Sk);
       const int64_t ql = valid_q_len(hp, b), kl = valid_kv_len(hp, b);
       for (int g = 0; g < G; ++g) {
@@ -193,6 +195,11 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
             double acc = 0;
             for (int e = 0; e < D; ++e) acc += double(qi[e]) * kj[e];
             s[j] = acc * scale;
+            if (c.softcap > 0) {  // capped = softcap tanh(scale q.k / softcap)
+              const double t = std::tanh(s[j] / c.softcap);
+              s[j] = c.softcap * t;
+              dtanh[j] = 1.0 - t * t;
+            }
             mx = std::max(mx, s[j]);
           }
           if (mx == -INFINITY) continue;  // nothing visible: O = 0, lse = -inf, no gradient
@@ -229,7 +236,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
               pd = keep ? pd * keep_scale : 0.0;
               dpv = keep ? dpd * keep_scale : 0.0;
             }
-            const double ds = pr[j] * (dpv - Di);
+            const double ds = pr[j] * (dpv - Di) * dtanh[j];
             double* dvj = &dV[((int64_t(b) * Sk + j) * Hkv + hk) * Dv];
             double* dkj = &dK[((int64_t(b) * Sk + j) * Hkv + hk) * D];
             for (int e = 0; e < Dv; ++e) dvj[e] += pd * doi[e];
@@ -456,6 +463,28 @@ static int run_tests() {
     add(c, "dropout 0.17");
     c.causal = true, c.h = 4, c.hkv = 2, c.d = 128;
     add(c, "dropout 0.17 causal GQA");
+    // The Hopper kernel's draws of the transposed tile: every lane parity and call block, odd lengths.
+    for (int d : {64, 128})
+      for (auto [sq, sk] : {std::pair{17, 300}, {129, 1000}, {1023, 1023}}) {
+        c.d = d, c.sq = sq, c.sk = sk, c.causal = sk == 1000, c.h = c.hkv = 2, c.dropout = 0.1f;
+        add(c, "dropout 0.1 odd lengths");
+      }
+  }
+  {
+    Case c;  // soft-capping: scores of std ~1 against caps 1.5 and 5 (the tanh's slope matters)
+    for (int d : {64, 128}) {
+      c.d = d, c.sq = 300, c.sk = 333, c.softcap = 1.5f, c.dropout = 0.f, c.causal = false;
+      add(c, "softcap 1.5");
+      c.causal = true, c.softcap = 5.f;
+      add(c, "softcap 5 causal");
+      c.dropout = 0.17f, c.h = 4, c.hkv = 2;
+      add(c, "softcap 5 + dropout 0.17 causal GQA");
+      c.b = 4, c.dropout = 0.f, c.softcap = 1.5f, c.h = c.hkv = 2, c.q_lengths = c.kv_lengths = true, c.nan_pad = true;
+      add(c, "softcap 1.5 q/kv lengths, NaN padding");
+      c.b = 1, c.q_lengths = c.kv_lengths = false, c.nan_pad = false;
+    }
+    c.d = 256, c.sq = 300, c.sk = 333, c.softcap = 1.5f, c.dropout = 0.1f, c.causal = false;
+    add(c, "d256 softcap 1.5 + dropout");
   }
   {
     Case c;
@@ -541,13 +570,14 @@ __global__ void fill_normal(E* x, size_t n, uint32_t seed) {
 }
 
 static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int warmup, int iters,
-                          float dropout = 0.f) {
+                          float dropout = 0.f, float softcap = 0.f) {
   FlashBwdParams p;
   p.batch = B, p.seqlen_q = p.seqlen_k = S, p.num_heads = p.num_heads_kv = H;
   p.head_dim = p.head_dim_v = d;
   p.scale = 1.f / std::sqrt(float(d));
   p.causal = causal;
   p.dropout_rate = dropout;
+  p.softcap = softcap;
   p.seed = 42;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * d;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
@@ -642,11 +672,11 @@ static int run_bench(const std::vector<int>& dims) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "test";
   if (mode == "test") return run_tests();
-  if (mode == "bench1" && argc >= 8) {  // bench1 bf16|fp16 d batch seqlen heads causal [dropout [iters]]
+  if (mode == "bench1" && argc >= 8) {  // bench1 bf16|fp16 d batch seqlen heads causal [dropout [iters [softcap]]]
     const DType t = std::string(argv[2]) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
     run_bench_one(t, std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]), std::atoi(argv[6]),
                   std::atoi(argv[7]) != 0, argc > 9 ? 3 : 1, argc > 9 ? std::atoi(argv[9]) : 3,
-                  argc > 8 ? float(std::atof(argv[8])) : 0.f);
+                  argc > 8 ? float(std::atof(argv[8])) : 0.f, argc > 10 ? float(std::atof(argv[10])) : 0.f);
     return 0;
   }
   if (mode == "bench") {
@@ -655,7 +685,7 @@ int main(int argc, char** argv) {
     if (dims.empty()) dims = {64, 128};
     return run_bench(dims);
   }
-  std::fprintf(stderr, "usage: %s test | bench [head_dim ...] | bench1 dtype d b s h causal [dropout [iters]]\n",
+  std::fprintf(stderr, "usage: %s test | bench [head_dim ...] | bench1 dtype d b s h causal [dropout [iters [softcap]]]\n",
                argv[0]);
   return 2;
 }

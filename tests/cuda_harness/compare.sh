@@ -8,7 +8,7 @@
 #   tests/cuda_harness/compare.sh BASE [head_dim ...]      (default head dims: 64 128)
 #
 # Env: ARCHS (default 90a), REDUCED=1 (only head dims 64 and 128 compiled, default 1), FWD_ONLY=1 (no
-# backward), FAMILIES="default sm80" (the sm80 family through TF_FLASH_CUDA_FAMILY too; default "default"),
+# backward), BWD_ONLY=1 (no forward), SKIP_BUILD=1 (benchmark the binaries an earlier call built), FAMILIES="default sm80" (the sm80 family through TF_FLASH_CUDA_FAMILY too; default "default"),
 # ROUNDS=N (default 2: base first in odd rounds, new first in even ones, since the order alone moved
 # results by ~1% in round 9). Logs under $OUT.
 set -uo pipefail
@@ -19,9 +19,12 @@ out="${OUT:-/tmp/out}"; mkdir -p "$out"
 archs="${ARCHS:-90a}"
 reduced=""; [ "${REDUCED:-1}" = 1 ] && reduced="-DTF_FLASH_CUDA_REDUCED"
 directions="fwd"; [ "${FWD_ONLY:-0}" = 1 ] || directions="fwd bwd"
+[ "${BWD_ONLY:-0}" = 1 ] && directions="bwd"
 start=$(date +%s)
+[ "${SKIP_BUILD:-0}" = 1 ] ||
 for tree in base new; do
   src=$root; [ $tree = base ] && src=$base
+  [ "${BWD_ONLY:-0}" = 1 ] ||
   (ARCHS="$archs" REDUCED="${REDUCED:-1}" VARIANTS=0 JOBS=8 "$src/tests/cuda_harness/build.sh" "/tmp/cmp_$tree/fwd" \
      > "$out/build_fwd_$tree.log" 2>&1 || echo "compare: forward build of $tree failed (see build_fwd_$tree.log)") &
   [ "${FWD_ONLY:-0}" = 1 ] ||

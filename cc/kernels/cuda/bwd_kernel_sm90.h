@@ -7,13 +7,16 @@
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
 //   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
 //   dV += P^T dO and dK += dS^T Q (P^T, dS^T from registers),
-//   dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split the head dim), added to the fp32
-//   dQ accumulator with 8-byte atomics.
+//   dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split the head dim), which each
+//   warpgroup stages in shared memory and adds to the fp32 dQ accumulator with one TMA reduce-add (the
+//   copy engine does the atomics; the consumers go on to the next tile).
+// The general variant adds soft-capping (the forward's tanh, its derivative kept per element) and dropout
+// (the forward's Philox draws, philox.h, taken for the transposed tile: dropout_keep_bits_transposed).
 // Visibility is mask.h's (causal, window, lengths): query tiles that see no key of the tile are never
 // visited, tiles that straddle a boundary are masked per element (by replacement: P = dS = 0). Keys no
 // valid query sees and query rows past q_len are zeroed in shared memory (0 x NaN must not reach a GEMM).
-// Element masks, block masks, dropout, soft-capping and the deterministic dQ run in the sm_80 family;
-// run_flash_bwd (bwd_kernel.h) chooses.
+// Element masks, block masks and the deterministic dQ run in the sm_80 family; run_flash_bwd
+// (bwd_kernel.h) chooses.
 #pragma once
 
 #include <cmath>
@@ -89,6 +92,17 @@ struct BwdTraitsSm90 {
       SmemLayoutdS{}, cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{},
                                         cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
 
+  // dQ of one query tile, fp32, staged for the TMA reduce-add: (queries, head dim), 128-byte swizzled rows of
+  // 32 floats (conflict-free stores of the accumulator's column pairs), atoms down the rows first so that
+  // each warpgroup's half of the head dim is one contiguous (queries, head dim / 2) block.
+  using SmemLayoutdQHalf = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
+                                                        cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>>{},
+                                                        cute::Step<cute::_1, cute::_2>{}));
+  using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
+                                                    cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{},
+                                                    cute::Step<cute::_1, cute::_2>{}));
+  static_assert(kHeadDim / 2 % 32 == 0, "whole 32-float swizzle atoms per warpgroup");
+
   using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, head dim, heads, batch)
   using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
   using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)),
@@ -97,6 +111,12 @@ struct BwdTraitsSm90 {
                                             cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}, cute::_1{}));
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                             cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}, cute::_1{}));
+  // The dQ accumulator (bwd_launch.h's scratch) as (padded query rows, head dim, batch * heads).
+  using GmemTensordQ = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<float*>(nullptr)),
+                                                  cute::Shape<int32_t, int32_t, int32_t>{},
+                                                  cute::Stride<int64_t, cute::_1, int64_t>{}));
+  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensordQ{}, SmemLayoutdQHalf{},
+                                             cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>>{}, cute::_1{}));
   static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element);  // one stage of Q and dO
   static constexpr uint32_t kTmaBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
 
@@ -107,6 +127,7 @@ struct BwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> v;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutdS>> ds;
+    alignas(1024) cute::ArrayEngine<float, cute::cosize_v<SmemLayoutdQ>> dq;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     typename Pipeline::SharedStorage pipeline_q;
   };
@@ -119,11 +140,13 @@ struct BwdArgsSm90 {
   BwdScratch s;
   typename Traits::TmaQ tma_q, tma_do;
   typename Traits::TmaK tma_k, tma_v;
+  typename Traits::TmadQ tma_dq;
 };
 
 enum class BwdSm90Barrier : uint32_t {
   kRowsZeroed = 0,  // both consumers zeroed the unseen rows of a tile in shared memory
-  kDsReady = 1,     // both consumers wrote their dS^T rows
+  kDsReady = 1,     // both consumers wrote their dS^T rows (and the previous dQ reduce-adds read theirs)
+  kdQStaged = 2,    // a consumer's dQ half is in shared memory; kdQStaged + i for consumer i
 };
 
 // Zeroes rows [lo, hi) of a (rows, head dim) shared-memory tile, cooperatively over `threads` threads; the
@@ -134,7 +157,57 @@ __device__ __forceinline__ void zero_tile_rows(Tile&& tile, int lo, int hi, int 
   for (int i = tid; i < (hi - lo) * kHeadDim; i += threads) tile(lo + i / kHeadDim, i % kHeadDim) = Element(0);
 }
 
-template <class Traits>
+// The forward's dropout keep bits of this thread's entries of the S^T tile (keys x queries) at (n0, m0):
+// bit mi * kCols + ni of the accumulator's row/column view. philox.h lays the draws out for (query, key)
+// fragments; in the transposed tile a thread holds keys r and r + 8 of its warp's 16 and the query pairs
+// (2t, 2t + 1) of every n8 group, so one Philox call holds entries of two lanes (r even and odd: lane and
+// lane ^ 4). Each lane draws the calls of its own query parity and passes the other lane its bits with one
+// shuffle: 4 calls per 32 entries, twice the forward's rate (the other warp of the 32-key call draws it
+// too).
+template <int kCols, class CoordRC>
+__device__ __forceinline__ uint32_t dropout_keep_bits_transposed(CoordRC const& cS_rc, const DropoutSeed& seed,
+                                                                 uint64_t batch_head, int m0, int n0,
+                                                                 uint32_t threshold2) {
+  using namespace cute;
+  static_assert(kCols % 4 == 0 && 2 * kCols <= 32, "rows r, r + 8; whole 16-query call blocks; one bit each");
+  const int key0 = n0 + get<0>(cS_rc(0, 0));   // key r (mi 0); key r + 8 (mi 1) shares its Philox call
+  const int query0 = m0 + get<1>(cS_rc(0, 0));  // query 2t of n8 group 0
+  const int parity = key0 & 1;
+  // Philox words hold n8 key groups: key r's is 0 or 2 (r < 8 in a 16-key warp slice), r + 8's the next.
+  const bool high_words = ((key0 >> 3) & 3) != 0;
+  uint32_t mine = 0, theirs = 0;  // bit mi * kCols / 2 + g: query 8g + 2t + parity, key r + 8 mi (own / lane ^ 4's)
+  CUTE_UNROLL
+  for (int block = 0; block < kCols / 4; ++block) {  // 16 queries per call: n8 groups 2 block, 2 block + 1
+    const Philox4 draws = dropout_draws(seed.seed, seed.offset, batch_head, query0 + 16 * block + parity, key0);
+    CUTE_UNROLL
+    for (int mi = 0; mi < 2; ++mi) {
+      const uint32_t word = high_words ? draws.x[2 + mi] : draws.x[mi];
+      const uint32_t bits = dropout_keep_bits4(word, threshold2);  // bit 2 * (query row half) + (key & 1)
+      CUTE_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const int idx = mi * (kCols / 2) + 2 * block + half;
+        mine |= ((bits >> (2 * half + parity)) & 1u) << idx;
+        theirs |= ((bits >> (2 * half + (parity ^ 1))) & 1u) << idx;
+      }
+    }
+  }
+  const uint32_t other = __shfl_xor_sync(0xffffffffu, theirs, 4);  // this lane's keys, the other query parity
+  const uint32_t even = parity ? other : mine, odd = parity ? mine : other;
+  uint32_t keep = 0;
+  CUTE_UNROLL
+  for (int mi = 0; mi < 2; ++mi) {
+    CUTE_UNROLL
+    for (int ni = 0; ni < kCols; ++ni) {
+      const int offset = get<1>(cS_rc(0, ni)) - get<1>(cS_rc(0, 0));  // 8g + (query & 1), known at compile time
+      const uint32_t src = offset & 1 ? odd : even;
+      keep |= ((src >> (mi * (kCols / 2) + (offset >> 3))) & 1u) << (mi * kCols + ni);
+    }
+  }
+  return keep;
+}
+
+// kGeneral: soft-capping and dropout (run-time switches inside), kept out of the plain variant's registers.
+template <class Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -244,7 +317,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     static_assert(kRows * kCols <= 32, "one visibility bit per element");
     auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
     auto thr_copy_ds = copy_ds.get_thread_slice(mma_tidx);
+    // dQ staging: this consumer's half of the head dim, reduce-added by its first thread.
+    const int consumer = warp_group - 1;
+    const bool dq_issuer = mma_tidx % 128 == 0;
+    auto copy_dq = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint64_t>, float>{}, mma_dq);
+    auto thr_copy_dq = copy_dq.get_thread_slice(mma_tidx);
+    Tensor tdQsdQ = thr_copy_dq.partition_D(make_tensor(make_smem_ptr(shared.dq.begin()), typename Traits::SmemLayoutdQ{}));
+    Tensor sdQ_half = make_tensor(make_smem_ptr(shared.dq.begin() + consumer * cosize_v<typename Traits::SmemLayoutdQHalf>),
+                                  typename Traits::SmemLayoutdQHalf{});
+    Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), p.batch * p.num_heads));
     const float scale_log2 = softmax_scale_log2(p);  // the forward's factor (mask.h)
+    const bool has_softcap = kGeneral && p.softcap > 0.f;
+    const float softcap_in = has_softcap ? softcap_input_scale(p) : 0.f;
+    const bool has_dropout = kGeneral && p.dropout_rate > 0.f;
+    const uint32_t threshold2 = has_dropout ? dropout_threshold(p.dropout_rate) * 0x10001u : 0u;
+    const float keep_scale = has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
+    const DropoutSeed seed = has_dropout ? dropout_seed(p) : DropoutSeed{0, 0};
 
     if (n_iter > 0) {
       shared.barrier_kv.wait(0);
@@ -289,8 +377,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
         warpgroup_wait<1>();  // S^T done
 
-        // P^T; invisible entries (tiles across a boundary only) become 0 by replacement.
+        // Invisible entries (tiles across a boundary only) become P = dS = 0 by replacement.
         Tensor S = make_tensor(acc_s.data(), gmma_acc_rowcol(acc_s.layout()));
+        Tensor dP = make_tensor(acc_dp.data(), gmma_acc_rowcol(acc_dp.layout()));
         const bool need_mask = !tile_fully_visible(p, m0, m0 + kBlockM, n0, int64_t(n0) + kBlockN, q_len, kv_len);
         uint32_t hidden = 0;  // bit mi * kCols + ni
         if (need_mask) {
@@ -304,23 +393,59 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
           }
         }
-        CUTE_UNROLL
-        for (int mi = 0; mi < kRows; ++mi) {
+        if constexpr (!kGeneral) {
           CUTE_UNROLL
-          for (int ni = 0; ni < kCols; ++ni) {
-            // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1.
-            const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2[ni], 0.f));
-            S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
+          for (int mi = 0; mi < kRows; ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < kCols; ++ni) {
+              // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1.
+              const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2[ni], 0.f));
+              S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
+            }
           }
-        }
-        warpgroup_wait<0>();  // dP^T done
-        Tensor dP = make_tensor(acc_dp.data(), gmma_acc_rowcol(acc_dp.layout()));
-        CUTE_UNROLL
-        for (int mi = 0; mi < kRows; ++mi) {
+          warpgroup_wait<0>();  // dP^T done
           CUTE_UNROLL
-          for (int ni = 0; ni < kCols; ++ni) {
-            const float ds = S(mi, ni) * (dP(mi, ni) - dvec[ni]);
-            dP(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : ds;
+          for (int mi = 0; mi < kRows; ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < kCols; ++ni) {
+              const float ds = S(mi, ni) * (dP(mi, ni) - dvec[ni]);
+              dP(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : ds;
+            }
+          }
+        } else {
+          // The dropout mask (bit mi * kCols + ni, 1: kept) and the tanh of soft-capping while dP^T is
+          // computed; then P and dS in one pass, so that the tanh needs no second register array.
+          const uint32_t keep = has_dropout ? dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h,
+                                                                                  m0, n0, threshold2)
+                                            : 0u;
+          if (has_softcap) {
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_in);
+          }
+          warpgroup_wait<0>();  // dP^T done
+          CUTE_UNROLL
+          for (int mi = 0; mi < kRows; ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < kCols; ++ni) {
+              const int bit = mi * kCols + ni;
+              // Soft-capping: the forward's capped score (fwd_kernel_sm90.h); d(capped)/d(raw) = 1 - tanh^2,
+              // the scale applied with dK's and dQ's.
+              float score = S(mi, ni), dtanh = 1.f;
+              if (has_softcap) {
+                dtanh = 1.f - score * score;
+                score = p.softcap * score;
+              }
+              const float prob = fast_exp2(fminf(score * scale_log2 - lse2[ni], 0.f));
+              const bool kept = (keep >> bit) & 1u;
+              // With dropout, dP is masked and scaled as P was in the forward (bwd_kernel.h's scores_gradient),
+              // and dV takes the dropped probabilities P Z / keep_prob.
+              const float dpv = has_dropout ? (kept ? dP(mi, ni) * keep_scale : 0.f) : dP(mi, ni);
+              float ds = prob * (dpv - dvec[ni]);
+              if (has_softcap) ds *= dtanh;
+              const bool hid = (hidden >> bit) & 1u;
+              dP(mi, ni) = hid ? 0.f : ds;
+              S(mi, ni) = hid || (has_dropout && !kept) ? 0.f : (has_dropout ? prob * keep_scale : prob);
+            }
           }
         }
 
@@ -334,6 +459,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int buffer = it % 2;
         copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
         cutlass::arch::fence_view_async_shared();
+        if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
         named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
 
         // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
@@ -342,11 +468,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_wait<0>();  // dV, dK and dQ done: this stage of Q and dO is free
         pipeline_q.consumer_release(read);
         ++read;
-        float* dq_ptr = s.dq_accum + row0 * kHeadDim;
-        Tensor gdQ = make_tensor(make_gmem_ptr(dq_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
-        Tensor tdQgdQ = thr_dq.partition_C(gdQ);
-        atomic_add_dq(acc_dq, tdQgdQ);
+        copy(copy_dq, thr_copy_dq.retile_S(acc_dq), tdQsdQ);
+        cutlass::arch::fence_view_async_shared();
+        named_sync(128, BwdSm90Barrier::kdQStaged, consumer);
+        if (dq_issuer) {
+          Tensor gdQ = local_tile(mdQ(_, _, b * p.num_heads + h), Shape<Int<kBlockM>, Int<kHeadDim / 2>>{},
+                                  make_coord(m0 / kBlockM, consumer));
+          auto dq_parts = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ_half),
+                                        group_modes<0, 2>(gdQ));
+          copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
+          tma_store_arrive();
+        }
       }
+      if (dq_issuer) tma_store_wait<0>();  // the staging buffer must outlive the last reduce-add's read
     }
 
     // ---- Epilogue: dK * scale and dV in the output dtype, rows < seqlen_k, columns < head_dim (_v) ----
@@ -374,9 +508,11 @@ template <class Element, int kHeadDim>
 cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
   using namespace cute;
   using Traits = BwdTraitsSm90<kHeadDim, Element>;
-  auto kernel = &bwd_dkdv_kernel_sm90<Traits>;
-  static const bool has_code = has_sm90a_code(kernel);
+  static const bool has_code =
+      has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false>) && has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>);
   if (!has_code) return cudaErrorNoKernelImageForDevice;
+  const bool general = p.dropout_rate > 0.f || p.softcap > 0.f;
+  auto kernel = general ? &bwd_dkdv_kernel_sm90<Traits, true> : &bwd_dkdv_kernel_sm90<Traits, false>;
 
   BwdArgsSm90<Traits> args;
   args.p = p;
@@ -404,6 +540,13 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
                              view(p.v, p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.v_row_stride, p.v_head_stride,
                                   p.v_batch_stride),
                              typename Traits::SmemLayoutK{}, TileK{}, _1{});
+  // dQ accumulator rows of (batch, head) b * num_heads + h start at (b * num_heads + h) * sq_pad.
+  args.tma_dq = make_tma_copy(
+      SM90_TMA_REDUCE_ADD{},
+      make_tensor(make_gmem_ptr(s.dq_accum),
+                  make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), int32_t(p.batch) * p.num_heads),
+                  make_stride(int64_t(kHeadDim), _1{}, s.sq_pad * kHeadDim)),
+      typename Traits::SmemLayoutdQHalf{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim / 2>>{}, _1{});
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
