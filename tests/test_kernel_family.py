@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
-sm_80 family for the rest (element and block masks, head dims 32 and 96; in the backward also dropout,
-soft-capping, head dim 256 and the deterministic dQ) and on every other GPU (cc/kernels/cuda/family.h).
+sm_80 family for the rest (element and block masks, head dims 32 and 96; in the backward also head dim
+256 and the deterministic dQ) and on every other GPU (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
 import numpy as np
@@ -79,9 +79,9 @@ def test_block_mask_runs_sm80(rng):
 @pytest.mark.parametrize("features", [dict(dropout_rate=0.2), dict(softcap=5.0),
                                       dict(dropout_rate=0.3, softcap=3.0, causal=True, kv_lengths=[300, 170])])
 def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, features, rng):
-    """Dropout and soft-capping run in the Hopper forward; its dropout draws must be the ones the sm_80
-    backward (and the CPU kernels) recompute: output, lse and gradients against float64 attention with the
-    Philox reference's keep mask."""
+    """Dropout and soft-capping run in the Hopper forward and, at head dims 64 and 128, in the Hopper
+    backward; the dropout draws of every kernel must be the CPU kernels': output, lse and gradients against
+    float64 attention with the Philox reference's keep mask."""
     b, s, h, hkv = 2, 300, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
@@ -90,6 +90,8 @@ def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, featu
     (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, seed=[11, 2], return_lse=True, **features)
     family = "forward_sm90" if _hopper_expected() else "forward_sm80"
     assert ran[family] == 1, ran
+    backward = "backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"
+    assert ran[backward] == 1, ran
     ref_kw = dict(features)
     if "dropout_rate" in features:
         ref_kw["keep_mask"] = philox_ref.keep_mask(11, 2, b, h, s, s, features["dropout_rate"])
@@ -118,15 +120,15 @@ def test_head_dim_32_runs_sm80(rng):
 @pytest.mark.parametrize("features", [dict(causal=True), dict(), dict(window=(70, 20)), dict(dropout_rate=0.1, seed=5),
                                       dict(deterministic=True)])
 def test_backward_family_and_gradients(dtype, head_dim, features, rng):
-    """The backward takes the Hopper dK/dV kernel for head dims 64 and 128 without dropout, masks or
-    deterministic dQ, the sm_80 one otherwise; gradients against float64 either way (GQA, odd lengths)."""
+    """The backward takes the Hopper dK/dV kernel for head dims 64 and 128 without element or block masks
+    or the deterministic dQ (dropout included), the sm_80 one otherwise; gradients against float64 either
+    way (GQA, odd lengths)."""
     b, sq, sk, h, hkv = 2, 200, 333, 4, 2
     q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
     tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
     _, grads, ran = _forward_backward([tq, tk, tv], dout, **features)
-    hopper = (_hopper_expected() and head_dim in (64, 128) and "dropout_rate" not in features
-              and "deterministic" not in features)
+    hopper = _hopper_expected() and head_dim in (64, 128) and "deterministic" not in features
     family = "backward_sm90" if hopper else "backward_sm80"
     assert ran[family] == 1, (features, ran)
     if "dropout_rate" in features:

@@ -48,6 +48,10 @@ struct BwdTraitsSm90 {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 128, kStages = 2;
   static constexpr int kMmaThreads = 256, kNThreads = 384;
   static constexpr int kProducerRegs = 24, kMmaRegs = 240;
+  // Dropout masks drawn one tile ahead (see the consumer loop) at head dim 64; at 128 the extra live
+  // registers spill. H100, bf16, ms per backward, ahead against in the tile: b4 s4k h16 d128 7.19 / 6.75,
+  // b16 s1k h12 d64 0.823 / 0.855 (benchmarks/results/tf_gpu_round11/bwd_sm90/).
+  static constexpr bool kDropoutDrawAhead = kHeadDim <= 64;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
 
   using WarpGroupsM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;  // each owns 64 keys
@@ -158,12 +162,12 @@ __device__ __forceinline__ void zero_tile_rows(Tile&& tile, int lo, int hi, int 
 }
 
 // The forward's dropout keep bits of this thread's entries of the S^T tile (keys x queries) at (n0, m0):
-// bit mi * kCols + ni of the accumulator's row/column view. philox.h lays the draws out for (query, key)
-// fragments; in the transposed tile a thread holds keys r and r + 8 of its warp's 16 and the query pairs
-// (2t, 2t + 1) of every n8 group, so one Philox call holds entries of two lanes (r even and odd: lane and
-// lane ^ 4). Each lane draws the calls of its own query parity and passes the other lane its bits with one
-// shuffle: 4 calls per 32 entries, twice the forward's rate (the other warp of the 32-key call draws it
-// too).
+// bit mi * kCols + ni of the accumulator's row/column view, where ni = 2g + (query & 1) for n8 group g.
+// philox.h lays the draws out for (query, key) fragments; in the transposed tile a thread holds keys r and
+// r + 8 of its warp's 16 and the query pairs (2t, 2t + 1) of every n8 group, so one Philox call holds
+// entries of two lanes (r even and odd: lane and lane ^ 4). Each lane draws the calls of its own query
+// parity and passes the other lane its bits with one shuffle: 4 calls per 32 entries, twice the forward's
+// rate (the other warp of the 32-key call draws it too).
 template <int kCols, class CoordRC>
 __device__ __forceinline__ uint32_t dropout_keep_bits_transposed(CoordRC const& cS_rc, const DropoutSeed& seed,
                                                                  uint64_t batch_head, int m0, int n0,
@@ -175,35 +179,24 @@ __device__ __forceinline__ uint32_t dropout_keep_bits_transposed(CoordRC const& 
   const int parity = key0 & 1;
   // Philox words hold n8 key groups: key r's is 0 or 2 (r < 8 in a 16-key warp slice), r + 8's the next.
   const bool high_words = ((key0 >> 3) & 3) != 0;
-  uint32_t mine = 0, theirs = 0;  // bit mi * kCols / 2 + g: query 8g + 2t + parity, key r + 8 mi (own / lane ^ 4's)
+  // dropout_keep_bits4 gives bit 2 * (query row half) + (key & 1); in the call of query parity `parity`
+  // this lane's keys are the bits of that parity, which are also their places in the result (ni = 2g + parity).
+  const uint32_t own = parity ? 0xAu : 0x5u;
+  uint32_t keep = 0, other = 0;  // other: lane ^ 4's entries, at the places of their key parity
   CUTE_UNROLL
   for (int block = 0; block < kCols / 4; ++block) {  // 16 queries per call: n8 groups 2 block, 2 block + 1
     const Philox4 draws = dropout_draws(seed.seed, seed.offset, batch_head, query0 + 16 * block + parity, key0);
     CUTE_UNROLL
     for (int mi = 0; mi < 2; ++mi) {
-      const uint32_t word = high_words ? draws.x[2 + mi] : draws.x[mi];
-      const uint32_t bits = dropout_keep_bits4(word, threshold2);  // bit 2 * (query row half) + (key & 1)
-      CUTE_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        const int idx = mi * (kCols / 2) + 2 * block + half;
-        mine |= ((bits >> (2 * half + parity)) & 1u) << idx;
-        theirs |= ((bits >> (2 * half + (parity ^ 1))) & 1u) << idx;
-      }
+      const uint32_t bits = dropout_keep_bits4(high_words ? draws.x[2 + mi] : draws.x[mi], threshold2);
+      keep |= (bits & own) << (mi * kCols + 4 * block);
+      other |= (bits & (own ^ 0xFu)) << (mi * kCols + 4 * block);
     }
   }
-  const uint32_t other = __shfl_xor_sync(0xffffffffu, theirs, 4);  // this lane's keys, the other query parity
-  const uint32_t even = parity ? other : mine, odd = parity ? mine : other;
-  uint32_t keep = 0;
-  CUTE_UNROLL
-  for (int mi = 0; mi < 2; ++mi) {
-    CUTE_UNROLL
-    for (int ni = 0; ni < kCols; ++ni) {
-      const int offset = get<1>(cS_rc(0, ni)) - get<1>(cS_rc(0, 0));  // 8g + (query & 1), known at compile time
-      const uint32_t src = offset & 1 ? odd : even;
-      keep |= ((src >> (mi * (kCols / 2) + (offset >> 3))) & 1u) << (mi * kCols + ni);
-    }
-  }
-  return keep;
+  // Lane ^ 4 drew the other query parity: its bits for this lane sit at this lane's key parity; each moves to
+  // its neighbour, the place of that query parity.
+  const uint32_t theirs = __shfl_xor_sync(0xffffffffu, other, 4);
+  return keep | ((theirs & 0x55555555u) << 1) | ((theirs >> 1) & 0x55555555u);
 }
 
 // kGeneral: soft-capping and dropout (run-time switches inside), kept out of the plain variant's registers.
@@ -348,10 +341,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
       }
 
+      // The dropout mask of a tile (bit mi * kCols + ni, 1: kept) is drawn while the tensor cores are busy:
+      // one tile ahead, during the previous tile's dV, dK and dQ GEMMs (kDropoutDrawAhead), or during the
+      // tile's own dP GEMM.
+      constexpr bool kDrawAhead = Traits::kDropoutDrawAhead;
+      auto draw_keep = [&](int it) {
+        const int h = h_kv * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
+        return dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
+      };
+      uint32_t keep_next = kDrawAhead && has_dropout ? draw_keep(0) : 0u;
       PipelineState read;
       for (int it = 0; it < n_iter; ++it) {
         const int h = h_kv * group + it / n_m;
         const int m0 = (m_begin + it % n_m) * kBlockM;
+        uint32_t keep = keep_next;
         const int stage = read.index();
         const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
         // lse2 and D of this thread's query columns, fetched while the tiles land.
@@ -413,11 +416,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
           }
         } else {
-          // The dropout mask (bit mi * kCols + ni, 1: kept) and the tanh of soft-capping while dP^T is
-          // computed; then P and dS in one pass, so that the tanh needs no second register array.
-          const uint32_t keep = has_dropout ? dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h,
-                                                                                  m0, n0, threshold2)
-                                            : 0u;
+          // The dropout mask and the tanh of soft-capping while dP^T is computed; then P and dS in one pass, so
+          // that the tanh needs no second register array.
+          if (!kDrawAhead && has_dropout) keep = draw_keep(it);
           if (has_softcap) {
             CUTE_UNROLL
             for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_in);
@@ -465,6 +466,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
         Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
+        if (kDrawAhead && has_dropout && it + 1 < n_iter) keep_next = draw_keep(it + 1);
         warpgroup_wait<0>();  // dV, dK and dQ done: this stage of Q and dO is free
         pipeline_q.consumer_release(read);
         ++read;
