@@ -236,20 +236,29 @@ def test_gpu_runs_every_configuration_not_declared_unsupported(dtype, head_dims,
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", [dict(heads=65536, batch=1, head_dim=8, scale=None),
                                     dict(heads=2, batch=65536, head_dim=8, scale=None),
-                                    dict(heads=2, batch=1, head_dim=256, scale=None)],
-                         ids=["heads", "batch", "head_dim_256"])
+                                    dict(heads=2, batch=1, head_dim=256, scale=None),
+                                    dict(heads=2, batch=1, head_dim=256, scale=None, dtype="float32")],
+                         ids=["heads", "batch", "head_dim_256", "full_float32_head_dim_256"])
 def test_gpu_refuses_what_it_declares_unsupported(config):
     """Each GPU_UNSUPPORTED entry is real: the GPU refuses it with an InvalidArgumentError naming the GPU
-    kernel (the head dim 256 case is declared only in a reduced build; otherwise it must run)."""
-    assert len(GPU_UNSUPPORTED) == 2  # a new entry needs a case here
-    q = tf.zeros([config["batch"], 3, config["heads"], config["head_dim"]], tf.float16)
-    declared = gpu_unsupported(**config)
-    with tf.device("/GPU:0"):
-        if declared is None:
-            assert tf_flash.flash_attention(q, q, q, scale=config["scale"]).shape == q.shape
-            return
-        with pytest.raises(tf.errors.InvalidArgumentError, match="GPU kernel"):
-            tf_flash.flash_attention(q, q, q, scale=config["scale"]).numpy()
+    kernel (the head dim 256 case is declared only in a reduced build, full float32 at head dim 256 only on
+    GPUs with 99 KiB of shared memory a block; otherwise they must run)."""
+    assert len(GPU_UNSUPPORTED) == 3  # a new entry needs a case here
+    dtype = config.get("dtype", "float16")
+    q = tf.zeros([config["batch"], 3, config["heads"], config["head_dim"]], dtype)
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    if dtype == "float32":
+        tf.config.experimental.enable_tensor_float_32_execution(False)  # the full-float32 kernels
+    try:
+        declared = gpu_unsupported(**config)
+        with tf.device("/GPU:0"):
+            if declared is None:
+                assert tf_flash.flash_attention(q, q, q, scale=config["scale"]).shape == q.shape
+                return
+            with pytest.raises(tf.errors.InvalidArgumentError, match="GPU kernel"):
+                tf_flash.flash_attention(q, q, q, scale=config["scale"]).numpy()
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
 
 
 @pytest.mark.parametrize("device", DEVICES)

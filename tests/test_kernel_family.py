@@ -1,7 +1,8 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
-sm_80 family for the rest (element and block masks, head dims 32 and 96; in the backward also head dim
-256 and the deterministic dQ) and on every other GPU (cc/kernels/cuda/family.h).
+sm_80 family for the rest (element and block masks, head dims 32 and 96; in the backward element masks,
+block masks finer than its tiles, head dim 256 and the deterministic dQ) and on every other GPU
+(cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
 import numpy as np
@@ -135,6 +136,26 @@ def test_backward_family_and_gradients(dtype, head_dim, features, rng):
         return  # dropout gradients: test_dropout_and_softcap_forward_family_and_gradients, test_dropout.py
     masks = {key: val for key, val in features.items() if key in ("causal", "window")}
     _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **masks), dtype)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [128, 64])
+def test_block_mask_backward_family_and_gradients(head_dim, block_size, rng):
+    """Block masks whose blocks hold whole Hopper backward tiles (64 query rows x 128 keys) run in the Hopper
+    backward, which skips the False ones; finer blocks in the sm_80 kernel (element-wise check). Gradients
+    against float64 either way."""
+    b, s, h = 2, 300, 4
+    q, k, v, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(4))
+    blocks = (s + block_size - 1) // block_size
+    block_mask = rng.random((b, h, blocks, blocks)) < 0.6
+    block_mask[..., 0] = True  # every query row sees something
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    _, grads, ran = _forward_backward([tq, tk, tv], dout, block_mask=block_mask, block_size=block_size)
+    family = "backward_sm90" if _hopper_expected() and block_size == 128 else "backward_sm80"
+    assert ran[family] == 1, ran
+    ref = reference_attention_grad(q, k, v, dout, block_mask=block_mask, block_size=block_size)
+    _assert_gradients_close(grads, ref, tf.bfloat16)
 
 
 def test_xla_front_door_reaches_the_same_family(rng):

@@ -456,6 +456,12 @@ static int run_tests() {
     add(c, "block_mask 64 causal");
     c.sq = 700, c.sk = 650, c.d = 128, c.block_mask = 128, c.causal = false, c.dropout = 0.1f;
     add(c, "block_mask 128 + dropout d128");
+    // Blocks of whole Hopper tiles (64 x 128): the Hopper kernel skips the False ones.
+    c.dropout = 0.f, c.causal = true, c.h = 4, c.hkv = 2, c.block_mask = 256;
+    add(c, "block_mask 256 causal GQA d128");
+    c.d = 64, c.causal = false, c.h = c.hkv = 2, c.b = 4, c.q_lengths = c.kv_lengths = true, c.nan_pad = true;
+    c.block_mask = 128;
+    add(c, "block_mask 128 q/kv lengths, NaN padding d64");
   }
   {
     Case c;

@@ -11,7 +11,7 @@
 //      computed (with a single buffer, d256: while dQ is).
 //   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
 // On sm_90 GPUs kernel 2 is the Hopper family's (bwd_kernel_sm90.h) for head dims 64 and 128 without
-// element or block masks or the deterministic dQ (run_flash_bwd chooses).
+// element masks, block masks finer than its tiles or the deterministic dQ (run_flash_bwd chooses).
 // Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
 // visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask / an
 // unaligned block_mask is given); block_mask tiles whose blocks are all False are never loaded. Dropout
@@ -714,11 +714,11 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
     const bool softcap = p.softcap > 0.f;
-    // The Hopper kernel takes its head dims without element or block masks, with dQ by atomics (not the
-    // deterministic sum); everything else, and a library without sm_90a code, runs here.
+    // The Hopper kernel takes its head dims without element masks, with block masks of whole tiles and dQ
+    // by atomics (not the deterministic sum); everything else, and a library without sm_90a code, runs here.
     if constexpr (hopper_backward_headdim(kHeadDim)) {
-      if (p.seqlen_q > 0 && p.attn_mask.data == nullptr && p.block_mask.data == nullptr && !s.deterministic &&
-          hopper_family_allowed()) {
+      if (p.seqlen_q > 0 && p.attn_mask.data == nullptr && hopper_backward_takes_block_mask<kHeadDim>(p) &&
+          !s.deterministic && hopper_family_allowed()) {
         const cudaError_t e = run_bwd_dkdv_sm90<Element, kHeadDim>(p, s, stream);
         if (e != cudaErrorNoKernelImageForDevice) {
           if (e != cudaSuccess) return e;

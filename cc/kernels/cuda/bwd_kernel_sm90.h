@@ -10,13 +10,14 @@
 //   dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split the head dim), which each
 //   warpgroup stages in shared memory and adds to the fp32 dQ accumulator with one TMA reduce-add (the
 //   copy engine does the atomics; the consumers go on to the next tile).
-// The general variant adds soft-capping (the forward's tanh, its derivative kept per element) and dropout
-// (the forward's Philox draws, philox.h, taken for the transposed tile: dropout_keep_bits_transposed).
-// Visibility is mask.h's (causal, window, lengths): query tiles that see no key of the tile are never
-// visited, tiles that straddle a boundary are masked per element (by replacement: P = dS = 0). Keys no
-// valid query sees and query rows past q_len are zeroed in shared memory (0 x NaN must not reach a GEMM).
-// Element masks, block masks and the deterministic dQ run in the sm_80 family; run_flash_bwd
-// (bwd_kernel.h) chooses.
+// The general variant adds soft-capping (the forward's tanh, its derivative formed with P), dropout (the
+// forward's Philox draws, philox.h, taken for the transposed tile: dropout_keep_bits_transposed) and the
+// skipping of False blocks.
+// Visibility is mask.h's (causal, window, lengths, and block masks whose blocks hold whole tiles): query tiles
+// that see no key of the tile are never visited, tiles that straddle a boundary are masked per element (by
+// replacement: P = dS = 0). Keys no valid query sees and query rows past q_len are zeroed in shared memory
+// (0 x NaN must not reach a GEMM). Element masks, other block masks and the deterministic dQ run in the sm_80
+// family; run_flash_bwd (bwd_kernel.h) chooses.
 #pragma once
 
 #include <cmath>
@@ -138,6 +139,14 @@ struct BwdTraitsSm90 {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
+// Block masks the Hopper backward takes: block sizes that are multiples of its tiles, so that each tile lies in
+// one block and is wholly visible or skipped (others need the sm_80 kernel's element-wise check).
+template <int kHeadDim>
+bool hopper_backward_takes_block_mask(const FlashBwdParams& p) {
+  using Traits = BwdTraitsSm90<kHeadDim, cutlass::bfloat16_t>;
+  return p.block_mask.data == nullptr || (p.block_q % Traits::kBlockM == 0 && p.block_k % Traits::kBlockN == 0);
+}
+
 template <class Traits>
 struct BwdArgsSm90 {
   FlashBwdParams p;
@@ -199,7 +208,8 @@ __device__ __forceinline__ uint32_t dropout_keep_bits_transposed(CoordRC const& 
   return keep | ((theirs & 0x55555555u) << 1) | ((theirs >> 1) & 0x55555555u);
 }
 
-// kGeneral: soft-capping and dropout (run-time switches inside), kept out of the plain variant's registers.
+// kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain
+// variant's registers.
 template <class Traits, bool kGeneral>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
@@ -226,6 +236,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const int m_end = int((query_rows.end + kBlockM - 1) / kBlockM);
   const int n_m = m_end > m_begin ? m_end - m_begin : 0;
   const int n_iter = n_m * group;
+  // Block-sparse (the general variant; hopper_backward_takes_block_mask: every tile inside one block): tiles
+  // of False blocks are skipped by the producer and the consumers alike. The plain variant visits every tile
+  // (the check cost it 1-2% at head dim 64, bf16 and fp16).
+  auto next_visible = [&](int it) {
+    if (!kGeneral || p.block_mask.data == nullptr) return it;
+    for (; it < n_iter; ++it) {
+      const int h = h_kv * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
+      if (block_visible(p, b, h, m0 / p.block_q, n0 / p.block_k)) break;
+    }
+    return it;
+  };
 
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(shared.d_o.begin()), typename Traits::SmemLayoutQ{});
@@ -267,7 +288,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor mQ = args.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.num_heads, p.batch));
       Tensor mdO = args.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch));
       PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-      for (int it = 0; it < n_iter; ++it) {
+      for (int it = next_visible(0); it < n_iter; it = next_visible(it + 1)) {
         const int h = h_kv * group + it / n_m;
         const int m_tile = m_begin + it % n_m;
         Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
@@ -349,9 +370,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int h = h_kv * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
         return dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
       };
-      uint32_t keep_next = kDrawAhead && has_dropout ? draw_keep(0) : 0u;
+      int it = next_visible(0);
+      uint32_t keep_next = kDrawAhead && has_dropout && it < n_iter ? draw_keep(it) : 0u;
       PipelineState read;
-      for (int it = 0; it < n_iter; ++it) {
+      for (int buffer = 0; it < n_iter; buffer ^= 1) {  // buffer: the dS buffer, alternating per visited tile
         const int h = h_kv * group + it / n_m;
         const int m0 = (m_begin + it % n_m) * kBlockM;
         uint32_t keep = keep_next;
@@ -457,7 +479,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         Tensor rdS = convert_fragment<Element>(acc_dp);
         Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
         warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
-        const int buffer = it % 2;
         copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
         cutlass::arch::fence_view_async_shared();
         if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
@@ -466,7 +487,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
         Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
-        if (kDrawAhead && has_dropout && it + 1 < n_iter) keep_next = draw_keep(it + 1);
+        if (kDrawAhead && has_dropout) {
+          const int ahead = next_visible(it + 1);
+          if (ahead < n_iter) keep_next = draw_keep(ahead);
+        }
         warpgroup_wait<0>();  // dV, dK and dQ done: this stage of Q and dO is free
         pipeline_q.consumer_release(read);
         ++read;
@@ -481,6 +505,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
           tma_store_arrive();
         }
+        it = next_visible(it + 1);
       }
       if (dq_issuer) tma_store_wait<0>();  // the staging buffer must outlive the last reduce-add's read
     }
@@ -513,7 +538,7 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   static const bool has_code =
       has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false>) && has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>);
   if (!has_code) return cudaErrorNoKernelImageForDevice;
-  const bool general = p.dropout_rate > 0.f || p.softcap > 0.f;
+  const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
   auto kernel = general ? &bwd_dkdv_kernel_sm90<Traits, true> : &bwd_dkdv_kernel_sm90<Traits, false>;
 
   BwdArgsSm90<Traits> args;

@@ -18,6 +18,9 @@ case "${1:?a, b or c}" in
       timeout 120 python3 -m pytest -q tests/test_float32_range.py tests/test_determinism.py -m gpu -p no:cacheprovider
      ) > "$OUT/pytest_tf32_off.log" 2>&1
      grep -E "passed|failed" "$OUT/pytest_tf32_off.log"; grep FAILED "$OUT/pytest_tf32_off.log" | head -5
+     (source .gpu/env/env.sh >/dev/null 2>&1
+      export TF_FLASH_LIBRARY=$PWD/build/gpu/_flash_attention_ops.so PYTHONPATH=$PWD:$PYTHONPATH
+      timeout 60 python3 -m pytest -q tests/test_flash_attention.py -m gpu -k refuses -p no:cacheprovider 2>&1 | tail -2)
      bash scripts/gpu_round.sh device xla layers 2>&1 | grep -E "passed|failed|FAILED|Error" | head -20 ;;
   c) BENCH_MODEL_ARGS="--modes flash_mha_auto --lengths 1024,4096 --families default,sm80 --repeats 2" \
        bash scripts/gpu_round.sh device bench_model 2>&1 | tail -30 ;;
