@@ -10,9 +10,9 @@
 //   dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split the head dim), which each
 //   warpgroup stages in shared memory and adds to the fp32 dQ accumulator with one TMA reduce-add (the
 //   copy engine does the atomics; the consumers go on to the next tile).
-// The general variant adds soft-capping (the forward's tanh, its derivative formed with P), dropout (the
-// forward's Philox draws, philox.h, taken for the transposed tile: dropout_keep_bits_transposed) and the
-// skipping of False blocks.
+// The general variant adds soft-capping (the forward's tanh; P, dS and the tanh's derivative in one pass),
+// dropout (the forward's Philox draws, philox.h, taken for the transposed tile:
+// dropout_keep_bits_transposed) and the skipping of False blocks.
 // Visibility is mask.h's (causal, window, lengths, and block masks whose blocks hold whole tiles): query tiles
 // that see no key of the tile are never visited, tiles that straddle a boundary are masked per element (by
 // replacement: P = dS = 0). Keys no valid query sees and query rows past q_len are zeroed in shared memory
