@@ -210,6 +210,39 @@ __device__ __forceinline__ float softcap_grad(const FlashFwdParams& p, float cap
   return 1.f - t * t;
 }
 
+// The backward's P from a (masked) score and its row's values (RowStats): 0 where the row sees nothing.
+__device__ __forceinline__ float probability(float s, float ref, float inv_sum) {
+  return ref == kNegInf ? 0.f : expf(s - ref) * inv_sum;
+}
+
+// dS = P (dP - D) of one entry (grad: dP with the dropout mask applied), through the soft-cap; exactly 0
+// where P is: an invisible value row may have made dP NaN there, and s is -inf, whose soft-cap gradient
+// would make 0 x inf. One definition for the dq and dk/dv kernels, which must agree on every dS.
+__device__ __forceinline__ float score_gradient(const FlashFwdParams& p, float prob, float grad, float delta,
+                                                float s) {
+  if (prob == 0.f) return 0.f;
+  const float ds = prob * (grad - delta);
+  return p.softcap > 0.f ? ds * softcap_grad(p, s) : ds;
+}
+
+// Stores a per-thread accumulator of kAccRows x kDimCols (rows ty + 16 i, columns dim_col) times `factor`:
+// rows < valid_rows from it, rows up to tile_rows as 0 (keys or queries past their lengths), columns <
+// width.
+template <int kDim, int kAccRows>
+__device__ void store_rows(float* dst, int64_t row_stride, const float (&acc)[kAccRows][Tiles<kDim>::kDimCols],
+                           float factor, int tile_rows, int valid_rows, int width, int ty, int tx) {
+#pragma unroll
+  for (int i = 0; i < kAccRows; ++i) {
+    const int r = ty + 16 * i;
+    if (r >= tile_rows) continue;
+#pragma unroll
+    for (int j = 0; j < Tiles<kDim>::kDimCols; ++j) {
+      const int c = dim_col(tx, j);
+      if (c < width) dst[r * row_stride + c] = r < valid_rows ? acc[i][j] * factor : 0.f;
+    }
+  }
+}
+
 // Marks in seen_s (kBlockN flags, cleared by the caller) the key columns some row of the tile sees.
 template <int kDim>
 __device__ void mark_seen(const float (&s)[Tiles<kDim>::kRows][Tiles<kDim>::kCols], int tx, int* seen_s) {
@@ -455,7 +488,7 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
         for (int i = 0; i < T::kRows; ++i)
 #pragma unroll
           for (int j = 0; j < T::kCols; ++j) {
-            const float prob = ref[i] == kNegInf ? 0.f : expf(s[i][j] - ref[i]) * inv_sum[i];
+            const float prob = probability(s[i][j], ref[i], inv_sum[i]);
             const float grad = dp[i][j] * hd.keep(p, row0 + ty + 16 * i, col0 + tx + 16 * j);
             p_dot_dp[i] += prob == 0.f ? 0.f : prob * grad;
           }
@@ -484,15 +517,9 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
       for (int i = 0; i < T::kRows; ++i)
 #pragma unroll
         for (int j = 0; j < T::kCols; ++j) {
-          // dS = P (dP - D), exactly 0 where P is (an invisible value row may have made dP NaN there).
-          const float prob = ref[i] == kNegInf ? 0.f : expf(s[i][j] - ref[i]) * inv_sum[i];
+          const float prob = probability(s[i][j], ref[i], inv_sum[i]);
           const float grad = dp[i][j] * hd.keep(p, row0 + ty + 16 * i, col0 + tx + 16 * j);
-          float ds = 0.f;
-          if (prob != 0.f) {  // s is -inf where prob is 0: its soft-cap gradient would make 0 x inf
-            ds = prob * (grad - delta[i]);
-            if (p.softcap > 0.f) ds *= softcap_grad(p, s[i][j]);
-          }
-          sm.scores[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] = ds;
+          sm.scores[(ty + 16 * i) * T::kScoreStride + tx + 16 * j] = score_gradient(p, prob, grad, delta[i], s[i][j]);
         }
       __syncthreads();
       if (!tile.full) {  // a non-finite key no row sees must not reach dQ = dS K as 0 x NaN
@@ -503,17 +530,8 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
                                                     T::kStride, T::kBlockN, ty, tx, dq);
     });
   }
-  float* d_q = static_cast<float*>(p.d_q) + q_offset;
-#pragma unroll
-  for (int i = 0; i < T::kRows; ++i) {
-    const int r = ty + 16 * i;
-    if (r >= tile_rows) continue;
-#pragma unroll
-    for (int j = 0; j < T::kDimCols; ++j) {
-      const int c = dim_col(tx, j);
-      if (c < p.head_dim) d_q[r * p.q_row_stride + c] = r < rows ? dq[i][j] * p.scale : 0.f;
-    }
-  }
+  store_rows<kDim>(static_cast<float*>(p.d_q) + q_offset, p.q_row_stride, dq, p.scale, tile_rows, rows, p.head_dim,
+                   ty, tx);
 }
 
 // Per key tile of one kv head: dV = sum of P^T dO and dK = scale * sum of dS^T Q over the query tiles of
@@ -569,16 +587,10 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
           const float ref = sm.ref[r], inv_sum = sm.inv_sum[r];
 #pragma unroll
           for (int j = 0; j < T::kCols; ++j) {
-            const float prob = ref == kNegInf ? 0.f : expf(s[i][j] - ref) * inv_sum;
+            const float prob = probability(s[i][j], ref, inv_sum);
             const float keep = hd.keep(p, row0 + r, col0 + tx + 16 * j);
             sm.scores[r * T::kScoreStride + tx + 16 * j] = prob * keep;  // the forward's dropped P
-            const float grad = dp[i][j] * keep;
-            float ds = 0.f;
-            if (prob != 0.f) {  // as in the dq kernel
-              ds = prob * (grad - sm.delta[r]);
-              if (p.softcap > 0.f) ds *= softcap_grad(p, s[i][j]);
-            }
-            s[i][j] = ds;
+            s[i][j] = score_gradient(p, prob, dp[i][j] * keep, sm.delta[r], s[i][j]);
           }
         }
         __syncthreads();
@@ -595,19 +607,10 @@ __global__ void __launch_bounds__(256, min_blocks(kDim, bwd_smem_bytes<kDim>()))
       }
     }
   }
-  float* d_k = static_cast<float*>(p.d_k) + k_offset;
-  float* d_v = static_cast<float*>(p.d_v) + v_offset;
-#pragma unroll
-  for (int i = 0; i < T::kCols; ++i) {
-    const int r = ty + 16 * i;
-    if (r >= tile_cols) continue;
-#pragma unroll
-    for (int j = 0; j < T::kDimCols; ++j) {
-      const int c = dim_col(tx, j);
-      if (c < p.head_dim) d_k[r * p.k_row_stride + c] = r < cols ? dk[i][j] * p.scale : 0.f;
-      if (c < p.head_dim_v) d_v[r * p.v_row_stride + c] = r < cols ? dv[i][j] : 0.f;
-    }
-  }
+  store_rows<kDim>(static_cast<float*>(p.d_k) + k_offset, p.k_row_stride, dk, p.scale, tile_cols, cols, p.head_dim,
+                   ty, tx);
+  store_rows<kDim>(static_cast<float*>(p.d_v) + v_offset, p.v_row_stride, dv, 1.f, tile_cols, cols, p.head_dim_v,
+                   ty, tx);
 }
 
 // The head dim bucket of p: max(head_dim, head_dim_v) rounded up to 64, 128 or 256 (0: none).
