@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
-sm_80 family for the rest (element and block masks, head dims 32 and 96; in the backward element masks,
-block masks finer than its tiles, head dim 256 and the deterministic dQ) and on every other GPU
+sm_80 family for the rest (element masks, block masks finer than the Hopper tiles, head dims 32 and 96; in
+the backward also head dim 256 and the deterministic dQ) and on every other GPU
 (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
@@ -70,11 +70,6 @@ def test_forward_family_and_result(dtype, head_dim, causal, rng):
     np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref, atol=tol, rtol=0)
 
 
-def test_block_mask_runs_sm80(rng):
-    _, _, ran = _run(rng, tf.bfloat16, 128, block_mask=np.array([[True, False, True]] * 3), block_size=128)
-    assert ran["forward_sm80"] == 1 and ran["forward_sm90"] == 0, ran
-
-
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("features", [dict(dropout_rate=0.2), dict(softcap=5.0),
@@ -138,24 +133,49 @@ def test_backward_family_and_gradients(dtype, head_dim, features, rng):
     _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **masks), dtype)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("block_size", [128, 64])
-def test_block_mask_backward_family_and_gradients(head_dim, block_size, rng):
-    """Block masks whose blocks hold whole Hopper backward tiles (64 query rows x 128 keys) run in the Hopper
-    backward, which skips the False ones; finer blocks in the sm_80 kernel (element-wise check). Gradients
-    against float64 either way."""
-    b, s, h = 2, 300, 4
-    q, k, v, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(4))
-    blocks = (s + block_size - 1) // block_size
-    block_mask = rng.random((b, h, blocks, blocks)) < 0.6
-    block_mask[..., 0] = True  # every query row sees something
+def _hopper_takes_block_size(direction, head_dim, block_size):
+    """Whether the Hopper kernel of `direction` takes blocks of block_size = (bq, bk): blocks that hold whole
+    tiles (forward: 128 query rows x 128 keys, 64 at head dim 256; backward: 64 x 128 at head dims 64 and
+    128), so that each tile is shown or skipped whole."""
+    bq, bk = block_size
+    if direction == "forward":
+        return bq % 128 == 0 and bk % (64 if head_dim == 256 else 128) == 0
+    return head_dim in (64, 128) and bq % 64 == 0 and bk % 128 == 0
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [(128, 128), (64, 128), (128, 64), (256, 384)])
+@pytest.mark.parametrize("features", [dict(), dict(causal=True, kv_lengths=[300, 230]),
+                                      dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4])])
+def test_block_mask_family_output_and_gradients(head_dim, block_size, features, rng):
+    """Block masks whose blocks hold whole Hopper tiles run in the Hopper kernels, which skip the tiles of
+    False blocks; finer blocks in the sm_80 ones (element-wise check). Output, lse and gradients against
+    float64 either way, with causal, lengths, dropout and soft-capping (GQA, odd lengths)."""
+    b, s, h, hkv = 2, 300, 4, 2
+    q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    blocks = tuple((s + n - 1) // n for n in block_size)
+    block_mask = rng.random((b, h) + blocks) < 0.6
+    block_mask[..., 0, :] = True  # the first query block sees every key block, the others as drawn
     tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
     q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
-    _, grads, ran = _forward_backward([tq, tk, tv], dout, block_mask=block_mask, block_size=block_size)
-    family = "backward_sm90" if _hopper_expected() and block_size == 128 else "backward_sm80"
-    assert ran[family] == 1, ran
-    ref = reference_attention_grad(q, k, v, dout, block_mask=block_mask, block_size=block_size)
-    _assert_gradients_close(grads, ref, tf.bfloat16)
+    (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, block_mask=block_mask, block_size=block_size,
+                                               return_lse=True, **features)
+    hopper = _hopper_expected()
+    forward = "forward_sm90" if hopper and _hopper_takes_block_size("forward", head_dim, block_size) else "forward_sm80"
+    backward = ("backward_sm90" if hopper and _hopper_takes_block_size("backward", head_dim, block_size)
+                else "backward_sm80")
+    assert ran[forward] == 1 and ran[backward] == 1, ran
+    ref_kw = dict(features, block_mask=block_mask, block_size=block_size)
+    if "dropout_rate" in features:
+        ref_kw["keep_mask"] = philox_ref.keep_mask(3, 4, b, h, s, s, features["dropout_rate"])
+        del ref_kw["seed"]
+    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
+    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=6e-2, rtol=0)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), tf.bfloat16)
 
 
 def test_xla_front_door_reaches_the_same_family(rng):

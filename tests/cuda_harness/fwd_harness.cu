@@ -380,6 +380,16 @@ std::vector<Case> make_cases(bool quick) {
       // Non-causal dropout over several query tiles of every Hopper tile height (128 and 192 rows).
       general.name = "drop-tiles-pad", general.causal = false, general.softcap = 0.f, general.Sq = 450;
       cs.push_back(general);
+      // Block masks of whole Hopper tiles (128 query rows; 128 keys, 64 at d256): tiles skipped whole, with
+      // causal, lengths, NaN padding, GQA, dropout and soft-capping; blocks of 64 query rows run in sm_80.
+      Case blocks{"block-causal-pad", dt, 3, 4, 2, 450, 333, d, d, true, -1, -1, true, true};
+      blocks.block_q = 128, blocks.block_k = 256, blocks.nan_pad = true;
+      cs.push_back(blocks);
+      blocks.name = "block-drop-cap", blocks.causal = false, blocks.block_q = 256, blocks.block_k = 128;
+      blocks.dropout = 0.2f, blocks.softcap = 3.f;
+      cs.push_back(blocks);
+      blocks.name = "block-q64", blocks.block_q = 64, blocks.dropout = 0.f, blocks.softcap = 0.f;
+      cs.push_back(blocks);
       if (quick || (d != 64 && d != 128)) continue;
       // Causal attention over 4k+ keys, where a kernel configuration may be chosen by length.
       cs.push_back({"causal-4k", dt, 1, 1, 1, 4100, 4100, d, d, true});

@@ -17,10 +17,10 @@ namespace tf_flash {
 namespace cuda {
 namespace {
 
-// What the Hopper forward takes besides its head dims (hopper_forward_headdim): keys to attend to (a TMA
-// descriptor has no empty dimension), no element or block masks (those run in the sm_80 family).
+// What the Hopper forward takes besides its head dims and block masks (fwd_api.h): keys to attend to (a TMA
+// descriptor has no empty dimension), no element masks (those run in the sm_80 family).
 bool hopper_forward_runs(const FlashFwdParams& p) {
-  return p.seqlen_k > 0 && p.attn_mask.data == nullptr && p.block_mask.data == nullptr && hopper_family_allowed();
+  return p.seqlen_k > 0 && p.attn_mask.data == nullptr && hopper_family_allowed();
 }
 
 }  // namespace
@@ -40,12 +40,13 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
     const cudaError_t err = cuda::dispatch_kernel(p, dtype, [&](auto element, auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
       if constexpr (cuda::hopper_forward_headdim(kHeadDim)) {
-        return cuda::run_flash_fwd_sm90<decltype(element), kHeadDim>(p, stream);
-      } else {
-        return cudaErrorNoKernelImageForDevice;
+        if (cuda::hopper_forward_takes_block_mask(p, kHeadDim))
+          return cuda::run_flash_fwd_sm90<decltype(element), kHeadDim>(p, stream);
       }
+      return cudaErrorNoKernelImageForDevice;
     });
-    if (err != cudaErrorNoKernelImageForDevice) {  // else: another head dim, or no sm_90a code in this build
+    // Else another head dim, finer blocks of a block mask, or no sm_90a code in this build.
+    if (err != cudaErrorNoKernelImageForDevice) {
       if (err == cudaSuccess) cuda::forward_sm90_launches.fetch_add(1, std::memory_order_relaxed);
       return int(err);
     }

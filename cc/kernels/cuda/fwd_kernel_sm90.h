@@ -9,10 +9,11 @@
 // GEMMs (ping-pong, round robin with three), so that one's softmax runs while another's GEMMs do.
 //
 // Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
-// lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping and
+// lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping,
 // dropout (the sm_80 family's Philox draws: a wgmma accumulator holds, per warp, the m16n8 pattern of
-// mma.sync, so the same positions get the same draws and the sm_80 backward recomputes the same mask).
-// Element masks and block-sparse run in the sm_80 family (cuda_entry.cu chooses, at run time).
+// mma.sync, so the same positions get the same draws and the sm_80 backward recomputes the same mask) and
+// block masks whose blocks hold whole tiles (fwd_api.h's hopper_forward_takes_block_mask). Element masks and
+// finer blocks run in the sm_80 family (cuda_entry.cu chooses, at run time).
 #pragma once
 
 #include <cmath>
@@ -263,7 +264,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const QueryTileKeys tile_keys = query_tile_keys(p, m0, kBlockM, kBlockN, q_len, kv_len);
   const KeyRange first_row = tile_keys.first_row, last_row = tile_keys.last_row;
   const int n_block_min = tile_keys.tile_begin, n_block_max = tile_keys.tile_end;
-  const bool has_work = n_block_max > n_block_min;
+  // Block-sparse (the general variant of the 128-row tiles; fwd_api.h's hopper_forward_takes_block_mask: the
+  // query tile lies in one query block, each key tile in one key block): tiles of False blocks are skipped by
+  // the producer and the consumers alike. The block mask's row is read once per CTA into a table of key tiles
+  // after the shared storage (launch_flash_fwd_sm90 sizes it): the loops then read one shared byte per tile.
+  // (Per-consumer blocks of 64 rows, masking a tile whole for one consumer, cost the d64 kernel of three
+  // consumers 400-800 bytes of spills, in its dropout and soft-capping runs too.)
+  constexpr bool kBlockSparse = kGeneral && kBlockM == 128;
+  const bool has_block_mask = kBlockSparse && p.block_mask.data != nullptr;
+  uint8_t* const tile_shown = reinterpret_cast<uint8_t*>(smem_buf) + sizeof(typename Traits::SharedStorage);
+  if (has_block_mask) {
+    const int64_t qb = m0 / p.block_q;
+    const int tiles_per_key_block = p.block_k / kBlockN;
+    for (int n = n_block_min + int(threadIdx.x); n < n_block_max; n += Traits::kNThreads)
+      tile_shown[n] = mask_at(p.block_mask, b, h, qb, n / tiles_per_key_block);
+  }
+  auto next_tile = [&](int n) {  // the next tile to process below n (tiles run from the last one down)
+    for (--n; has_block_mask && n >= n_block_min && tile_shown[n] == 0; --n) {
+    }
+    return n;
+  };
 
   Tensor sQ = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(shared.k.begin()), typename Traits::SmemLayoutK{});
@@ -279,7 +299,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const auto pipeline_params = tma_pipeline_params<Pipeline>(Traits::kTmaBytesKV, kMmaThreads);
   Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
-  __syncthreads();  // barriers initialized
+  __syncthreads();  // barriers and the tile table initialized
+  const int n_first = next_tile(n_block_max);
+  const bool has_work = n_first >= n_block_min;
 
   if (warp_group == 0) {
     // ---- Producer: one thread issues every copy; K of tile j goes out before V of tile j + 1, the order
@@ -313,17 +335,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       pipeline_v.producer_acquire(state);
       copy(args.tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, n), tVsV(_, state.index()));
     };
-    int n = n_block_max - 1;
+    int n = n_first;
     load_k(n);
     PipelineState write_v = write;
     ++write;
-    for (; n > n_block_min; --n) {
-      load_k(n - 1);
+    for (int next = next_tile(n); next >= n_block_min; n = next, next = next_tile(n)) {
+      load_k(next);
       load_v(n, write_v);
       write_v = write;
       ++write;
     }
-    load_v(n_block_min, write_v);
+    load_v(n, write_v);
   } else {
     // ---- Consumers: the other branch of this if/else (setmaxnreg moves registers between branches) ----
     cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
@@ -411,7 +433,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       };
 
       PipelineState read;
-      int n = n_block_max - 1;
+      int n = n_first;
       // First tile: S, softmax, P (no P V yet).
       pipeline_k.consumer_wait(read);
       warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
@@ -420,12 +442,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       softmax_of_tile(n, true);
       probabilities_to_operand(n);
 
-      // Each step: S of tile n and O += P V of tile n + 1 issued together; the softmax of S runs while the
-      // tensor cores do P V; then O is rescaled by the change of the running max and P becomes tile n's.
-      for (--n; n >= n_block_min; --n) {
-        PipelineState read_v = read;  // tile n + 1
+      // Each step: S of tile n and O += P V of the tile before (n_prev) issued together; the softmax of S runs
+      // while the tensor cores do P V; then O is rescaled by the change of the running max and P becomes n's.
+      int n_prev = n;  // the tile whose P V is next
+      for (n = next_tile(n); n >= n_block_min; n_prev = n, n = next_tile(n)) {
+        PipelineState read_v = read;  // tile n_prev
         ++read;
-        if (n + 1 == n_block_max - 1) zero_unseen_values(n + 1, read_v);  // only edge tiles: see above
+        if (n_prev == n_first) zero_unseen_values(n_prev, read_v);  // only edge tiles: see above
         pipeline_k.consumer_wait(read);
         named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
         warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
@@ -444,8 +467,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           for (int ni = 0; ni < size<1>(o_rc); ++ni) o_rc(mi, ni) *= correction[mi];
         }
       }
-      // The last P V (tile n_block_min), outside the ping-pong.
-      zero_unseen_values(n_block_min, read);
+      // The last P V (tile n_prev), outside the ping-pong.
+      zero_unseen_values(n_prev, read);
       pipeline_v.consumer_wait(read);
       warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
       warpgroup_wait<0>();

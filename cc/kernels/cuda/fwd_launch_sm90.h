@@ -17,7 +17,7 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
-  const bool general = p.softcap > 0.f || p.dropout_rate > 0.f;
+  const bool general = p.softcap > 0.f || p.dropout_rate > 0.f || p.block_mask.data != nullptr;
   auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
   static const bool has_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false>) &&
                                has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true>);
@@ -42,11 +42,23 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
                              Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
 
-  constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  // A block mask adds its table of key tiles (a byte each) after the shared storage; keys too many for
+  // the table (some millions) run in the sm_80 family.
+  int smem = Traits::kSmemBytes;
+  if (p.block_mask.data != nullptr) {
+    if (Traits::kBlockM != 128) return cudaErrorInvalidValue;  // run_flash_fwd_sm90 chooses 128-row tiles
+    const int64_t key_tiles = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN;
+    int device = 0, max_smem = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    if (smem + key_tiles > max_smem) return cudaErrorNoKernelImageForDevice;
+    smem += int(key_tiles);
+  }
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.num_heads, p.batch);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
+  kernel<<<grid, Traits::kNThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -56,13 +68,19 @@ inline constexpr int kMinCausalKeysOnTraits = 4096;
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using Config = FwdConfigSm90<kHeadDim, Element>;
+  static_assert(Config::Traits::kBlockN == hopper_forward_key_tile(kHeadDim) &&
+                    Config::BandedTraits::kBlockN == hopper_forward_key_tile(kHeadDim) &&
+                    Config::BandedTraits::kBlockM == 128,
+                "hopper_forward_takes_block_mask assumes these tiles");
   if constexpr (!std::is_same_v<typename Config::Traits, typename Config::BandedTraits>) {
     // Windows, and causal attention over short keys, leave too few key tiles per query tile for the
     // taller tile of Traits to pay off; causal from 4k keys on gains from it (d64, H100: 4k / 8k / 16k
     // keys 310 / 360 / 372 against 294 / 323 / 342 TFLOP/s, benchmarks/results/tf_gpu_round8/).
+    // Block masks take the 128-row tiles, whose rows lie in one query block (fwd_api.h).
     const bool windowed = p.window_left >= 0 || p.window_right >= 0;
     const bool short_causal = p.causal && p.seqlen_k < kMinCausalKeysOnTraits;
-    if (windowed || short_causal) return launch_flash_fwd_sm90<typename Config::BandedTraits>(p, stream);
+    if (windowed || short_causal || p.block_mask.data != nullptr)
+      return launch_flash_fwd_sm90<typename Config::BandedTraits>(p, stream);
   }
   return launch_flash_fwd_sm90<typename Config::Traits>(p, stream);
 }
