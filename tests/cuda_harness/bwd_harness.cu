@@ -622,6 +622,15 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
     p.block_mask.row_stride = nb, p.block_mask.col_stride = 1;
     p.block_q = p.block_k = 128, p.num_q_blocks = p.num_k_blocks = nb;
   }
+  // BWD_BENCH_ATTN_MASK=1: an all-True attn_mask [S, S] broadcast over batch and heads (the element-mask
+  // kernel's cost against the plain one).
+  void* amask_dev = nullptr;
+  if (std::getenv("BWD_BENCH_ATTN_MASK")) {
+    CHECK_CUDA(cudaMalloc(&amask_dev, size_t(S) * S));
+    CHECK_CUDA(cudaMemset(amask_dev, 1, size_t(S) * S));
+    p.attn_mask.data = static_cast<const bool*>(amask_dev);
+    p.attn_mask.row_stride = S, p.attn_mask.col_stride = 1;
+  }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
@@ -652,6 +661,7 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
   cudaFree(p.d_v);
   cudaFree(p.scratch);
   cudaFree(bmask_dev);
+  cudaFree(amask_dev);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(stream);

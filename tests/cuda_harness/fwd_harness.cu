@@ -365,6 +365,13 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back({"seqk1", dt, 1, 2, 2, 70, 1, d, d, true});
       cs.push_back({"scale2", dt, 1, 2, 2, 100, 150, d, d, false, -1, -1, false, false, false, 0, 0, 0.f, 0.5f});
       cs.push_back({"attn-mask", dt, 2, 2, 2, 150, 211, d, d, true, -1, -1, false, true, true});
+      // Keys a multiple of 4: the mask is copied in words (cp.async), zero-filled past the lengths.
+      Case words{"mask-words-pad", dt, 3, 2, 2, 300, 332, d, d, false, -1, -1, true, true, true};
+      words.nan_pad = true;
+      cs.push_back(words);
+      words.name = "mask-words-blk", words.causal = true, words.block_q = 64, words.block_k = 48;
+      words.dropout = 0.1f;
+      cs.push_back(words);
       cs.push_back({"block-aligned", dt, 2, 2, 2, 256, 384, d, d, false, -1, -1, false, false, false, 128, 128});
       cs.push_back({"block-small", dt, 2, 2, 2, 200, 300, d, d, true, -1, -1, false, false, false, 32, 48});
       cs.push_back({"dropout", dt, 2, 2, 2, 150, 170, d, d, false, -1, -1, false, false, false, 0, 0, 0.2f});
