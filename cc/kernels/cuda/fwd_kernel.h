@@ -50,9 +50,8 @@ struct FwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>
                 kBlockN % (Base::kNThreads / Base::kGmemThreadsPerRow) == 0, "whole tiles per copy");
 
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
-  // The general variant stages each tile's element masks (one byte per entry) after Q, K and V, in two
-  // buffers: the attn_mask of the next tile lands (cp.async) while this tile's is read.
-  static constexpr int kMaskSmemBytes = 2 * kBlockM * kBlockN;
+  // The general variant stages each tile's attn_mask (one byte per entry) after Q, K and V.
+  static constexpr int kMaskSmemBytes = kBlockM * kBlockN;
 };
 
 // Tile choices per head dim (H100/A100: 4 warps keep ~230 registers/thread for 2 CTAs per SM; head dim
@@ -66,57 +65,14 @@ template <class E> struct FwdConfig<256, E> { using Traits = FwdTraits<256, 128,
 
 // ---- The steps of flash_fwd_kernel, each inlined into it (the kernel is register-bound) ----
 
-// Whether attn_mask can be copied 4 bytes at a time (cp.async): rows of contiguous bytes whose starts are
-// 4-byte aligned (a key count that is a multiple of 4, any broadcast dimensions).
-__device__ __forceinline__ bool attn_mask_copies_in_words(const BroadcastBoolMask& m) {
-  return m.data != nullptr && m.col_stride == 1 && (reinterpret_cast<uintptr_t>(m.data) & 3) == 0 &&
-         (m.row_stride & 3) == 0 && (m.head_stride & 3) == 0 && (m.batch_stride & 3) == 0;
-}
-
-// Issues the cp.async copies of the attn_mask tile at (m0, n0) into mask_tile (one byte per entry, each
-// thread the words stage_element_masks later reads): rows >= q_len and keys >= kv_len are zero-filled, so
-// that the copy needs no other bound. Needs attn_mask_copies_in_words; joins the caller's cp.async group.
-template <class Traits>
-__device__ __forceinline__ void copy_attn_mask_async(const FlashFwdParams& p, int b, int h, int64_t m0, int64_t n0,
-                                                     int64_t q_len, int64_t kv_len, uint8_t* mask_tile, int tidx) {
-  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kWordsPerRow = kBlockN / 4;
-  static_assert(Traits::kNThreads % kWordsPerRow == 0 && kBlockM % (Traits::kNThreads / kWordsPerRow) == 0,
-                "each thread copies one word column of whole row steps");
-  constexpr int kRowStep = Traits::kNThreads / kWordsPerRow;
-  const BroadcastBoolMask& am = p.attn_mask;
-  // This thread's word column c of rows r0, r0 + kRowStep, ...: pointers stepped, not recomputed (rolled:
-  // unrolled, the copies' addresses cost the d128 kernel 5 KB of spills).
-  const int c = (tidx % kWordsPerRow) * 4, r0 = tidx / kWordsPerRow;
-  const int64_t cols_left = kv_len - (n0 + c);
-  const uint32_t word_bytes = cols_left >= 4 ? 4u : cols_left > 0 ? uint32_t(cols_left) : 0u;  // rest zeroed
-  const int64_t rows_left = q_len - (m0 + r0);
-  const bool* src = am.data + b * am.batch_stride + h * am.head_stride + (m0 + r0) * am.row_stride + n0 + c;
-  uint32_t dst = uint32_t(__cvta_generic_to_shared(mask_tile + r0 * kBlockN + c));
-#pragma unroll 1
-  for (int r = 0; r < kBlockM; r += kRowStep, src += kRowStep * am.row_stride, dst += kRowStep * kBlockN) {
-    const uint32_t bytes = r < rows_left ? word_bytes : 0u;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(bytes ? src : am.data), "r"(bytes));
-  }
-}
-
-// The block_mask entries of one score tile in shared memory, (qb - qb0) * stride + kb - kb0, read one tile
-// ahead (the kernel's load_k); flags == nullptr: look them up in global memory.
-struct TileBlockFlags {
-  const uint8_t* flags;
-  int64_t qb0, kb0;
-  int stride;
-};
-
 // Stages the element masks (attn_mask, and block_mask when it covers the tile only in part) of the score
 // tile at (m0, n0) into mask_tile, one byte per entry, cooperatively: coalesced loads, 4 bytes at a time
-// where the layout allows, block indices divided once per 4 columns; `copied`: copy_attn_mask_async has
-// put the attn_mask tile there already (zero-filled past the lengths). Returns the key columns of this
+// where the layout allows, block indices divided once per 4 columns. Returns the key columns of this
 // thread's word column (tidx % (kBlockN / 4)) that some of its rows sees (also structurally), four per word.
 template <class Traits>
 __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p, int b, int h, int64_t m0,
                                                         int64_t n0, int64_t q_len, int64_t kv_len, bool has_attn,
-                                                        bool copied, bool partial_blocks, const TileBlockFlags& blocks,
-                                                        uint8_t* mask_tile, int tidx) {
+                                                        bool partial_blocks, uint8_t* mask_tile, int tidx) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BroadcastBoolMask& am = p.attn_mask;
   const bool* mask_bh = has_attn ? am.data + b * am.batch_stride + h * am.head_stride : nullptr;
@@ -127,9 +83,7 @@ __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p,
     const int r = idx / kWordsPerRow, c = (idx % kWordsPerRow) * 4;
     const int64_t row = m0 + r, col = n0 + c;
     uint32_t word = 0;
-    if (copied) {  // zero past the lengths already
-      word = *reinterpret_cast<const uint32_t*>(mask_tile + r * kBlockN + c) & 0x01010101u;
-    } else if (row < q_len) {
+    if (row < q_len) {
       if (has_attn) {
         const bool* src = mask_bh + row * am.row_stride + col * am.col_stride;
         if (am.col_stride == 1 && col + 4 <= kv_len && (reinterpret_cast<uintptr_t>(src) & 3) == 0) {
@@ -142,25 +96,21 @@ __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p,
         for (int t = 0; t < 4; ++t)
           if (col + t < kv_len) word |= 1u << (8 * t);
       }
-    }
-    if (partial_blocks && word != 0) {  // word != 0: a valid row
-      const int64_t qb = row / p.block_q;
-      int64_t kb = col / p.block_k;
-      int64_t kb_end = (kb + 1) * p.block_k;  // first column of the next block
-      auto block_at = [&](int64_t kb) {
-        return blocks.flags ? blocks.flags[(qb - blocks.qb0) * blocks.stride + (kb - blocks.kb0)] != 0
-                            : mask_at(p.block_mask, b, h, qb, kb);
-      };
-      bool vis = block_at(kb);
-      // Rolled: unrolled, its 64-bit divisions cost the general variant ~100 bytes of spills (d128).
+      if (partial_blocks && word != 0) {
+        const int64_t qb = row / p.block_q;
+        int64_t kb = col / p.block_k;
+        int64_t kb_end = (kb + 1) * p.block_k;  // first column of the next block
+        bool vis = mask_at(p.block_mask, b, h, qb, kb);
+        // Rolled: unrolled, its 64-bit divisions cost the general variant ~100 bytes of spills (d128).
 #pragma unroll 1
-      for (int t = 0; t < 4 && col + t < kv_len; ++t) {  // bytes past kv_len are 0 already
-        if (col + t >= kb_end) {
-          kb = (col + t) / p.block_k;
-          kb_end = (kb + 1) * p.block_k;
-          vis = block_at(kb);
+        for (int t = 0; t < 4 && col + t < kv_len; ++t) {  // bytes past kv_len are 0 already
+          if (col + t >= kb_end) {
+            kb = (col + t) / p.block_k;
+            kb_end = (kb + 1) * p.block_k;
+            vis = mask_at(p.block_mask, b, h, qb, kb);
+          }
+          if (!vis) word &= ~(0xFFu << (8 * t));
         }
-        if (!vis) word &= ~(0xFFu << (8 * t));
       }
     }
     if (word != 0) {  // what the row sees structurally, for col_seen
@@ -551,47 +501,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
       while (n >= n_block_min && !coverage(n).any) --n;
     return n;
   };
-  // Blocks finer than the tiles: a tile's block entries are read one tile ahead (load_k) into one of two
-  // small shared tables (by tile parity), where a lookup per 4 columns in the tile's critical path made
-  // 64 x 64 blocks ~10x slower than tile-sized ones; tiles of more blocks than threads look them up directly.
-  constexpr int kBlockFlags = kMasks ? Traits::kNThreads : 1;
-  __shared__ uint8_t block_flags[2][kBlockFlags];
-  const bool fine_blocks = has_block_mask && (p.block_q % kBlockM != 0 || p.block_k % kBlockN != 0);
-  const int64_t qb0 = fine_blocks ? m0 / p.block_q : 0;
-  const int q_blocks = fine_blocks && m_valid_end > m0 ? int((m_valid_end - 1) / p.block_q - qb0 + 1) : 0;
-  const int k_block_stride = fine_blocks ? (kBlockN - 1) / p.block_k + 2 : 0;  // key blocks a tile can touch
-  const bool table_blocks = fine_blocks && q_blocks * k_block_stride <= kBlockFlags;
-  bool pending_block = false;  // this thread's entry of the table of the tile load_k loaded last
 
   // Only the keys some valid row of this tile can see, [first_row.begin, last_row.end) (the union of the
   // rows' ranges, contiguous), and the valid query rows are loaded; the rest is zero-filled, so that NaN or
   // Inf in padding (beyond the lengths, outside the window or the causal triangle) never reaches P V.
   // Positions relative to a tile's first row (int: sequence lengths are int).
   const int64_t keys_end = last_row.end < kv_len ? last_row.end : kv_len;
-  // Element masks are staged in two buffers after Q, K and V, by tile parity; an attn_mask laid out in
-  // 4-byte words is copied with cp.async together with K (a load per word in the tile's critical path
-  // made the masked kernel ~10x slower than the plain one, benchmarks/results/tf_gpu_round12/).
-  uint8_t* const mask_buffers = reinterpret_cast<uint8_t*>(smem) + Traits::kSmemBytes;
-  const bool copy_attn_mask = kMasks && attn_mask_copies_in_words(p.attn_mask);
-  int k_loads = 0;
   auto load_k = [&](int n) {
     copy_tile_async(gmem_copy, tKgK(_, _, _, n), tKsK, tKVcKV, int(keys_end - int64_t(n) * kBlockN), p.head_dim,
                     int(first_row.begin - int64_t(n) * kBlockN));
-    if constexpr (kMasks) {
-      const int64_t n0 = int64_t(n) * kBlockN;
-      if (copy_attn_mask)
-        copy_attn_mask_async<Traits>(p, b, h, m0, n0, q_len, kv_len,
-                                     mask_buffers + (k_loads & 1) * (kBlockM * kBlockN), tidx);
-      ++k_loads;
-      if (table_blocks) {  // stored at the next step's start: the load's latency overlaps this step
-        const int qi = tidx / k_block_stride, ki = tidx % k_block_stride;
-        pending_block = false;
-        if (qi < q_blocks) {
-          const int64_t kb = n0 / p.block_k + ki, n_end = n0 + kBlockN < kv_len ? n0 + kBlockN : kv_len;
-          pending_block = kb <= (n_end - 1) / p.block_k && mask_at(p.block_mask, b, h, qb0 + qi, kb);
-        }
-      }
-    }
   };
   auto load_v = [&](int n) {
     copy_tile_async(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, int(keys_end - int64_t(n) * kBlockN),
@@ -622,7 +540,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   constexpr int kSeenWords = kMasks ? kBlockN / 4 : 1;
   __shared__ uint32_t col_seen[2][kSeenWords];
   int seen_parity = 0;
-  int mask_parity = 0;  // the buffer of the tile being processed: load_k's count, one step behind
   if constexpr (kMasks) {
     for (int i = tidx; i < 2 * kSeenWords; i += Traits::kNThreads) col_seen[i / kSeenWords][i % kSeenWords] = 0;
   }
@@ -633,11 +550,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     const int64_t n0 = int64_t(n_block) * kBlockN;
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    if constexpr (kMasks) {
-      if (table_blocks) block_flags[mask_parity & 1][tidx] = pending_block;
-    }
     cp_async_wait<0>();
-    __syncthreads();  // K tile landed (and its block table); every warp is done reading V of the previous tile
+    __syncthreads();  // K tile landed; every warp is done reading V of the previous tile
     load_v(n_block);
     cp_async_fence();
 
@@ -655,17 +569,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
 
     // Element masks are evaluated once per tile entry into a byte tile in shared memory that the barrier
     // below publishes to every warp.
-    uint8_t* const mask_tile = mask_buffers + (mask_parity & 1) * (kBlockM * kBlockN);  // load_k's buffer
+    uint8_t* const mask_tile = reinterpret_cast<uint8_t*>(smem) + Traits::kSmemBytes;
     bool staged = false;
     if constexpr (kMasks && kMask) {
       const bool has_attn = p.attn_mask.data != nullptr;
       const bool partial_blocks = !cover.all;
       staged = has_attn || partial_blocks;
       if (staged) {
-        const TileBlockFlags blocks{table_blocks ? block_flags[mask_parity & 1] : nullptr, qb0,
-                                    table_blocks ? n0 / p.block_k : 0, k_block_stride};
-        const uint32_t seen = stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, copy_attn_mask,
-                                                          partial_blocks, blocks, mask_tile, tidx);
+        const uint32_t seen =
+            stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, partial_blocks, mask_tile, tidx);
         if (seen != 0) atomicOr(&col_seen[seen_parity][tidx % (kBlockN / 4)], seen);
       }
     }
@@ -697,7 +609,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_copy_v);
 
     n_block = n_next;
-    ++mask_parity;
   };
 
   {
