@@ -54,6 +54,7 @@ POISON = {
     "window": dict(window=(16, 5)),  # keys >= Sq + 5 are seen by no query
     "window_causal_lengths": dict(window=(20, 0), causal=True, q_lengths=[90, 130], kv_lengths=[300, 45]),
     "attention_mask": dict(attention_mask="columns"),
+    "key_mask": dict(attention_mask="keys"),  # [B, 1, 1, Sk] padding: the kernels' one-row path
     "block_mask": dict(block_mask="columns", block_size=(32, 64)),
 }
 
@@ -72,6 +73,8 @@ def test_nan_in_invisible_positions_does_not_leak(request, device, dtype, head_d
         mask[:, :, :, rng.random(SK) < 0.3] = False
         mask[0, :, 5, :] = False  # a query row that sees nothing
         kw["attention_mask"] = mask
+    if kw.get("attention_mask") == "keys":  # [B, 1, 1, Sk]: every query sees the same keys
+        kw["attention_mask"] = rng.random((BATCH, 1, 1, SK)) < 0.7
     if kw.get("block_mask") == "columns":
         blocks = rng.random((HEADS_KV, -(-SQ // 32), -(-SK // 64))) < 0.7
         blocks[:, :, 1] = False

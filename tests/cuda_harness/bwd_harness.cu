@@ -47,6 +47,7 @@ struct Case {
   float dropout = 0.f;
   float softcap = 0.f;
   bool attn_mask = false;
+  bool key_mask = false;  // with attn_mask: [B, 1, 1, Sk] (row stride 0) instead of [B, 1, Sq, Sk]
   int block_mask = 0;  // 0 none; else block size (block_q = block_k)
   bool d_lse = false;
   bool nan_pad = false;  // NaN in q, dO, out past q_len and in k, v past kv_len (never visible)
@@ -116,8 +117,8 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   if (c.kv_lengths)
     for (int b = 0; b < B; ++b) kvlen[b] = b == 0 ? Sk : uk(rng);
   std::vector<uint8_t> amask;
-  if (c.attn_mask) {  // [B, 1, Sq, Sk], broadcast over heads
-    amask.resize(size_t(B) * Sq * Sk);
+  if (c.attn_mask) {  // [B, 1, Sq, Sk] (or [B, 1, 1, Sk]), broadcast over heads
+    amask.resize(size_t(B) * (c.key_mask ? 1 : Sq) * Sk);
     std::bernoulli_distribution bern(0.7);
     for (auto& x : amask) x = bern(rng);
   }
@@ -157,8 +158,8 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   hp.kv_lengths = c.kv_lengths ? kvlen.data() : nullptr;
   if (c.attn_mask) {
     hp.attn_mask.data = reinterpret_cast<const bool*>(amask.data());
-    hp.attn_mask.batch_stride = int64_t(Sq) * Sk, hp.attn_mask.head_stride = 0;
-    hp.attn_mask.row_stride = Sk, hp.attn_mask.col_stride = 1;
+    hp.attn_mask.batch_stride = int64_t(c.key_mask ? 1 : Sq) * Sk, hp.attn_mask.head_stride = 0;
+    hp.attn_mask.row_stride = c.key_mask ? 0 : Sk, hp.attn_mask.col_stride = 1;
   }
   if (c.block_mask) {
     hp.block_mask.data = reinterpret_cast<const bool*>(bmask.data());
@@ -445,6 +446,10 @@ static int run_tests() {
     add(c, "attn_mask");
     c.causal = true;
     add(c, "attn_mask causal");
+    c.key_mask = true, c.b = 3, c.h = 4, c.hkv = 2, c.kv_lengths = true, c.nan_pad = true;
+    add(c, "key mask causal GQA pad");
+    c.causal = false, c.dropout = 0.2f;
+    add(c, "key mask dropout GQA pad");
   }
   {
     Case c;
@@ -623,13 +628,14 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
     p.block_q = p.block_k = 128, p.num_q_blocks = p.num_k_blocks = nb;
   }
   // BWD_BENCH_ATTN_MASK=1: an all-True attn_mask [S, S] broadcast over batch and heads (the element-mask
-  // kernel's cost against the plain one).
+  // kernel's cost against the plain one); =keys: an all-True key mask.
   void* amask_dev = nullptr;
-  if (std::getenv("BWD_BENCH_ATTN_MASK")) {
+  if (const char* mask_env = std::getenv("BWD_BENCH_ATTN_MASK")) {
     CHECK_CUDA(cudaMalloc(&amask_dev, size_t(S) * S));
     CHECK_CUDA(cudaMemset(amask_dev, 1, size_t(S) * S));
     p.attn_mask.data = static_cast<const bool*>(amask_dev);
-    p.attn_mask.row_stride = S, p.attn_mask.col_stride = 1;
+    // BWD_BENCH_ATTN_MASK=keys: a key mask [1, 1, 1, S] (padding), row stride 0.
+    p.attn_mask.row_stride = std::string(mask_env) == "keys" ? 0 : S, p.attn_mask.col_stride = 1;
   }
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

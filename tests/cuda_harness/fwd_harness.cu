@@ -86,6 +86,7 @@ struct Case {
   bool nan_pad = false;  // NaN in q past q_len and in k, v past kv_len (never visible)
   float softcap = 0.f;
   float amplitude = 1.f;  // > 1: q and k times this (clipped to +-6e4): logits ~ amplitude^2 sqrt(D) scale
+  bool key_mask = false;  // with attn_mask: a key mask [B, 1, 1, Sk] (row stride 0), some keys hidden from all
 };
 
 struct Result {
@@ -221,12 +222,13 @@ Result run_case(const Case& c, std::mt19937& rng) {
   p.q_lengths = c.qlen ? qlens.data() : nullptr;
   p.kv_lengths = c.kvlen ? kvlens.data() : nullptr;
   std::vector<uint8_t> am, bm;
-  if (c.attn_mask) {  // [B, 1, Sq, Sk] broadcast over heads; ~70% visible
-    am.resize(size_t(c.B) * c.Sq * c.Sk);
+  if (c.attn_mask) {  // [B, 1, Sq, Sk] (or [B, 1, 1, Sk]) broadcast over heads; ~70% visible
+    const int rows = c.key_mask ? 1 : c.Sq;
+    am.resize(size_t(c.B) * rows * c.Sk);
     for (auto& x : am) x = (rng() % 10) < 7;
     p.attn_mask.data = reinterpret_cast<const bool*>(am.data());
-    p.attn_mask.batch_stride = int64_t(c.Sq) * c.Sk, p.attn_mask.head_stride = 0;
-    p.attn_mask.row_stride = c.Sk, p.attn_mask.col_stride = 1;
+    p.attn_mask.batch_stride = int64_t(rows) * c.Sk, p.attn_mask.head_stride = 0;
+    p.attn_mask.row_stride = c.key_mask ? 0 : c.Sk, p.attn_mask.col_stride = 1;
   }
   if (c.block_q > 0) {  // [B, H, nq, nk]; ~50% of blocks visible
     p.block_q = c.block_q, p.block_k = c.block_k;
@@ -365,6 +367,12 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back({"seqk1", dt, 1, 2, 2, 70, 1, d, d, true});
       cs.push_back({"scale2", dt, 1, 2, 2, 100, 150, d, d, false, -1, -1, false, false, false, 0, 0, 0.f, 0.5f});
       cs.push_back({"attn-mask", dt, 2, 2, 2, 150, 211, d, d, true, -1, -1, false, true, true});
+      // Key masks (padding [B, 1, 1, Sk]): one staged row; NaN padding past the lengths; with dropout.
+      Case keys{"key-mask-pad", dt, 3, 4, 2, 300, 333, d, d, false, -1, -1, true, true, true};
+      keys.key_mask = true, keys.nan_pad = true;
+      cs.push_back(keys);
+      keys.name = "key-mask-causal", keys.causal = true, keys.dropout = 0.15f, keys.softcap = 2.f;
+      cs.push_back(keys);
       // Keys a multiple of 4: the mask is copied in words (cp.async), zero-filled past the lengths.
       Case words{"mask-words-pad", dt, 3, 2, 2, 300, 332, d, d, false, -1, -1, true, true, true};
       words.nan_pad = true;
@@ -756,6 +764,8 @@ int run_feat() {
     p.attn_mask.data = reinterpret_cast<const bool*>(mask);
     p.attn_mask.row_stride = sm, p.attn_mask.col_stride = 1;
     report(causal ? "causal attn_mask (all true)" : "attn_mask (all true)", p, dens);
+    p.attn_mask.row_stride = 0;  // a key mask [1, 1, 1, S] (padding), all True
+    report(causal ? "causal key mask (all true)" : "key mask (all true)", p, dens);
   }
   // Block-sparse at 16k: random 128x128 blocks at density 1/1 .. 1/16 (FLOPs counted on visible blocks).
   const int s = smax, nb = s / 128;

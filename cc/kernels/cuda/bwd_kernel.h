@@ -244,15 +244,33 @@ __device__ __forceinline__ bool kept(const uint32_t (&keep_mask)[kWords], int id
   return (keep_mask[idx / 32] >> (idx % 32)) & 1u;
 }
 
+// The key mask (an attn_mask with one row for every query, e.g. padding [B, 1, 1, Sk]) at this thread's
+// columns of the tile at n0, bit ni for column ni: read once per tile instead of once per entry.
+template <class CoordRC>
+__device__ __forceinline__ uint64_t key_mask_columns(CoordRC const& coord_rc, const FlashFwdParams& p, int b, int h,
+                                                     int n0) {
+  using namespace cute;
+  static_assert(decltype(size<1>(coord_rc))::value <= 64, "one bit per column of this thread");
+  uint64_t bits = 0;
+  CUTE_UNROLL
+  for (int ni = 0; ni < size<1>(coord_rc); ++ni) {
+    const int col = n0 + get<1>(coord_rc(0, ni));
+    if (col < p.seqlen_k && mask_at(p.attn_mask, b, h, 0, col)) bits |= uint64_t(1) << ni;
+  }
+  return bits;
+}
+
 // Scores S (rows x columns) of the tile at (m0, n0) -> the forward's probabilities P = exp2(S scale_log2 -
-// lse2), 0 where masked (need_mask: the tile is not fully visible structurally, or element masks apply);
+// lse2), 0 where masked (need_mask: the tile is not fully visible structurally, or element masks apply;
+// key_mask: the element masks are the key mask whose columns key_columns holds);
 // with dropout also Pd = P Z / keep_prob for dV.
 template <bool kMasks, bool kDropout, int kBlockN, int kWords, class ScoresRC, class CoordRC>
 __device__ __forceinline__ void probabilities(ScoresRC& S, ScoresRC& Pd, CoordRC const& coord_rc,
                                               const float* lse2, const FlashFwdParams& p, int b, int h, int m0,
                                               int n0, int64_t q_len, int64_t kv_len, bool need_mask,
-                                              bool element_masks, float scale_log2,
-                                              const uint32_t (&keep_mask)[kWords], float keep_scale) {
+                                              bool element_masks, bool key_mask, uint64_t key_columns,
+                                              float scale_log2, const uint32_t (&keep_mask)[kWords],
+                                              float keep_scale) {
   using namespace cute;
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(S); ++mi) {
@@ -271,7 +289,8 @@ __device__ __forceinline__ void probabilities(ScoresRC& S, ScoresRC& Pd, CoordRC
       if (need_mask) {
         bool vis = c >= span.lo && c < span.hi;
         if constexpr (kMasks) {
-          if (vis && element_masks) vis = element_visible(p, b, h, row, n0 + c);
+          if (vis && element_masks)
+            vis = key_mask ? ((key_columns >> ni) & 1) != 0 : element_visible(p, b, h, row, n0 + c);
         }
         if (!vis) pv = 0.f;
       }
@@ -506,6 +525,9 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   const float scale_log2 = softmax_scale_log2(p);  // the forward's factor (mask.h)
   const float softcap_in = kSoftcap ? softcap_input_scale(p) : 0.f;
   const bool has_attn_mask = kMasks && p.attn_mask.data != nullptr;
+  // A key mask (one row for every query) is read per tile, not per entry (a padding mask cost ~4x the plain
+  // kernel's time); with a block mask the per-entry check stays.
+  const bool key_mask = has_attn_mask && p.attn_mask.row_stride == 0 && p.block_mask.data == nullptr;
   const uint32_t threshold2 = kDropout ? dropout_threshold(p.dropout_rate) * 0x10001u : 0u;
   const float keep_scale = kDropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
 
@@ -582,8 +604,10 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     }
     Tensor acc_pd = make_tensor_like(acc_s);  // P Z / keep_prob for dV (dropout only)
     Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
+    const uint64_t key_columns = key_mask ? key_mask_columns(tScS_rc, p, b, h, n0) : 0;
     probabilities<kMasks, kDropout, kBlockN>(S, Pd, tScS_rc, lse2, p, b, h, m0, n0, q_len, kv_len, need_mask,
-                                             has_attn_mask || has_block_mask, scale_log2, keep_mask, keep_scale);
+                                             has_attn_mask || has_block_mask, key_mask, key_columns, scale_log2,
+                                             keep_mask, keep_scale);
     Tensor rP = [&] {
       if constexpr (kDropout) return convert_fragment<Element>(acc_pd);
       else return convert_fragment<Element>(acc_s);

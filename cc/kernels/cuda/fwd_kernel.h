@@ -69,17 +69,22 @@ template <class E> struct FwdConfig<256, E> { using Traits = FwdTraits<256, 128,
 // tile at (m0, n0) into mask_tile, one byte per entry, cooperatively: coalesced loads, 4 bytes at a time
 // where the layout allows, block indices divided once per 4 columns. Returns the key columns of this
 // thread's word column (tidx % (kBlockN / 4)) that some of its rows sees (also structurally), four per word.
+// key_mask: attn_mask is a key mask (one row for every query, e.g. padding [B, 1, 1, Sk]) and no block
+// covers the tile in part: only row 0 is staged (mask_scores reads it for every row), trimmed to the union
+// [keys_begin, keys_end) of the rows' visible keys.
 template <class Traits>
 __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p, int b, int h, int64_t m0,
                                                         int64_t n0, int64_t q_len, int64_t kv_len, bool has_attn,
-                                                        bool partial_blocks, uint8_t* mask_tile, int tidx) {
+                                                        bool partial_blocks, bool key_mask, int64_t keys_begin,
+                                                        int64_t keys_end, uint8_t* mask_tile, int tidx) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BroadcastBoolMask& am = p.attn_mask;
   const bool* mask_bh = has_attn ? am.data + b * am.batch_stride + h * am.head_stride : nullptr;
   constexpr int kWordsPerRow = kBlockN / 4;
   static_assert(Traits::kNThreads % kWordsPerRow == 0, "each thread stages one word column");
   uint32_t seen = 0;  // this thread's word column, OR over its rows
-  for (int idx = tidx; idx < kBlockM * kWordsPerRow; idx += Traits::kNThreads) {
+  const int staged_rows = key_mask ? 1 : kBlockM;
+  for (int idx = tidx; idx < staged_rows * kWordsPerRow; idx += Traits::kNThreads) {
     const int r = idx / kWordsPerRow, c = (idx % kWordsPerRow) * 4;
     const int64_t row = m0 + r, col = n0 + c;
     uint32_t word = 0;
@@ -113,8 +118,8 @@ __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p,
         }
       }
     }
-    if (word != 0) {  // what the row sees structurally, for col_seen
-      const KeyRange range = key_range(p, row, q_len, kv_len);
+    if (word != 0) {  // what the row (a key mask: some row) sees structurally, for col_seen
+      const KeyRange range = key_mask ? KeyRange{keys_begin, keys_end} : key_range(p, row, q_len, kv_len);
       for (int t = 0; t < 4; ++t)
         if (col + t < range.begin || col + t >= range.end) word &= ~(0xFFu << (8 * t));
     }
@@ -142,11 +147,11 @@ __device__ __forceinline__ void zero_unseen_value_rows(SmemV& sV, const uint32_t
 }
 
 // Sets the invisible scores of the tile at (m0, n0) to -inf: each row's structural span (mask.h), then,
-// when `staged`, the element masks staged in mask_tile.
+// when `staged`, the element masks staged in mask_tile (rows mask_row_stride apart: 0 for a key mask).
 template <bool kElementMasks, int kBlockN, class Scores, class CoordRC>
 __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, const FlashFwdParams& p, int64_t m0,
                                             int64_t n0, int64_t q_len, int64_t kv_len, bool staged,
-                                            const uint8_t* mask_tile) {
+                                            const uint8_t* mask_tile, int mask_row_stride = kBlockN) {
   using namespace cute;
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
@@ -158,7 +163,7 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
       const int col = get<1>(coord_rc(0, ni));
       bool visible = col >= span.lo && col < span.hi;
       if constexpr (kElementMasks) {
-        if (visible && staged) visible = mask_tile[row_in_tile * kBlockN + col] != 0;
+        if (visible && staged) visible = mask_tile[row_in_tile * mask_row_stride + col] != 0;
       }
       if (!visible) s(mi, ni) = -INFINITY;
     }
@@ -570,14 +575,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     // Element masks are evaluated once per tile entry into a byte tile in shared memory that the barrier
     // below publishes to every warp.
     uint8_t* const mask_tile = reinterpret_cast<uint8_t*>(smem) + Traits::kSmemBytes;
-    bool staged = false;
+    bool staged = false, key_mask = false;
     if constexpr (kMasks && kMask) {
       const bool has_attn = p.attn_mask.data != nullptr;
       const bool partial_blocks = !cover.all;
       staged = has_attn || partial_blocks;
+      // A key mask stages one row instead of kBlockM (a padding mask's cost was ~10x the plain kernel's).
+      key_mask = has_attn && p.attn_mask.row_stride == 0 && !partial_blocks;
       if (staged) {
-        const uint32_t seen =
-            stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, partial_blocks, mask_tile, tidx);
+        const uint32_t seen = stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, partial_blocks,
+                                                          key_mask, first_row.begin, keys_end, mask_tile, tidx);
         if (seen != 0) atomicOr(&col_seen[seen_parity][tidx % (kBlockN / 4)], seen);
       }
     }
@@ -596,7 +603,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
         seen_parity ^= 1;
       }
     }
-    if constexpr (kMask) mask_scores<kMasks, kBlockN>(s, tScS_rc, p, m0, n0, q_len, kv_len, staged, mask_tile);
+    if constexpr (kMask)
+      mask_scores<kMasks, kBlockN>(s, tScS_rc, p, m0, n0, q_len, kv_len, staged, mask_tile, key_mask ? 0 : kBlockN);
 
     softmax.template update<kMask>(s, acc_o_rc, scale_log2, first);
     first = false;
