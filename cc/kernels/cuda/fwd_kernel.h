@@ -55,13 +55,29 @@ struct FwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>
 };
 
 // Tile choices per head dim (H100/A100: 4 warps keep ~230 registers/thread for 2 CTAs per SM; head dim
-// 256 needs 8 warps to hold its 128 x 256 output accumulator).
+// 256 needs 8 warps to hold its 128 x 256 output accumulator). MaskedTraits: the general variant's (element
+// and block masks, soft-capping), whose mask code made the 128-row tiles spill in the tile loop.
 template <int kHeadDim, class Element> struct FwdConfig;
-template <class E> struct FwdConfig<32, E> { using Traits = FwdTraits<32, 128, 128, 4, E>; };
-template <class E> struct FwdConfig<64, E> { using Traits = FwdTraits<64, 128, 128, 4, E>; };
-template <class E> struct FwdConfig<96, E> { using Traits = FwdTraits<96, 128, 64, 4, E>; };
-template <class E> struct FwdConfig<128, E> { using Traits = FwdTraits<128, 128, 64, 4, E>; };
-template <class E> struct FwdConfig<256, E> { using Traits = FwdTraits<256, 128, 64, 8, E>; };
+template <class E> struct FwdConfig<32, E> {
+  using Traits = FwdTraits<32, 128, 128, 4, E>;
+  using MaskedTraits = FwdTraits<32, 64, 128, 4, E>;
+};
+template <class E> struct FwdConfig<64, E> {
+  using Traits = FwdTraits<64, 128, 128, 4, E>;
+  using MaskedTraits = FwdTraits<64, 64, 128, 4, E>;
+};
+template <class E> struct FwdConfig<96, E> {
+  using Traits = FwdTraits<96, 128, 64, 4, E>;
+  using MaskedTraits = FwdTraits<96, 64, 64, 4, E>;
+};
+template <class E> struct FwdConfig<128, E> {
+  using Traits = FwdTraits<128, 128, 64, 4, E>;
+  using MaskedTraits = FwdTraits<128, 64, 64, 4, E>;
+};
+template <class E> struct FwdConfig<256, E> {
+  using Traits = FwdTraits<256, 128, 64, 8, E>;
+  using MaskedTraits = Traits;
+};
 
 // ---- The steps of flash_fwd_kernel, each inlined into it (the kernel is register-bound) ----
 

@@ -10,25 +10,29 @@
 namespace tf_flash {
 namespace cuda {
 
+template <class Traits, bool kMasks, bool kDropout>
+cudaError_t launch_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
+  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
+  const int smem = Traits::kSmemBytes + (kMasks ? Traits::kMaskSmemBytes : 0);
+  auto kernel = &flash_fwd_kernel<Traits, kMasks, kDropout>;
+  // Always raised: static shared memory (the block-mask tile table) counts against the default 48 KB.
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, Traits::kNThreads, smem, stream>>>(params);
+  return cudaGetLastError();
+}
+
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
-  using Traits = typename FwdConfig<kHeadDim, Element>::Traits;
+  using Config = FwdConfig<kHeadDim, Element>;
   if (params.batch == 0 || params.seqlen_q == 0 || params.num_heads == 0) return cudaSuccess;
-  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
   // Soft-capping runs in the general variant (the others carry none of its code).
   const bool masks = params.attn_mask.data != nullptr || params.block_mask.data != nullptr || params.softcap > 0.f;
   const bool dropout = params.dropout_rate > 0.f;
-  auto launch = [&](auto kernel, int smem) -> cudaError_t {
-    // Always raised: static shared memory (the block-mask tile table) counts against the default 48 KB.
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    kernel<<<grid, Traits::kNThreads, smem, stream>>>(params);
-    return cudaGetLastError();
-  };
-  constexpr int kSmem = Traits::kSmemBytes, kSmemMasks = Traits::kSmemBytes + Traits::kMaskSmemBytes;
-  if (masks) return launch(&flash_fwd_kernel<Traits, true, true>, kSmemMasks);  // dropout off at rate 0
-  return dropout ? launch(&flash_fwd_kernel<Traits, false, true>, kSmem)
-                 : launch(&flash_fwd_kernel<Traits, false, false>, kSmem);
+  if (masks) return launch_flash_fwd<typename Config::MaskedTraits, true, true>(params, stream);  // rate 0: off
+  using Traits = typename Config::Traits;
+  return dropout ? launch_flash_fwd<Traits, false, true>(params, stream)
+                 : launch_flash_fwd<Traits, false, false>(params, stream);
 }
 
 }  // namespace cuda
