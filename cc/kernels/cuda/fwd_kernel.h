@@ -55,8 +55,8 @@ struct FwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>
 };
 
 // Tile choices per head dim (H100/A100: 4 warps keep ~230 registers/thread for 2 CTAs per SM; head dim
-// 256 needs 8 warps to hold its 128 x 256 output accumulator). MaskedTraits: the general variant's (element
-// and block masks, soft-capping), whose mask code made the 128-row tiles spill in the tile loop.
+// 256 needs 8 warps to hold its 128 x 256 output accumulator). MaskedTraits: the general variant's under a
+// block mask whose blocks do not hold whole Traits tiles (run_flash_fwd): 64 rows, spill-free.
 template <int kHeadDim, class Element> struct FwdConfig;
 template <class E> struct FwdConfig<32, E> {
   using Traits = FwdTraits<32, 128, 128, 4, E>;
