@@ -73,7 +73,7 @@ def test_nan_in_invisible_positions_does_not_leak(request, device, dtype, head_d
         mask[:, :, :, rng.random(SK) < 0.3] = False
         mask[0, :, 5, :] = False  # a query row that sees nothing
         kw["attention_mask"] = mask
-    if kw.get("attention_mask") == "keys":  # [B, 1, 1, Sk]: every query sees the same keys
+    elif kw.get("attention_mask") == "keys":  # [B, 1, 1, Sk]: every query sees the same keys
         kw["attention_mask"] = rng.random((BATCH, 1, 1, SK)) < 0.7
     if kw.get("block_mask") == "columns":
         blocks = rng.random((HEADS_KV, -(-SQ // 32), -(-SK // 64))) < 0.7
