@@ -3,6 +3,9 @@
 //   bwd_harness test           correctness vs a float64 CPU reference (forward O/lse and backward computed
 //                              on the host), NaN-poisoned outputs and scratch, odd lengths, every feature
 //   bwd_harness bench [d ...]  timing on the benchmarks.md grid (hidden 2048), CUDA events, median of 20
+//   bwd_harness bench1 dtype d b s h causal [dropout [iters [softcap]]]   one shape; with
+//                              BWD_BENCH_BLOCK_DENSITY=x a random 128 x 128 block mask, BWD_BENCH_ATTN_MASK=1 an
+//                              all-True attn_mask [S, S], =keys an all-True key mask [1, 1, 1, S]
 //
 // Build and run: tests/cuda_harness/run_bwd_harness.sh
 #include <cuda_runtime.h>
