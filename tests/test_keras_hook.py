@@ -185,6 +185,58 @@ def test_key_padding_mask_becomes_lengths(rng, monkeypatch, device, mode, prefix
                                atol=f32_tol(device, 2e-5), rtol=f32_tol(device, 1e-4))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("keys", ["prefix", "scattered", "not_a_product"])
+def test_padding_product_mask_runs_as_key_mask(rng, monkeypatch, device, mode, keys):
+    """A [B, 1, T, S] mask that is query padding x key padding (what Keras' masking builds for padded
+    sequences) runs under the key mask alone: as kv lengths when the keys are a prefix, else as a
+    [B, 1, 1, S] key mask; padded query rows (a batch row with none valid included) keep Keras' mean of the
+    values. Any other [B, 1, T, S] mask runs as given. Outputs and gradients against Keras' own path."""
+    q, k, v = _qkv(rng, 3, 21, 45, 4, 2, 16)
+    q_valid = np.arange(21)[None, :] < np.array([21, 9, 0])[:, None]
+    k_valid = np.arange(45)[None, :] < np.array([45, 17, 30])[:, None]
+    if keys == "scattered":
+        k_valid[1, 3] = False
+    mask = (q_valid[:, :, None] & k_valid[:, None, :])[:, None]
+    if keys == "not_a_product":
+        mask = mask.copy()
+        mask[0, 0, 5, 7] = False
+    d_out = tf.constant(rng.standard_normal((3, 21, 4, 16)).astype(np.float32))
+    calls = []
+    original = tf_flash.ops.flash_attention
+
+    def recording(*args, **kwargs):
+        calls.append((tuple(kwargs["attention_mask"].shape) if kwargs.get("attention_mask") is not None else None,
+                      kwargs.get("kv_lengths") is not None))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
+
+    def run(flash):
+        def fn():
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=0.3, flash_attention=flash)
+                loss = tf.reduce_sum(out * d_out)
+            return out, tape.gradient(loss, [q, k, v])
+        return _run(fn, mode)
+
+    with tf.device(device):
+        standard_out, standard_grads = run(False)
+        with flash_keras.enabled():
+            flash_out, flash_grads = run(True)
+    if mode == "eager":  # one branch runs (graph mode traces both)
+        expected = {"prefix": [(None, True)], "scattered": [((3, 1, 1, 45), True)],
+                    "not_a_product": [((3, 1, 21, 45), False)]}[keys]
+        assert [(None if m is None or m == (0, 0, 0, 0) else m, lengths) for m, lengths in calls] == expected
+    np.testing.assert_allclose(to_numpy(flash_out), to_numpy(standard_out), atol=f32_tol(device, 2e-5),
+                               rtol=f32_tol(device, 1e-4))
+    for name, a, b in zip("qkv", flash_grads, standard_grads):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
+                                   rtol=f32_tol(device, 1e-4), err_msg=name)
+
+
 def test_multi_query_attention_served(rng):
     """One kv head: Keras' own TF path fails (einsum shapes); the hook serves it."""
     q, k, v = _qkv(rng, 2, 17, 23, 4, 1, 16)
