@@ -72,6 +72,8 @@ MASK_SHAPES = {
     "BNTS": ("B", "N", "T", "S"),
     "B1TS": ("B", 1, "T", "S"),
     "B11S": ("B", 1, 1, "S"),
+    "B1T1": ("B", 1, "T", 1),  # a query mask broadcast over the keys
+    "B111": ("B", 1, 1, 1),
     "11TS": (1, 1, "T", "S"),
     "1N1S": (1, "N", 1, "S"),
     "BN11": ("B", "N", 1, 1),

@@ -301,9 +301,9 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
     if mask is None:
         output, lse = attend()
     elif mask.shape.rank == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
-        output, lse = _attend_with_key_mask(attend, mask, tf.shape(key)[0])
+        output, lse = _attend_with_key_mask(attend, mask, tf.shape(key)[:2])
     elif mask.shape.rank == 4 and mask.shape[1] == 1:
-        (output, lse), rows_seeing_keys = _attend_with_padding_product(attend, mask, tf.shape(key)[0])
+        (output, lse), rows_seeing_keys = _attend_with_padding_product(attend, mask, tf.shape(key)[:2])
     else:
         output, lse = attend(attention_mask=mask)
     if mask is not None:
@@ -319,16 +319,17 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
     return output, None
 
 
-def _attend_with_key_mask(attend, mask, batch):
-    """attend() under a [B|1, 1, 1, S] key mask: as kv lengths when it is a prefix per batch row (outside
-    XLA, whose shapes cannot depend on it), else as the key mask (the kernels read one row per tile)."""
+def _attend_with_key_mask(attend, mask, key_shape):
+    """attend() under a [B|1, 1, 1, S|1] key mask: as kv lengths when it is a prefix per batch row (outside
+    XLA, whose shapes cannot depend on it), else as the key mask (the kernels read one row per tile).
+    key_shape: (batch, keys) of the key tensor."""
     if _in_xla_context():
         return attend(attention_mask=mask)
-    mask, kv_lengths = _key_padding_as_lengths(mask, batch)
+    mask, kv_lengths = _key_padding_as_lengths(mask, key_shape)
     return attend(attention_mask=mask, kv_lengths=kv_lengths)
 
 
-def _attend_with_padding_product(attend, mask, batch):
+def _attend_with_padding_product(attend, mask, key_shape):
     """attend() under a [B|1, 1, T, S] mask. When the mask is the product of a query mask and a key mask
     (what Keras' masking builds from padding: query_mask[:, :, None] & value_mask[:, None, :]), it runs under
     the key mask alone (_attend_with_key_mask: kv lengths or one mask row per tile, where a [T, S] mask is read
@@ -338,19 +339,20 @@ def _attend_with_padding_product(attend, mask, batch):
     rows = tf.reduce_any(mask, axis=3, keepdims=True)
     keys = tf.reduce_any(mask, axis=2, keepdims=True)
     is_product = tf.reduce_all(tf.equal(mask, tf.logical_and(rows, keys)))
-    result = tf.cond(is_product, lambda: _attend_with_key_mask(attend, keys, batch),
+    result = tf.cond(is_product, lambda: _attend_with_key_mask(attend, keys, key_shape),
                      lambda: attend(attention_mask=mask))
     return result, rows
 
 
-def _key_padding_as_lengths(mask, batch):
-    """A [B, 1, 1, S] key mask (KerasHub's padding masks) that is a prefix per batch row becomes kv
-    lengths, so the kernel skips the padding instead of reading the mask; any other pattern is kept."""
-    keys = mask[:, 0, 0, :]
-    size = tf.shape(keys)[1]
+def _key_padding_as_lengths(mask, key_shape):
+    """A [B|1, 1, 1, S|1] key mask (KerasHub's padding masks) that is a prefix per batch row becomes kv
+    lengths, so the kernel skips the padding instead of reading the mask; any other pattern is kept.
+    key_shape: (batch, keys) of the key tensor (a mask broadcast over the keys covers all of them)."""
+    batch, size = key_shape[0], key_shape[1]
+    keys = tf.broadcast_to(mask[:, 0, 0, :], tf.stack([tf.shape(mask)[0], size]))
     lengths = tf.reduce_sum(tf.cast(keys, tf.int32), axis=1)
     is_prefix = tf.reduce_all(tf.equal(keys, tf.sequence_mask(lengths, size)))
-    lengths = tf.broadcast_to(tf.where(is_prefix, lengths, size), [batch])
+    lengths = tf.broadcast_to(tf.where(is_prefix, lengths, size), tf.reshape(batch, [1]))
     # The op reads an empty [0, 0, 0, 0] mask as "no mask" (the shape tf_flash.ops passes for None).
     mask = tf.cond(is_prefix, lambda: tf.zeros([0, 0, 0, 0], tf.bool), lambda: mask)
     return mask, lengths
