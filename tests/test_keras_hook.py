@@ -239,6 +239,65 @@ def test_padding_product_mask_runs_as_key_mask(rng, monkeypatch, device, mode, k
                                    rtol=f32_tol(device, 1e-4), err_msg=name)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("keys", ["prefix", "scattered", "not_causal"])
+@pytest.mark.parametrize("seqlen_k", [21, 45])
+def test_causal_padding_product_runs_causal_under_key_mask(rng, monkeypatch, device, mode, keys, seqlen_k):
+    """A [B, 1, T, S] mask that is query padding x key padding x the causal triangle (a decoder's masks
+    merged: MultiHeadAttention(use_causal_mask=True) with Keras masking, KerasHub's decoders) runs causal
+    under the key mask alone (kv lengths when a prefix); rows that see nothing (a padded first key, a padded
+    query) keep Keras' mean of the values. A mask that only looks like it runs as given. Outputs and
+    gradients against Keras' own path."""
+    q, k, v = _qkv(rng, 3, 21, seqlen_k, 4, 2, 16)
+    q_valid = np.arange(21)[None, :] < np.array([21, 9, 0])[:, None]
+    k_valid = np.arange(seqlen_k)[None, :] < np.array([seqlen_k, 17, 12])[:, None]
+    if keys != "prefix":
+        k_valid[1, 0] = False  # left padding: query 0 of batch row 1 sees nothing
+        k_valid[0, 5] = False
+    causal = np.tril(np.ones((21, seqlen_k), bool))
+    mask = (q_valid[:, :, None] & k_valid[:, None, :] & causal)[:, None]
+    if keys == "not_causal":
+        mask = mask.copy()
+        mask[0, 0, 2, 7] = True  # a future key
+    d_out = tf.constant(rng.standard_normal((3, 21, 4, 16)).astype(np.float32))
+    calls = []
+    original = tf_flash.ops.flash_attention
+
+    def recording(*args, **kwargs):
+        mask_shape = kwargs["attention_mask"].shape if kwargs.get("attention_mask") is not None else None
+        calls.append((None if mask_shape is None or tuple(mask_shape) == (0, 0, 0, 0) else tuple(mask_shape),
+                      kwargs.get("kv_lengths") is not None, kwargs.get("causal")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
+
+    def run(flash):
+        def fn():
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=0.3, flash_attention=flash)
+                loss = tf.reduce_sum(out * d_out)
+            return out, tape.gradient(loss, [q, k, v])
+        return _run(fn, mode)
+
+    with tf.device(device):
+        standard_out, standard_grads = run(False)
+        with flash_keras.enabled():
+            flash_out, flash_grads = run(True)
+    if mode == "eager":  # one branch runs (graph mode traces them all)
+        expected = {"prefix": [(None, True, True)], "scattered": [((3, 1, 1, seqlen_k), True, True)],
+                    "not_causal": [((3, 1, 21, seqlen_k), False, False)]}[keys]
+        assert calls == expected
+    np.testing.assert_allclose(to_numpy(flash_out), to_numpy(standard_out), atol=f32_tol(device, 2e-5),
+                               rtol=f32_tol(device, 1e-4))
+    np.testing.assert_allclose(to_numpy(flash_out), keras_reference(q, k, v, mask=mask, scale=0.3),
+                               atol=f32_tol(device, 2e-5), rtol=f32_tol(device, 1e-4))
+    for name, a, b in zip("qkv", flash_grads, standard_grads):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
+                                   rtol=f32_tol(device, 1e-4), err_msg=name)
+
+
 def test_multi_query_attention_served(rng):
     """One kv head: Keras' own TF path fails (einsum shapes); the hook serves it."""
     q, k, v = _qkv(rng, 2, 17, 23, 4, 1, 16)
@@ -483,7 +542,7 @@ def _mha_pair(rng, dropout=0.0, **kwargs):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("masking", ["none", "causal", "attention_mask", "keras_padding"])
+@pytest.mark.parametrize("masking", ["none", "causal", "attention_mask", "keras_padding", "causal_keras_padding"])
 def test_multi_head_attention_parity(rng, device, masking):
     with tf.device(device):
         with flash_keras.enabled():
@@ -495,13 +554,18 @@ def test_multi_head_attention_parity(rng, device, masking):
                 kwargs["attention_mask"] = tf.constant(rng.random((2, 23, 23)) > 0.4)
             elif masking == "keras_padding":
                 kwargs["query_mask"] = kwargs["value_mask"] = tf.sequence_mask([23, 11], 23)
+            elif masking == "causal_keras_padding":  # a decoder: padding x causal, served causal with lengths
+                kwargs["query_mask"] = kwargs["value_mask"] = tf.sequence_mask([23, 11], 23)
+                kwargs["use_causal_mask"] = True
             calls = []
             original = tf_flash.ops.flash_attention
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(tf_flash.ops, "flash_attention",
-                              lambda *a, **kw: calls.append(1) or original(*a, **kw))
+                              lambda *a, **kw: calls.append(kw) or original(*a, **kw))
                 got = flash(x, x, **kwargs)
             assert calls, "tf_flash did not run"
+            if masking == "causal_keras_padding":
+                assert calls[0]["causal"] and calls[0].get("kv_lengths") is not None
         keras.config.disable_flash_attention()
         standard_layer = keras.layers.MultiHeadAttention(4, 8, seed=3)
         standard_layer(x, x)

@@ -73,10 +73,12 @@ class _CountFlash:
 
     def __init__(self, monkeypatch):
         self.calls = 0
+        self.causal_with_lengths = 0  # calls served causal under kv lengths (a decoder's padding x causal mask)
         original = tf_flash.ops.flash_attention
 
         def counting(*args, **kwargs):
             self.calls += 1
+            self.causal_with_lengths += bool(kwargs.get("causal")) and kwargs.get("kv_lengths") is not None
             return original(*args, **kwargs)
 
         monkeypatch.setattr(tf_flash.ops, "flash_attention", counting)
@@ -97,6 +99,9 @@ def test_outputs_and_gradients_match_the_switch_off(rng, monkeypatch, device, ki
             got, got_grads = _outputs_and_gradients(model, inputs, d_out)
             graph_got = tf.function(lambda: _output(model, inputs))()
     assert counter.calls >= 2 * 2, "tf_flash did not run in every layer"  # eager + graph, 2 layers
+    if kind == "llama":  # its [B, 1, T, S] padding x causal mask runs causal under kv lengths: in both
+        # layers eagerly, and among the branches the graph traces (tf.cond)
+        assert counter.causal_with_lengths >= 2 * 2
     atol, rtol = f32_tol(device, 5e-5), f32_tol(device, 1e-4)
     np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=atol, rtol=rtol)
     np.testing.assert_allclose(graph_got.numpy(), expected.numpy(), atol=atol, rtol=rtol)

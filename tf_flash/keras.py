@@ -303,7 +303,8 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
     elif mask.shape.rank == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
         output, lse = _attend_with_key_mask(attend, mask, tf.shape(key)[:2])
     elif mask.shape.rank == 4 and mask.shape[1] == 1:
-        (output, lse), rows_seeing_keys = _attend_with_padding_product(attend, mask, tf.shape(key)[:2])
+        (output, lse), rows_seeing_keys = _attend_with_padding_product(attend, mask, tf.shape(key)[:2],
+                                                                       try_causal=not is_causal)
     else:
         output, lse = attend(attention_mask=mask)
     if mask is not None:
@@ -329,18 +330,32 @@ def _attend_with_key_mask(attend, mask, key_shape):
     return attend(attention_mask=mask, kv_lengths=kv_lengths)
 
 
-def _attend_with_padding_product(attend, mask, key_shape):
+def _attend_with_padding_product(attend, mask, key_shape, try_causal):
     """attend() under a [B|1, 1, T, S] mask. When the mask is the product of a query mask and a key mask
-    (what Keras' masking builds from padding: query_mask[:, :, None] & value_mask[:, None, :]), it runs under
-    the key mask alone (_attend_with_key_mask: kv lengths or one mask row per tile, where a [T, S] mask is read
-    entry by entry, ~10x the unmasked forward's time on the GPU); the query rows that see no key are
-    returned for the caller to fill as empty rows. Any other mask runs as given. Returns ((output, lse),
-    rows [B|1, 1, T, 1])."""
+    (what Keras' masking builds from padding: query_mask[:, :, None] & value_mask[:, None, :]), or, with
+    try_causal, that product with the causal triangle (a decoder's padding and causal masks merged, as
+    Keras' MultiHeadAttention(use_causal_mask=True) and KerasHub's decoders build them), it runs under the
+    key mask alone, causal in the second case (_attend_with_key_mask: kv lengths or one mask row per tile,
+    where a [T, S] mask is read entry by entry, several times the unmasked kernels' time on the GPU); the
+    query rows that see no key are returned for the caller to fill as empty rows. Any other mask runs as
+    given. Returns ((output, lse), rows [B|1, 1, T, 1])."""
     rows = tf.reduce_any(mask, axis=3, keepdims=True)
     keys = tf.reduce_any(mask, axis=2, keepdims=True)
-    is_product = tf.reduce_all(tf.equal(mask, tf.logical_and(rows, keys)))
-    result = tf.cond(is_product, lambda: _attend_with_key_mask(attend, keys, key_shape),
-                     lambda: attend(attention_mask=mask))
+    product = tf.logical_and(rows, keys)
+    is_product = tf.reduce_all(tf.equal(mask, product))
+    as_given = lambda: attend(attention_mask=mask)  # pylint: disable=unnecessary-lambda-assignment
+    if try_causal:
+        # Top-left aligned, as tf_flash's causal (query i sees keys j <= i); the derived rows and keys make
+        # the test exact: where it holds, causal attention under `keys` sees what the mask shows.
+        shape = tf.shape(mask)
+        lower = tf.cast(tf.linalg.band_part(tf.ones(shape[2:], tf.int8), -1, 0), tf.bool)
+        is_causal_product = tf.reduce_all(tf.equal(mask, tf.logical_and(product, lower)))
+        causal_key_mask = lambda: _attend_with_key_mask(  # pylint: disable=unnecessary-lambda-assignment
+            functools.partial(attend, causal=True), keys, key_shape)
+        otherwise = lambda: tf.cond(is_causal_product, causal_key_mask, as_given)  # pylint: disable=unnecessary-lambda-assignment
+    else:
+        otherwise = as_given
+    result = tf.cond(is_product, lambda: _attend_with_key_mask(attend, keys, key_shape), otherwise)
     return result, rows
 
 
