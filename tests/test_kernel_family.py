@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
-sm_80 family for the rest (element masks, block masks finer than the Hopper tiles, head dims 32 and 96; in
-the backward also head dim 256 and the deterministic dQ) and on every other GPU
+sm_80 family for the rest (block masks finer than the Hopper tiles, head dims 32 and 96; in the backward
+also element masks, head dim 256 and the deterministic dQ) and on every other GPU
 (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
@@ -100,10 +100,69 @@ def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, featu
     _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), dtype)
 
 
-def test_attention_mask_runs_sm80(rng):
-    mask = tf.constant(rng.random((300, 300)) < 0.8)
-    _, _, ran = _run(rng, tf.bfloat16, 64, attention_mask=mask)
-    assert ran["forward_sm80"] == 1 and ran["forward_sm90"] == 0, ran
+def _attention_mask(kind, rng, b, h, s):
+    """Masks of each kind the Hopper forward packs (packed_mask.h), broadcast as users pass them."""
+    if kind == "random":  # [S, S], every tile masked in part
+        return rng.random((s, s)) < 0.8
+    if kind == "documents":  # [B, 1, S, S] block-diagonal: tiles hidden, shown in full and masked in part
+        ends = np.array([[70, 200, s], [150, 151, s]])
+        doc = np.stack([np.searchsorted(e, np.arange(s), side="right") for e in ends])
+        return (doc[:, :, None] == doc[:, None, :])[:, None]
+    if kind == "keys":  # [B, 1, 1, S] padding with holes (not a prefix)
+        return (rng.random((b, 1, 1, s)) < 0.8) & (np.arange(s) < np.array([[s], [230]]))[:, None, None]
+    return rng.random((b, h, s, s)) < 0.7  # "heads": [B, H, S, S]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind", ["random", "documents", "keys", "heads"])
+@pytest.mark.parametrize("features", [dict(), dict(causal=True, kv_lengths=[300, 230]),
+                                      dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4])])
+def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rng):
+    """attn_mask runs in the Hopper forward (packed to a bit per entry first) at head dims 64, 128 and 256;
+    the backward in the sm_80 family. Output, lse and gradients against float64, with causal, lengths,
+    dropout, soft-capping and GQA at odd lengths."""
+    b, s, h, hkv = 2, 300, 4, 2
+    q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    mask = _attention_mask(kind, rng, b, h, s)
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, attention_mask=mask, return_lse=True, **features)
+    forward = "forward_sm90" if _hopper_expected() else "forward_sm80"
+    assert ran[forward] == 1 and ran["backward_sm80"] == 1, ran
+    ref_kw = dict(features, attention_mask=mask)
+    if "dropout_rate" in features:
+        ref_kw["keep_mask"] = philox_ref.keep_mask(3, 4, b, h, s, s, features["dropout_rate"])
+        del ref_kw["seed"]
+    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
+    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=6e-2, rtol=0)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), tf.bfloat16)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_attention_mask_keeps_hidden_nan_out(head_dim, rng):
+    """Keys the mask hides from every query may hold NaN (the Hopper forward zeroes such value rows where V
+    is not finite): output and gradients stay finite and right."""
+    b, s, h = 2, 300, 4
+    q, k, v, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(4))
+    mask = rng.random((b, 1, s, s)) < 0.7
+    hidden = np.arange(s) % 5 == 3
+    mask[..., hidden] = False
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    k_nan, v_nan = k.copy(), v.copy()
+    k_nan[:, hidden], v_nan[:, hidden] = np.nan, np.nan
+    tk, tv = (tf.constant(x, tf.bfloat16) for x in (k_nan, v_nan))
+    (out, _), grads, ran = _forward_backward([tq, tk, tv], dout, attention_mask=mask, return_lse=True)
+    assert ran["forward_sm90" if _hopper_expected() else "forward_sm80"] == 1, ran
+    ref_out, _ = reference_attention(q, k, v, attention_mask=mask)
+    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=6e-2, rtol=0)
+    grads = [tf.cast(g, tf.float64).numpy() for g in grads]
+    assert all(np.isfinite(g).all() for g in grads)
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, attention_mask=mask), tf.bfloat16)
 
 
 def test_head_dim_32_runs_sm80(rng):
@@ -189,3 +248,21 @@ def test_xla_front_door_reaches_the_same_family(rng):
     after = cuda_kernel_counts()
     family = "forward_sm90" if _hopper_expected() else "forward_sm80"
     assert after[family] - before[family] == 1, (before, after)
+
+
+def test_xla_front_door_packs_attention_masks(rng):
+    """jit_compile with attention_mask: the custom call's workspace (XLA's scratch) holds the packed mask."""
+    q, k, v = (rng.standard_normal((2, 300, 2, 128)).astype(np.float32) for _ in range(3))
+    mask = rng.random((2, 1, 300, 300)) < 0.7
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    attend = tf.function(lambda q, k, v, m: tf_flash.flash_attention(q, k, v, attention_mask=m), jit_compile=True)
+    with tf.device("/GPU:0"):
+        attend(tq, tk, tv, mask)  # compiles
+        before = cuda_kernel_counts()
+        out = attend(tq, tk, tv, mask).numpy()
+    after = cuda_kernel_counts()
+    family = "forward_sm90" if _hopper_expected() else "forward_sm80"
+    assert after[family] - before[family] == 1, (before, after)
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    ref, _ = reference_attention(q, k, v, attention_mask=mask)
+    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref, atol=6e-2, rtol=0)

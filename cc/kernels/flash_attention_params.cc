@@ -403,7 +403,10 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                     S{true, &P::k, nullptr, false, true, StageRole::kKey},
                     S{true, &P::v, nullptr, true, true, StageRole::kValue},
                     S{false, nullptr, &P::out, true, false, StageRole::kOutput}},
-                   [&](const FlashFwdParams& launch, DType compute) {
+                   [&](const FlashFwdParams& params, DType compute) {
+                     FlashFwdParams launch = params;
+                     const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, compute);
+                     if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
                    });
 }

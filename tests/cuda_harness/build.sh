@@ -15,7 +15,7 @@ for a in $archs; do gencode+=" -gencode=arch=compute_${a},code=sm_${a}"; done
 flags="-std=c++17 --expt-relaxed-constexpr -O3 -lineinfo $gencode -I$root -I$cutlass"
 [ "${REDUCED:-0}" = 1 ] && flags+=" -DTF_FLASH_CUDA_REDUCED"
 srcs=("$root"/cc/kernels/cuda/flash_fwd_*.cu "$root/cc/kernels/cuda/cuda_entry.cu" "$root/cc/kernels/cuda/family.cu" "$root/cc/kernels/cuda/support.cu"
-      "$root/cc/kernels/cuda/stage.cu" "$root/cc/kernels/cuda/float32_kernels.cu"
+      "$root/cc/kernels/cuda/stage.cu" "$root/cc/kernels/cuda/float32_kernels.cu" "$root/cc/kernels/cuda/packed_mask.cu"
       "$root/tests/cuda_harness/fwd_harness.cu")
 [ "${PTXAS_VERBOSE:-0}" = 1 ] && flags+=" -Xptxas -v"
 jobs=()

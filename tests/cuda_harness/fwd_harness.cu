@@ -87,6 +87,12 @@ struct Case {
   float softcap = 0.f;
   float amplitude = 1.f;  // > 1: q and k times this (clipped to +-6e4): logits ~ amplitude^2 sqrt(D) scale
   bool key_mask = false;  // with attn_mask: a key mask [B, 1, 1, Sk] (row stride 0), some keys hidden from all
+  // With attn_mask: > 0 a document mask (query i sees key j of the same document: i / doc == j * Sq / Sk / doc),
+  // whose tiles are hidden, shown or masked in part; mask_heads: one mask per head ([B, H, ...]);
+  // nan_hidden: every fifth key hidden from every query, NaN in its K and V rows (never visible).
+  int doc = 0;
+  bool mask_heads = false;
+  bool nan_hidden = false;
 };
 
 struct Result {
@@ -222,12 +228,17 @@ Result run_case(const Case& c, std::mt19937& rng) {
   p.q_lengths = c.qlen ? qlens.data() : nullptr;
   p.kv_lengths = c.kvlen ? kvlens.data() : nullptr;
   std::vector<uint8_t> am, bm;
-  if (c.attn_mask) {  // [B, 1, Sq, Sk] (or [B, 1, 1, Sk]) broadcast over heads; ~70% visible
-    const int rows = c.key_mask ? 1 : c.Sq;
-    am.resize(size_t(c.B) * rows * c.Sk);
-    for (auto& x : am) x = (rng() % 10) < 7;
+  if (c.attn_mask) {  // [B, 1, Sq, Sk] (or [B, 1, 1, Sk]; [B, H, ...] with mask_heads); ~70% visible
+    const int rows = c.key_mask ? 1 : c.Sq, heads = c.mask_heads ? c.H : 1;
+    am.resize(size_t(c.B) * heads * rows * c.Sk);
+    for (size_t e = 0; e < am.size(); ++e) {
+      const int64_t j = int64_t(e % c.Sk), i = int64_t(e / c.Sk) % rows;
+      am[e] = c.doc > 0 ? i / c.doc == j * c.Sq / c.Sk / c.doc : (rng() % 10) < 7;
+      if (c.nan_hidden && j % 5 == 3) am[e] = 0;
+    }
     p.attn_mask.data = reinterpret_cast<const bool*>(am.data());
-    p.attn_mask.batch_stride = int64_t(rows) * c.Sk, p.attn_mask.head_stride = 0;
+    p.attn_mask.head_stride = c.mask_heads ? int64_t(rows) * c.Sk : 0;
+    p.attn_mask.batch_stride = int64_t(heads) * rows * c.Sk;
     p.attn_mask.row_stride = c.key_mask ? 0 : c.Sk, p.attn_mask.col_stride = 1;
   }
   if (c.block_q > 0) {  // [B, H, nq, nk]; ~50% of blocks visible
@@ -262,6 +273,15 @@ Result run_case(const Case& c, std::mt19937& rng) {
       poison(v, c.Sk, c.Hkv, c.Dv, kvlens);
     }
   }
+  if (c.nan_hidden) {  // keys no query sees (attn_mask above): NaN in every kv head's K and V rows
+    const uint16_t nan_bits = dt == DType::kFloat16 ? 0x7E00 : 0x7FC0;
+    for (int bb = 0; bb < c.B; ++bb)
+      for (int j = 3; j < c.Sk; j += 5)
+        for (int hk = 0; hk < c.Hkv; ++hk) {
+          for (int d = 0; d < c.D; ++d) k[((size_t(bb) * c.Sk + j) * c.Hkv + hk) * c.D + d] = nan_bits;
+          for (int d = 0; d < c.Dv; ++d) v[((size_t(bb) * c.Sk + j) * c.Hkv + hk) * c.Dv + d] = nan_bits;
+        }
+  }
 
   // Device copies (pointers swapped into a second params struct).
   FlashFwdParams dp = p;
@@ -279,6 +299,12 @@ Result run_case(const Case& c, std::mt19937& rng) {
   dp.kv_lengths = c.kvlen ? dkl : nullptr;
   dp.attn_mask.data = reinterpret_cast<const bool*>(dam);
   dp.block_mask.data = reinterpret_cast<const bool*>(dbm);
+  // The forward's workspace (the Hopper family's packed attn_mask), poisoned: every byte read must be written.
+  const int64_t workspace = tf_flash::flash_fwd_cuda_workspace_bytes(dp, dt);
+  if (workspace > 0) {
+    CHECK_CUDA(cudaMalloc(&dp.mask_workspace, workspace));
+    CHECK_CUDA(cudaMemset(dp.mask_workspace, 0xFF, workspace));
+  }
 
   Result res{};
   const std::string why = tf_flash::cuda::check_supported(dp, dt, tf_flash::Direction::kForward);
@@ -340,6 +366,7 @@ Result run_case(const Case& c, std::mt19937& rng) {
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dql), cudaFree(dkl);
   if (dam) cudaFree(dam);
   if (dbm) cudaFree(dbm);
+  if (dp.mask_workspace) cudaFree(dp.mask_workspace);
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   return res;
 }
@@ -367,6 +394,27 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back({"seqk1", dt, 1, 2, 2, 70, 1, d, d, true});
       cs.push_back({"scale2", dt, 1, 2, 2, 100, 150, d, d, false, -1, -1, false, false, false, 0, 0, 0.f, 0.5f});
       cs.push_back({"attn-mask", dt, 2, 2, 2, 150, 211, d, d, true, -1, -1, false, true, true});
+      // attn_mask on the Hopper family (packed_mask.h): document masks (tiles hidden, shown or masked in
+      // part) with lengths, NaN padding and causal; per-head masks with GQA, dropout and soft-capping; keys
+      // hidden from every query with NaN in their K and V (the exact zeroing of value rows); with a block mask.
+      Case docs{"doc-mask-pad", dt, 3, 4, 2, 450, 333, d, d, false, -1, -1, true, true, true};
+      docs.doc = 100, docs.nan_pad = true;
+      cs.push_back(docs);
+      docs.name = "doc-mask-causal", docs.causal = true, docs.Sk = 700, docs.doc = 150;
+      cs.push_back(docs);
+      Case heads{"mask-heads-drop", dt, 2, 4, 2, 300, 333, d, d, true, -1, -1, true, true, true};
+      heads.mask_heads = true, heads.dropout = 0.15f, heads.softcap = 2.f;
+      cs.push_back(heads);
+      Case hidden{"mask-nan-hidden", dt, 2, 4, 2, 300, 333, d, d, false, -1, -1, false, true, true};
+      hidden.nan_hidden = true;
+      cs.push_back(hidden);
+      hidden.name = "doc-nan-hidden", hidden.doc = 64, hidden.causal = true, hidden.qlen = true;
+      cs.push_back(hidden);
+      hidden.name = "key-nan-hidden", hidden.doc = 0, hidden.causal = false, hidden.key_mask = true;
+      cs.push_back(hidden);
+      hidden.name = "mask-blocks", hidden.key_mask = false, hidden.nan_hidden = false, hidden.block_q = 128;
+      hidden.block_k = 256, hidden.Sq = 450;
+      cs.push_back(hidden);
       // Key masks (padding [B, 1, 1, Sk]): one staged row; NaN padding past the lengths; with dropout.
       Case keys{"key-mask-pad", dt, 3, 4, 2, 300, 333, d, d, false, -1, -1, true, true, true};
       keys.key_mask = true, keys.nan_pad = true;
@@ -747,8 +795,11 @@ int run_feat() {
     return p;
   };
   std::printf("%-34s %5s %6s %9s %8s\n", "feature (bf16 d128 h16)", "batch", "seqlen", "med_ms", "TFLOP/s*");
-  auto report = [&](const char* name, const FlashFwdParams& p, double density) {
+  auto report = [&](const char* name, FlashFwdParams p, double density) {
+    const int64_t workspace = tf_flash::flash_fwd_cuda_workspace_bytes(p, DType::kBFloat16);
+    if (workspace > 0) CHECK_CUDA(cudaMalloc(&p.mask_workspace, workspace));
     const std::vector<float> ms = time_calls([&] { return tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr); });
+    if (p.mask_workspace) CHECK_CUDA(cudaFree(p.mask_workspace));
     const double med = ms[ms.size() / 2];
     const double flops = 4.0 * p.batch * double(p.seqlen_q) * p.seqlen_k * h * d * density;
     std::printf("%-34s %5d %6d %9.4f %8.1f\n", name, p.batch, p.seqlen_q, med, flops / (med * 1e-3) / 1e12);
@@ -766,6 +817,27 @@ int run_feat() {
     report(causal ? "causal attn_mask (all true)" : "attn_mask (all true)", p, dens);
     p.attn_mask.row_stride = 0;  // a key mask [1, 1, 1, S] (padding), all True
     report(causal ? "causal key mask (all true)" : "key mask (all true)", p, dens);
+  }
+  {  // Masks with content, [S, S] at 8k: every tile masked in part (90% True at random); documents of 1024
+     // tokens (block-diagonal: 1/8 of the tiles shown, FLOPs counted on them); a key mask with 10% random
+     // padding; the density counts the visible entries' tiles (the work done).
+    std::vector<uint8_t> hm(size_t(sm) * sm);
+    FlashFwdParams p = base(2, sm);
+    p.attn_mask.data = reinterpret_cast<const bool*>(mask);
+    p.attn_mask.row_stride = sm, p.attn_mask.col_stride = 1;
+    for (auto& x : hm) x = rng() % 10 != 0;
+    CHECK_CUDA(cudaMemcpy(mask, hm.data(), hm.size(), cudaMemcpyHostToDevice));
+    report("attn_mask (90% random)", p, 1.0);
+    for (size_t e = 0; e < hm.size(); ++e) hm[e] = e / sm / 1024 == e % sm / 1024;
+    CHECK_CUDA(cudaMemcpy(mask, hm.data(), hm.size(), cudaMemcpyHostToDevice));
+    report("attn_mask (documents of 1k)", p, 1.0 / 8);
+    p.causal = true;
+    report("causal attn_mask (documents of 1k)", p, 1.0 / 16);
+    p.causal = false;
+    for (size_t e = 0; e < size_t(sm); ++e) hm[e] = rng() % 10 != 0;
+    CHECK_CUDA(cudaMemcpy(mask, hm.data(), sm, cudaMemcpyHostToDevice));
+    p.attn_mask.row_stride = 0;
+    report("key mask (90% random)", p, 1.0);
   }
   // Block-sparse at 16k: random 128x128 blocks at density 1/1 .. 1/16 (FLOPs counted on visible blocks).
   const int s = smax, nb = s / 128;

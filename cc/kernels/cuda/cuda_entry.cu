@@ -9,6 +9,7 @@
 #include "cc/kernels/cuda/family.h"
 #include "cc/kernels/cuda/float32_kernels.h"
 #include "cc/kernels/cuda/fwd_api.h"
+#include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
@@ -18,10 +19,9 @@ namespace cuda {
 namespace {
 
 // What the Hopper forward takes besides its head dims and block masks (fwd_api.h): keys to attend to (a TMA
-// descriptor has no empty dimension), no element masks (those run in the sm_80 family).
-bool hopper_forward_runs(const FlashFwdParams& p) {
-  return p.seqlen_k > 0 && p.attn_mask.data == nullptr && hopper_family_allowed();
-}
+// descriptor has no empty dimension). attn_mask needs the workspace it is packed into (the launcher falls
+// back without one).
+bool hopper_forward_runs(const FlashFwdParams& p) { return p.seqlen_k > 0 && hopper_family_allowed(); }
 
 }  // namespace
 }  // namespace cuda
@@ -56,6 +56,13 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
   });
   if (err == cudaSuccess) cuda::forward_sm80_launches.fetch_add(1, std::memory_order_relaxed);
   return int(err);
+}
+
+int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& p, DType dtype) {
+  if (p.attn_mask.data == nullptr || dtype == DType::kFloat32 || !cuda::hopper_forward_runs(p)) return 0;
+  const int head_dim = tf_flash_kernel_headdim(p);
+  if (!cuda::hopper_forward_headdim(head_dim) || !cuda::hopper_forward_takes_block_mask(p, head_dim)) return 0;
+  return cuda::PackedMaskLayout(p).bytes;
 }
 
 const char* flash_cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }

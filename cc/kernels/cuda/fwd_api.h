@@ -15,10 +15,11 @@ namespace cuda {
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 
-// The Hopper family (fwd_kernel_sm90.h), for the head dims below, without element masks and with block
-// masks of whole tiles only (cuda_entry.cu chooses). Returns cudaErrorNoKernelImageForDevice, launching
-// nothing, when the library holds no sm_90a code for it (or a block mask's table of key tiles, one byte
-// per 128 keys, would not fit in shared memory).
+// The Hopper family (fwd_kernel_sm90.h), for the head dims below, with attn_mask when params.mask_workspace
+// holds room for its packed bits (flash_fwd_cuda_workspace_bytes) and block masks of whole tiles only
+// (cuda_entry.cu chooses). Returns cudaErrorNoKernelImageForDevice, launching nothing, when the library holds
+// no sm_90a code for it (or the kernel's table of key tiles, one byte per tile, would not fit in shared
+// memory, or attn_mask has no workspace).
 constexpr bool hopper_forward_headdim(int d) { return d == 64 || d == 128 || d == 256; }
 // Keys per tile of the Hopper forward (run_flash_fwd_sm90 asserts it against its tile configurations).
 constexpr int hopper_forward_key_tile(int d) { return d == 256 ? 64 : 128; }

@@ -11,9 +11,10 @@
 // Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
 // lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping,
 // dropout (the sm_80 family's Philox draws: a wgmma accumulator holds, per warp, the m16n8 pattern of
-// mma.sync, so the same positions get the same draws and the sm_80 backward recomputes the same mask) and
-// block masks whose blocks hold whole tiles (fwd_api.h's hopper_forward_takes_block_mask). Element masks and
-// finer blocks run in the sm_80 family (cuda_entry.cu chooses, at run time).
+// mma.sync, so the same positions get the same draws and the sm_80 backward recomputes the same mask),
+// block masks whose blocks hold whole tiles (fwd_api.h's hopper_forward_takes_block_mask) and attn_mask,
+// packed to a bit per entry before the kernel (packed_mask.h). Finer blocks run in the sm_80 family
+// (cuda_entry.cu chooses, at run time).
 #pragma once
 
 #include <cmath>
@@ -31,6 +32,7 @@
 
 #include "cc/kernels/cuda/common.cuh"
 #include "cc/kernels/cuda/fwd_kernel.h"
+#include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
@@ -225,9 +227,17 @@ __device__ __forceinline__ typename Pipeline::Params tma_pipeline_params(uint32_
 // Named barriers of the forward kernel (ids after CUTLASS's reserved ones).
 enum class Sm90Barrier : uint32_t {
   kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + i for consumer i (up to 3)
-  kValueRowsZeroed = 3,  // every consumer zeroed the unseen rows of a V stage
+  kValueRowsZeroed = 3,  // every consumer zeroed the unseen rows of a V stage (or published what its rows see)
   kOutputWg0 = 4,  // a consumer's output rows are in shared memory; kOutputWg0 + i for consumer i
 };
+// A key tile's entry in the forward's tile table.
+enum TileState : uint8_t {
+  kTileHidden = 0,           // skipped
+  kTileShown = 1,            // processed; attn_mask, if any, shows all of it
+  kTileElementMasked = 2,    // attn_mask hides part of it: masked entry by entry
+  kTileValuesNonFinite = 4,  // with kTileElementMasked: V holds a non-finite value in it
+};
+
 template <class BarrierId>
 __device__ __forceinline__ void named_sync(int threads, BarrierId id, int offset = 0) {
   cutlass::arch::NamedBarrier::sync(threads, uint32_t(id) + offset);
@@ -237,8 +247,10 @@ __device__ __forceinline__ void named_arrive(int threads, BarrierId id, int offs
   cutlass::arch::NamedBarrier::arrive(threads, uint32_t(id) + offset);
 }
 
-// kGeneral: soft-capping and dropout (run-time switches inside), kept out of the plain variant's registers.
-template <class Traits, bool kGeneral>
+// kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain variant's
+// registers; kAttnMask (with kGeneral, 128-row tiles): attn_mask too, kept out of the general variant's (its
+// exact zeroing of value rows cost that variant 16-28 bytes of spills at head dim 128).
+template <class Traits, bool kGeneral, bool kAttnMask = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -264,23 +276,52 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const QueryTileKeys tile_keys = query_tile_keys(p, m0, kBlockM, kBlockN, q_len, kv_len);
   const KeyRange first_row = tile_keys.first_row, last_row = tile_keys.last_row;
   const int n_block_min = tile_keys.tile_begin, n_block_max = tile_keys.tile_end;
-  // Block-sparse (the general variant of the 128-row tiles; fwd_api.h's hopper_forward_takes_block_mask: the
-  // query tile lies in one query block, each key tile in one key block): tiles of False blocks are skipped by
-  // the producer and the consumers alike. The block mask's row is read once per CTA into a table of key tiles
-  // after the shared storage (launch_flash_fwd_sm90 sizes it): the loops then read one shared byte per tile.
-  // (Per-consumer blocks of 64 rows, masking a tile whole for one consumer, cost the d64 kernel of three
-  // consumers 400-800 bytes of spills, in its dropout and soft-capping runs too.)
-  constexpr bool kBlockSparse = kGeneral && kBlockM == 128;
-  const bool has_block_mask = kBlockSparse && p.block_mask.data != nullptr;
-  uint8_t* const tile_shown = reinterpret_cast<uint8_t*>(smem_buf) + sizeof(typename Traits::SharedStorage);
-  if (has_block_mask) {
-    const int64_t qb = m0 / p.block_q;
-    const int tiles_per_key_block = p.block_k / kBlockN;
-    for (int n = n_block_min + int(threadIdx.x); n < n_block_max; n += Traits::kNThreads)
-      tile_shown[n] = mask_at(p.block_mask, b, h, qb, n / tiles_per_key_block);
+  // The tile table (the general variant of the 128-row tiles): one byte per key tile, TileState, made once per
+  // CTA after the shared storage (launch_flash_fwd_sm90 sizes it) from the block mask's row (fwd_api.h's
+  // hopper_forward_takes_block_mask: the query tile lies in one query block, each key tile in one key block)
+  // and from attn_mask's summaries (packed_mask.h). Hidden tiles are skipped by the producer and the
+  // consumers alike; the loops then read one shared byte per tile. (Per-consumer blocks of 64 rows, masking
+  // a tile whole for one consumer, cost the d64 kernel of three consumers 400-800 bytes of spills.)
+  constexpr bool kTileTable = kGeneral && kBlockM == 128;
+  static_assert(!kAttnMask || kTileTable, "attn_mask runs in the general variant of the 128-row tiles");
+  const bool has_attn_mask = kAttnMask && p.attn_mask.data != nullptr;
+  const bool has_table = kTileTable && (p.block_mask.data != nullptr || has_attn_mask);
+  // After the shared storage: what each consumer warp's rows see of a tile (zero_unseen_values), then the table.
+  constexpr int kSeenWords = Traits::kMmaThreads / 32 * 4;
+  uint32_t* const seen_words = reinterpret_cast<uint32_t*>(smem_buf + sizeof(typename Traits::SharedStorage));
+  uint8_t* const tile_state = reinterpret_cast<uint8_t*>(seen_words + kSeenWords);
+  if (has_table) {
+    const PackedMaskLayout layout(p);
+    const uint8_t* summary = static_cast<const uint8_t*>(p.mask_workspace) + layout.summary_offset;
+    const uint8_t* value_flags = static_cast<const uint8_t*>(p.mask_workspace) + layout.value_flags_offset;
+    const int64_t plane = layout.plane(b, h);
+    const int64_t group_begin = layout.rows > 1 ? m0 / kMaskRowGroup : 0;
+    const int64_t group_end = layout.rows > 1 ? (m0 + kBlockM + kMaskRowGroup - 1) / kMaskRowGroup : 1;
+    for (int n = n_block_min + int(threadIdx.x); n < n_block_max; n += Traits::kNThreads) {
+      uint8_t state = kTileShown;
+      if (p.block_mask.data != nullptr && !mask_at(p.block_mask, b, h, m0 / p.block_q, n / (p.block_k / kBlockN)))
+        state = kTileHidden;
+      if (state != kTileHidden && has_attn_mask) {
+        const int64_t chunk = int64_t(n) * kBlockN / kMaskChunkKeys;
+        bool any = false, all = true;
+        for (int64_t g = group_begin; g < group_end && g < layout.row_groups; ++g) {
+          const uint8_t s = summary[layout.summary_index(plane, g, chunk)];
+          any |= (s & kMaskSomeVisible) != 0;
+          all &= (s & kMaskAllVisible) != 0;
+        }
+        if (!any) state = kTileHidden;
+        if (any && !all) {
+          state |= kTileElementMasked;
+          for (int64_t t = int64_t(n) * kBlockN / kValueFlagKeys;
+               t < (int64_t(n) + 1) * kBlockN / kValueFlagKeys && t < layout.value_tiles; ++t)
+            if (value_flags[layout.value_flag_index(b, h_kv, p.num_heads_kv, t)]) state |= kTileValuesNonFinite;
+        }
+      }
+      tile_state[n] = state;
+    }
   }
   auto next_tile = [&](int n) {  // the next tile to process below n (tiles run from the last one down)
-    for (--n; has_block_mask && n >= n_block_min && tile_shown[n] == 0; --n) {
+    for (--n; has_table && n >= n_block_min && tile_state[n] == kTileHidden; --n) {
     }
     return n;
   };
@@ -379,6 +420,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float softcap_in = has_softcap ? softcap_input_scale(p) : 0.f;
     const bool has_dropout = kGeneral && p.dropout_rate > 0.f;
     const uint32_t drop_threshold = has_dropout ? dropout_threshold(p.dropout_rate) : 0u;
+    // attn_mask: this thread's words of the packed mask (packed_mask.h: lane % 4 picks the word), rows r and
+    // r + 8; rows past the tensor's read row 0 (their range hides them anyway).
+    const uint32_t* mask_words[kRows];
+    if (has_attn_mask) {
+      const PackedMaskLayout layout(p);
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int64_t row = m0 + get<0>(cS_rc(mi, 0));
+        mask_words[mi] = static_cast<const uint32_t*>(p.mask_workspace) +
+                         layout.word_index(layout.plane(b, h), row < p.seqlen_q ? row : 0, 0, mma_tidx % 4);
+      }
+    }
+    // Bit ni of bits[mi]: the mask at (row mi, column ni) of the accumulator's row/column view (column ni is key
+    // 8 (ni / 2) + 2 (lane % 4) + ni % 2 of the tile); a 64-key tile is half a chunk's word.
+    auto load_mask_bits = [&](int n, uint32_t(&bits)[kRows]) {
+      const int64_t word = int64_t(n) * kBlockN / kMaskChunkKeys * 4;
+      const int shift = int64_t(n) * kBlockN % kMaskChunkKeys / 4;
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) bits[mi] = mask_words[mi][word] >> shift;
+    };
+    auto state_of = [&](int n) { return has_table ? tile_state[n] : uint8_t(kTileShown); };
+    auto element_masked = [&](uint8_t state) { return has_attn_mask && (state & kTileElementMasked); };
 
     if (has_work) {
       // Tiles n with lo_unmasked <= n < hi_unmasked are visible to every valid row in full.
@@ -388,7 +451,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       // (NaN in padding): their V rows are zeroed in shared memory, since P = 0 there and 0 x NaN is NaN.
       // Past seqlen_k the TMA has zero-filled already.
       const int64_t keys_end = last_row.end < kv_len ? last_row.end : kv_len;
+      // A tile that attn_mask hides in part while V holds a non-finite value there takes the exact rule: the
+      // softmax of the tile publishes the keys each consumer warp's rows see (publish_seen_keys), and before its
+      // P V the value rows no row of the tile sees are zeroed. Two barriers over the consumers: only such tiles
+      // pay them.
+      auto needs_exact_zeroing = [&](int n) {
+        constexpr uint8_t kBoth = kTileElementMasked | kTileValuesNonFinite;
+        return has_attn_mask && (tile_state[n] & kBoth) == kBoth;
+      };
+      auto zero_values_no_row_sees = [&](int n, PipelineState stage) {
+        pipeline_v.consumer_wait(stage);
+        named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);  // every warp published its rows' keys
+        static_assert(kMmaThreads % kBlockN == 0, "whole threads per key");
+        constexpr int kThreadsPerKey = kMmaThreads / kBlockN, kDimsPerThread = kHeadDim / kThreadsPerKey;
+        const int key = mma_tidx / kThreadsPerKey, part = mma_tidx % kThreadsPerKey;
+        const int word = key % 8 / 2, bit = key / 8 * 2 + key % 2;  // packed_mask.h's column order
+        uint32_t seen = 0;
+        CUTE_UNROLL
+        for (int w = 0; w < kSeenWords / 4; ++w) seen |= seen_words[w * 4 + word] >> bit;
+        if (!(seen & 1u)) {
+          Tensor sV = sVt(_, _, stage.index());
+#pragma unroll 1
+          for (int d = part * kDimsPerThread; d < (part + 1) * kDimsPerThread; ++d) sV(d, key) = Element(0);
+        }
+        cutlass::arch::fence_view_async_shared();  // visible to the tensor cores (async proxy)
+        named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);  // and seen_words free for the next such tile
+      };
       auto zero_unseen_values = [&](int n, PipelineState stage) {
+        if (needs_exact_zeroing(n)) return zero_values_no_row_sees(n, stage);
         const int64_t n0 = int64_t(n) * kBlockN;
         const int lo = int(first_row.begin - n0 > 0 ? first_row.begin - n0 : 0);
         const int64_t hi64 = keys_end - n0 < kBlockN ? keys_end - n0 : kBlockN;
@@ -409,15 +499,42 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       shared.barrier_q.wait(0);
 
       auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
+      // The keys some row of this warp sees in the masked scores (bit ni: column ni of lane % 4), one word per
+      // lane % 4 into seen_words, for zero_values_no_row_sees. (A score -inf from the inputs counts as unseen:
+      // its P is 0 for every row, so zeroing its value row changes nothing.)
+      auto publish_seen_keys = [&]() {
+        uint32_t seen = 0;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s_rc); ++ni) {
+          bool any = false;
+          CUTE_UNROLL
+          for (int mi = 0; mi < kRows; ++mi) any |= s_rc(mi, ni) != -INFINITY;
+          seen |= uint32_t(any) << ni;
+        }
+        seen |= __shfl_xor_sync(0xffffffffu, seen, 4);  // lanes of one lane % 4 hold the same columns
+        seen |= __shfl_xor_sync(0xffffffffu, seen, 8);
+        seen |= __shfl_xor_sync(0xffffffffu, seen, 16);
+        if (mma_tidx % 32 < 4) seen_words[mma_tidx / 32 * 4 + mma_tidx % 32] = seen;
+      };
       // Scores of tile n -> unnormalized probabilities; `correction` rescales O for the new running max.
       float correction[kRows];
-      auto softmax_of_tile = [&](int n, bool first) __attribute__((always_inline)) {
+      auto softmax_of_tile = [&](int n, bool first, uint8_t state, const uint32_t(&bits)[kRows])
+                                 __attribute__((always_inline)) {
         if (has_softcap) {  // the same operations as the sm_80 kernels' (fwd_kernel.h, bwd_kernel.h)
           CUTE_UNROLL
           for (int i = 0; i < size(tSrS); ++i) tSrS(i) = p.softcap * tanhf(tSrS(i) * softcap_in);
         }
         if (tile_masked(n)) {
           mask_scores<false, kBlockN>(s_rc, cS_rc, p, m0, int64_t(n) * kBlockN, q_len, kv_len, false, nullptr);
+        }
+        if (element_masked(state)) {
+          CUTE_UNROLL
+          for (int mi = 0; mi < kRows; ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(s_rc); ++ni)
+              if (!((bits[mi] >> ni) & 1u)) s_rc(mi, ni) = -INFINITY;
+          }
+          if (state & kTileValuesNonFinite) publish_seen_keys();
         }
         softmax.rescale_max(s_rc, correction, scale_log2, first);
         softmax.exponentiate(s_rc, correction, scale_log2);
@@ -434,12 +551,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
       PipelineState read;
       int n = n_first;
+      // The mask bits of a tile are loaded before its S is waited for (their latency hides behind the GEMM).
+      uint8_t state = state_of(n);
+      uint32_t bits[kRows] = {};
+      if (element_masked(state)) load_mask_bits(n, bits);
       // First tile: S, softmax, P (no P V yet).
       pipeline_k.consumer_wait(read);
       warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
       warpgroup_wait<0>();
       pipeline_k.consumer_release(read);
-      softmax_of_tile(n, true);
+      softmax_of_tile(n, true, state, bits);
       probabilities_to_operand(n);
 
       // Each step: S of tile n and O += P V of the tile before (n_prev) issued together; the softmax of S runs
@@ -448,7 +569,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       for (n = next_tile(n); n >= n_block_min; n_prev = n, n = next_tile(n)) {
         PipelineState read_v = read;  // tile n_prev
         ++read;
-        if (n_prev == n_first) zero_unseen_values(n_prev, read_v);  // only edge tiles: see above
+        // Only edge tiles, and tiles of the exact rule: see above (uniform over the consumers).
+        if (n_prev == n_first || needs_exact_zeroing(n_prev)) zero_unseen_values(n_prev, read_v);
+        state = state_of(n);
+        if (element_masked(state)) load_mask_bits(n, bits);
         pipeline_k.consumer_wait(read);
         named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
         warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
@@ -457,7 +581,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
         warpgroup_wait<1>();  // S done
         pipeline_k.consumer_release(read);
-        softmax_of_tile(n, false);
+        softmax_of_tile(n, false, state, bits);
         warpgroup_wait<0>();  // P V done
         pipeline_v.consumer_release(read_v);
         probabilities_to_operand(n);

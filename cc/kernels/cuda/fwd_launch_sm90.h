@@ -7,6 +7,7 @@
 
 #include "cc/kernels/cuda/fwd_api.h"
 #include "cc/kernels/cuda/fwd_kernel_sm90.h"
+#include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/cuda/static_switch.h"
 
 namespace tf_flash {
@@ -21,6 +22,15 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
   static const bool has_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false>) &&
                                has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true>);
+  if (p.attn_mask.data != nullptr) {
+    if constexpr (Traits::kBlockM == 128) {
+      static const bool has_masked_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true, true>);
+      if (!has_masked_code) return cudaErrorNoKernelImageForDevice;
+      kernel = &flash_fwd_kernel_sm90<Traits, true, true>;
+    } else {
+      return cudaErrorInvalidValue;  // run_flash_fwd_sm90 chooses 128-row tiles
+    }
+  }
   if (!has_code) return cudaErrorNoKernelImageForDevice;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
 
@@ -42,18 +52,26 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
                              Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
 
-  // A block mask adds its table of key tiles (a byte each) after the shared storage; keys too many for
-  // the table (some millions) run in the sm_80 family.
+  // Block masks and attn_mask add the kernel's tile table (a byte per key tile) and the consumers' words of
+  // seen keys after the shared storage; keys too many for the table (some millions) run in the sm_80 family.
+  // attn_mask is packed first (packed_mask.h), on the same stream.
   int smem = Traits::kSmemBytes;
-  if (p.block_mask.data != nullptr) {
+  if (p.block_mask.data != nullptr || p.attn_mask.data != nullptr) {
     if (Traits::kBlockM != 128) return cudaErrorInvalidValue;  // run_flash_fwd_sm90 chooses 128-row tiles
     const int64_t key_tiles = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN;
+    const int64_t table_bytes = Traits::kMmaThreads / 32 * 4 * int64_t(sizeof(uint32_t)) + key_tiles;
     int device = 0, max_smem = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
-    if (smem + key_tiles > max_smem) return cudaErrorNoKernelImageForDevice;
-    smem += int(key_tiles);
+    if (smem + table_bytes > max_smem) return cudaErrorNoKernelImageForDevice;
+    smem += int(table_bytes);
+    if (p.attn_mask.data != nullptr) {
+      err = pack_attention_mask(p, std::is_same_v<Element, cutlass::bfloat16_t>, stream);
+      // Invalid: no workspace, or a grid too large for the pass: the sm_80 family runs it.
+      if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
+      if (err != cudaSuccess) return err;
+    }
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -76,10 +94,11 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     // Windows, and causal attention over short keys, leave too few key tiles per query tile for the
     // taller tile of Traits to pay off; causal from 4k keys on gains from it (d64, H100: 4k / 8k / 16k
     // keys 310 / 360 / 372 against 294 / 323 / 342 TFLOP/s, benchmarks/results/tf_gpu_round8/).
-    // Block masks take the 128-row tiles, whose rows lie in one query block (fwd_api.h).
+    // Block masks and attn_mask take the 128-row tiles (the tile table: a block mask's query tile lies in one
+    // query block, fwd_api.h).
     const bool windowed = p.window_left >= 0 || p.window_right >= 0;
     const bool short_causal = p.causal && p.seqlen_k < kMinCausalKeysOnTraits;
-    if (windowed || short_causal || p.block_mask.data != nullptr)
+    if (windowed || short_causal || p.block_mask.data != nullptr || p.attn_mask.data != nullptr)
       return launch_flash_fwd_sm90<typename Config::BandedTraits>(p, stream);
   }
   return launch_flash_fwd_sm90<typename Config::Traits>(p, stream);

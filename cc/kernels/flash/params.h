@@ -70,6 +70,11 @@ struct FlashFwdParams {
   // own GPU matmuls read it. On the GPU, float32 runs on float16 tensor-core operands at float32's range
   // (TF32 grade, launch.h) while it is on, and on the full-float32 kernels (CUDA cores) when it is off.
   bool allow_tf32 = true;
+
+  // Device memory of flash_fwd_cuda_workspace_bytes (launch.h), when that asks for some: the Hopper forward
+  // packs attn_mask there before it runs (cc/kernels/cuda/packed_mask.h). Without it that forward leaves
+  // element masks to the sm_80 family.
+  void* mask_workspace = nullptr;
 };
 
 struct FlashBwdParams : FlashFwdParams {
