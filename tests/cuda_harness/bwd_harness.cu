@@ -5,7 +5,8 @@
 //   bwd_harness bench [d ...]  timing on the benchmarks.md grid (hidden 2048), CUDA events, median of 20
 //   bwd_harness bench1 dtype d b s h causal [dropout [iters [softcap]]]   one shape; with
 //                              BWD_BENCH_BLOCK_DENSITY=x a random 128 x 128 block mask, BWD_BENCH_ATTN_MASK=1 an
-//                              all-True attn_mask [S, S], =keys an all-True key mask [1, 1, 1, S]
+//                              all-True attn_mask [S, S], =keys an all-True key mask [1, 1, 1, S], =random and
+//                              =random_keys the same 90% True at random
 //
 // Build and run: tests/cuda_harness/run_bwd_harness.sh
 #include <cuda_runtime.h>
@@ -54,6 +55,10 @@ struct Case {
   int block_mask = 0;  // 0 none; else block size (block_q = block_k)
   bool d_lse = false;
   bool nan_pad = false;  // NaN in q, dO, out past q_len and in k, v past kv_len (never visible)
+  // With attn_mask: > 0 a document mask (query i sees key j of the same document: i / doc == j * Sq / Sk / doc);
+  // nan_hidden: every fifth key hidden from every query, NaN in its K and V rows (never visible).
+  int doc = 0;
+  bool nan_hidden = false;
 };
 
 template <typename E>
@@ -123,7 +128,11 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   if (c.attn_mask) {  // [B, 1, Sq, Sk] (or [B, 1, 1, Sk]), broadcast over heads
     amask.resize(size_t(B) * (c.key_mask ? 1 : Sq) * Sk);
     std::bernoulli_distribution bern(0.7);
-    for (auto& x : amask) x = bern(rng);
+    for (size_t e = 0; e < amask.size(); ++e) {
+      const int64_t j = int64_t(e % Sk), i = c.key_mask ? 0 : int64_t(e / Sk) % Sq;
+      amask[e] = c.doc > 0 ? i / c.doc == j * Sq / Sk / c.doc : bern(rng);
+      if (c.nan_hidden && j % 5 == 3) amask[e] = 0;
+    }
   }
   std::vector<uint8_t> bmask;
   int nqb = 0, nkb = 0;
@@ -275,6 +284,15 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
     poison(ho, Sq, H, Dv, qlen);
     poison(hk, Sk, Hkv, D, kvlen);
     poison(hv, Sk, Hkv, Dv, kvlen);
+  }
+  if (c.nan_hidden) {  // keys no query sees (attn_mask above): NaN in every kv head's K and V rows
+    const uint16_t nan_bits = c.dtype == DType::kFloat16 ? 0x7E00 : 0x7FC0;
+    for (int bb = 0; bb < B; ++bb)
+      for (int j = 3; j < Sk; j += 5)
+        for (int hk2 = 0; hk2 < Hkv; ++hk2) {
+          for (int e = 0; e < D; ++e) hk[(size_t(bb) * Sk + j) * Hkv * D + size_t(hk2) * D + e] = nan_bits;
+          for (int e = 0; e < Dv; ++e) hv[(size_t(bb) * Sk + j) * Hkv * Dv + size_t(hk2) * Dv + e] = nan_bits;
+        }
   }
   auto upload = [](const void* src, size_t bytes) {
     void* d = nullptr;
@@ -454,6 +472,22 @@ static int run_tests() {
     c.causal = false, c.dropout = 0.2f;
     add(c, "key mask dropout GQA pad");
   }
+  for (int d : {64, 128}) {  // attn_mask in the Hopper backward (packed_mask.h) at both of its head dims
+    Case c;
+    c.d = d, c.sq = 450, c.sk = 333, c.attn_mask = true, c.b = 3, c.h = 4, c.hkv = 2;
+    add(c, (std::string("attn_mask GQA d") + std::to_string(d)).c_str());
+    c.doc = 100, c.q_lengths = c.kv_lengths = true, c.nan_pad = true;
+    add(c, (std::string("doc mask lengths pad d") + std::to_string(d)).c_str());
+    c.doc = 150, c.causal = true, c.sk = 700, c.dropout = 0.15f, c.softcap = 2.f;
+    add(c, (std::string("doc mask causal drop cap d") + std::to_string(d)).c_str());
+    c.doc = 0, c.causal = false, c.dropout = 0.f, c.softcap = 0.f, c.nan_hidden = true, c.nan_pad = false;
+    c.q_lengths = c.kv_lengths = false, c.sk = 333;
+    add(c, (std::string("attn_mask NaN hidden d") + std::to_string(d)).c_str());
+    c.key_mask = true;
+    add(c, (std::string("key mask NaN hidden d") + std::to_string(d)).c_str());
+    c.key_mask = false, c.nan_hidden = false, c.block_mask = 128, c.causal = true;
+    add(c, (std::string("attn_mask + blocks d") + std::to_string(d)).c_str());
+  }
   {
     Case c;
     c.sq = 512, c.sk = 640, c.block_mask = 128;
@@ -613,7 +647,6 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
   CHECK_CUDA(cudaMalloc(&p.d_q, n * 2));
   CHECK_CUDA(cudaMalloc(&p.d_k, n * 2));
   CHECK_CUDA(cudaMalloc(&p.d_v, n * 2));
-  CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p, t)));
   // BWD_BENCH_BLOCK_DENSITY=x: random 128x128 block mask keeping a fraction x of the blocks (block-sparse).
   const char* density_env = std::getenv("BWD_BENCH_BLOCK_DENSITY");
   void* bmask_dev = nullptr;
@@ -631,15 +664,23 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
     p.block_q = p.block_k = 128, p.num_q_blocks = p.num_k_blocks = nb;
   }
   // BWD_BENCH_ATTN_MASK=1: an all-True attn_mask [S, S] broadcast over batch and heads (the element-mask
-  // kernel's cost against the plain one); =keys: an all-True key mask.
+  // kernel's cost against the plain one); =keys: an all-True key mask; =random: [S, S], 90% True at random
+  // (every tile masked in part); =random_keys: a key mask, 90% True.
   void* amask_dev = nullptr;
   if (const char* mask_env = std::getenv("BWD_BENCH_ATTN_MASK")) {
-    CHECK_CUDA(cudaMalloc(&amask_dev, size_t(S) * S));
-    CHECK_CUDA(cudaMemset(amask_dev, 1, size_t(S) * S));
+    const std::string kind = mask_env;
+    const bool keys = kind == "keys" || kind == "random_keys";
+    std::vector<uint8_t> am(keys ? size_t(S) : size_t(S) * S, 1);
+    std::mt19937 rng(11);
+    if (kind.rfind("random", 0) == 0)
+      for (auto& x : am) x = rng() % 10 != 0;
+    CHECK_CUDA(cudaMalloc(&amask_dev, am.size()));
+    CHECK_CUDA(cudaMemcpy(amask_dev, am.data(), am.size(), cudaMemcpyHostToDevice));
     p.attn_mask.data = static_cast<const bool*>(amask_dev);
-    // BWD_BENCH_ATTN_MASK=keys: a key mask [1, 1, 1, S] (padding), row stride 0.
-    p.attn_mask.row_stride = std::string(mask_env) == "keys" ? 0 : S, p.attn_mask.col_stride = 1;
+    p.attn_mask.row_stride = keys ? 0 : S, p.attn_mask.col_stride = 1;  // a key mask [1, 1, 1, S]: row stride 0
   }
+  // After the masks: the scratch holds the Hopper kernel's packed attn_mask too.
+  CHECK_CUDA(cudaMalloc(&p.scratch, flash_bwd_cuda_scratch_bytes(p, t)));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;

@@ -3,7 +3,8 @@
 // semantics of cc/kernels/flash/mask.h and philox.h. Outputs and lse are poisoned with NaN first, so an
 // element the kernel does not write fails the check.
 //
-//   fwd_harness test [quick]   correctness cases (exit status 1 on any failure)
+//   fwd_harness test [quick]   correctness cases (exit status 1 on any failure; FWD_HARNESS_CASES=a,b: only
+//                              the cases whose name contains a or b)
 //   fwd_harness bigoffset      batch stride > 2^31 elements (64-bit offsets)
 //   fwd_harness fp32           float32 path: flash_cuda_stage_rows to bf16, kernel, back to float32
 //   fwd_harness bench [d...]   benchmarks.md grid, CUDA-event timing, median of 30 calls
@@ -478,7 +479,20 @@ int run_tests(bool quick) {
   int fails = 0, n = 0;
   std::printf("%-14s %-5s %4s %4s %5s %5s  %10s %10s %9s %-6s %s\n", "case", "dtype", "D", "Dv", "Sq", "Sk",
               "max_err", "std_err", "lse_err", "kernel", "result");
+  // FWD_HARNESS_CASES=a,b: only the cases whose name contains a or b (a sanitizer's run of one feature).
+  const char* only = std::getenv("FWD_HARNESS_CASES");
+  auto selected = [&](const char* name) {
+    if (only == nullptr) return true;
+    std::string list = only;
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at && std::strstr(name, list.substr(at, comma - at).c_str()) != nullptr) return true;
+      at = comma + 1;
+    }
+    return false;
+  };
   for (const Case& c : make_cases(quick)) {
+    if (!selected(c.name)) continue;
     const Result r = run_case(c, rng);
     ++n;
     if (!r.ok) ++fails;

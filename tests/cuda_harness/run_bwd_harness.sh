@@ -12,7 +12,7 @@ gencode=""
 for a in ${NVCC_ARCHS:-80 90a}; do gencode+=" -gencode=arch=compute_$a,code=sm_$a"; done
 export BWD_FLAGS="-std=c++17 --expt-relaxed-constexpr -O3 -I$root -I$cutlass $gencode -Xcompiler -fopenmp ${EXTRA_FLAGS:-}"
 export BWD_OUT=$out
-ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/cc/kernels/cuda/{support,family,float32_kernels}.cu "$root"/tests/cuda_harness/bwd_harness.cu |
+ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/cc/kernels/cuda/{support,family,float32_kernels,packed_mask}.cu "$root"/tests/cuda_harness/bwd_harness.cu |
   xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
     'f={}; o=$BWD_OUT/$(basename $f .cu).o; nvcc $BWD_FLAGS -Xptxas -v -c $f -o $o > $o.log 2>&1 || { cat $o.log; exit 1; }'
 # Resource report of the dK/dV kernels: spills per (head dim, variant, arch).

@@ -738,11 +738,12 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
     const bool softcap = p.softcap > 0.f;
-    // The Hopper kernel takes its head dims without element masks, with block masks of whole tiles and dQ
-    // by atomics (not the deterministic sum); everything else, and a library without sm_90a code, runs here.
+    // The Hopper kernel takes its head dims with attn_mask (packed in the scratch), block masks of whole tiles
+    // and dQ by atomics (not the deterministic sum); everything else, and a library without sm_90a code, runs
+    // here.
     if constexpr (hopper_backward_headdim(kHeadDim)) {
-      if (p.seqlen_q > 0 && p.attn_mask.data == nullptr && hopper_backward_takes_block_mask<kHeadDim>(p) &&
-          !s.deterministic && hopper_family_allowed()) {
+      if (p.seqlen_q > 0 && (p.attn_mask.data == nullptr || s.mask != nullptr) &&
+          hopper_backward_takes_block_mask<kHeadDim>(p) && !s.deterministic && hopper_family_allowed()) {
         const cudaError_t e = run_bwd_dkdv_sm90<Element, kHeadDim>(p, s, stream);
         if (e != cudaErrorNoKernelImageForDevice) {
           if (e != cudaSuccess) return e;

@@ -12,12 +12,14 @@
 //   copy engine does the atomics; the consumers go on to the next tile).
 // The general variant adds soft-capping (the forward's tanh; P, dS and the tanh's derivative in one pass),
 // dropout (the forward's Philox draws, philox.h, taken for the transposed tile:
-// dropout_keep_bits_transposed) and the skipping of False blocks.
-// Visibility is mask.h's (causal, window, lengths, and block masks whose blocks hold whole tiles): query tiles
-// that see no key of the tile are never visited, tiles that straddle a boundary are masked per element (by
-// replacement: P = dS = 0). Keys no valid query sees and query rows past q_len are zeroed in shared memory
-// (0 x NaN must not reach a GEMM). Element masks, other block masks and the deterministic dQ run in the sm_80
-// family; run_flash_bwd (bwd_kernel.h) chooses.
+// dropout_keep_bits_transposed) and the skipping of False blocks; the masked variant (kAttnMask) also
+// attn_mask, packed to a bit per entry before the kernel (packed_mask.h): query tiles it hides whole are
+// skipped, tiles it hides in part are masked by the packed bits.
+// Visibility is mask.h's (causal, window, lengths, attn_mask, and block masks whose blocks hold whole tiles):
+// query tiles that see no key of the tile are never visited, tiles that straddle a boundary are masked per
+// element (by replacement: P = dS = 0). Keys no valid query sees and query rows past q_len are zeroed in shared
+// memory (0 x NaN must not reach a GEMM). Other block masks and the deterministic dQ run in the sm_80 family;
+// run_flash_bwd (bwd_kernel.h) chooses.
 #pragma once
 
 #include <cmath>
@@ -34,14 +36,12 @@
 #include "cc/kernels/cuda/bwd_launch.h"
 #include "cc/kernels/cuda/common.cuh"
 #include "cc/kernels/cuda/fwd_kernel_sm90.h"
+#include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
 namespace tf_flash {
 namespace cuda {
-
-// The head dims of the Hopper backward (d256's tiles do not fit its shared memory with two Q/dO stages).
-constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128; }
 
 template <int kHeadDim_, class Element_>
 struct BwdTraitsSm90 {
@@ -135,6 +135,8 @@ struct BwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<float, cute::cosize_v<SmemLayoutdQ>> dq;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
     typename Pipeline::SharedStorage pipeline_q;
+    uint32_t key_seen[kBlockN / 32];  // attn_mask with non-finite K or V: keys some query sees
+    uint32_t nonfinite;               // the K or V tile holds a non-finite value
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
@@ -209,8 +211,8 @@ __device__ __forceinline__ uint32_t dropout_keep_bits_transposed(CoordRC const& 
 }
 
 // kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain
-// variant's registers.
-template <class Traits, bool kGeneral>
+// variant's registers; kAttnMask (with kGeneral): attn_mask too.
+template <class Traits, bool kGeneral, bool kAttnMask = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -239,11 +241,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // Block-sparse (the general variant; hopper_backward_takes_block_mask: every tile inside one block): tiles
   // of False blocks are skipped by the producer and the consumers alike. The plain variant visits every tile
   // (the check cost it 1-2% at head dim 64, bf16 and fp16).
+  // attn_mask (the masked variant): its packing (packed_mask.h, in the scratch), whose summaries are per (64
+  // queries, 128 keys): this kernel's tiles.
+  static_assert(!kAttnMask || kGeneral, "attn_mask runs in the general variant");
+  static_assert(kBlockM == kMaskRowGroup && kBlockN == kMaskChunkKeys, "a summary per tile");
+  const bool has_attn_mask = kAttnMask && p.attn_mask.data != nullptr;
+  const PackedMaskLayout mask_layout(p, MaskPacking::kBackward);
+  auto mask_summary = [&](int h, int m_tile) {
+    return s.mask[mask_layout.summary_offset + mask_layout.summary_index(mask_layout.plane(b, h), m_tile, n_block)];
+  };
   auto next_visible = [&](int it) {
-    if (!kGeneral || p.block_mask.data == nullptr) return it;
+    if (!kGeneral || (p.block_mask.data == nullptr && !has_attn_mask)) return it;
     for (; it < n_iter; ++it) {
-      const int h = h_kv * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
-      if (block_visible(p, b, h, m0 / p.block_q, n0 / p.block_k)) break;
+      const int h = h_kv * group + it / n_m, m_tile = m_begin + it % n_m;
+      if (p.block_mask.data != nullptr && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, n0 / p.block_k))
+        continue;
+      if (has_attn_mask && !(mask_summary(h, m_tile) & kMaskSomeVisible)) continue;
+      break;
     }
     return it;
   };
@@ -265,6 +279,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
     shared.barrier_kv.init(1);
+    shared.nonfinite = 0;
+    for (uint32_t& word : shared.key_seen) word = 0;
   }
   Pipeline pipeline_q(shared.pipeline_q, tma_pipeline_params<Pipeline>(Traits::kTmaBytesQdO, kMmaThreads),
                       Shape<_1, _1, _1>{});
@@ -361,6 +377,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         cutlass::arch::fence_view_async_shared();
         named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
       }
+      if (has_attn_mask) {
+        // Keys attn_mask hides from every query of the group may hold anything too: when the K or V tile holds
+        // a non-finite value (a rare case that pays one sweep over the masks of this key tile's queries, as the
+        // sm_80 kernel's hide_unseen_keys), their rows are zeroed, so that no 0 x NaN reaches dQ = dS K.
+        bool bad = false;
+        for (int i = mma_tidx; i < kBlockN * kHeadDim; i += kMmaThreads) {
+          const int r = i / kHeadDim, d = i % kHeadDim;
+          bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
+        }
+        if (bad) shared.nonfinite = 1;
+        named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+        if (shared.nonfinite) {  // uniform
+          constexpr int kLanesPerKey = kMmaThreads / kBlockN;
+          const int c = mma_tidx / kLanesPerKey, lane = mma_tidx % kLanesPerKey;
+          const int64_t col = int64_t(n0) + c;
+          bool seen = false;
+          for (int hh = h_kv * group; hh < (h_kv + 1) * group && !seen && col < keys_end; ++hh) {
+            for (int64_t row = lane; row < q_len && !seen; row += kLanesPerKey)
+              seen = visible(p, b, hh, row, col, q_len, kv_len);
+          }
+          if (seen) atomicOr(&shared.key_seen[c / 32], 1u << (c % 32));
+          named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+          for (int i = mma_tidx; i < kBlockN * kHeadDim; i += kMmaThreads) {
+            const int r = i / kHeadDim, d = i % kHeadDim;
+            if (!((shared.key_seen[r / 32] >> (r % 32)) & 1u)) {
+              sK(r, d) = Element(0);
+              sV(r, d) = Element(0);
+            }
+          }
+          cutlass::arch::fence_view_async_shared();
+          named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+        }
+      }
 
       // The dropout mask of a tile (bit mi * kCols + ni, 1: kept) is drawn while the tensor cores are busy:
       // one tile ahead, during the previous tile's dV, dK and dQ GEMMs (kDropoutDrawAhead), or during the
@@ -377,6 +426,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int h = h_kv * group + it / n_m;
         const int m0 = (m_begin + it % n_m) * kBlockM;
         uint32_t keep = keep_next;
+        // attn_mask over part of the tile: this thread's packed words (keys r and r + 8; keys past the tensor
+        // read key 0, hidden by their range), loaded now, used after the S^T GEMM.
+        const bool element_masked = has_attn_mask && !(mask_summary(h, m0 / kBlockM) & kMaskAllVisible);
+        uint32_t mask_bits = 0;  // bit mi * kCols + ni
+        if (element_masked) {
+          static_assert(kRows == 2 && kCols == 16, "two 16-bit words per thread");
+          const uint16_t* words = reinterpret_cast<const uint16_t*>(s.mask);
+          const int64_t plane = mask_layout.plane(b, h);
+          CUTE_UNROLL
+          for (int mi = 0; mi < kRows; ++mi) {
+            const int64_t key = n0 + get<0>(cS_rc(mi, 0));
+            mask_bits |= uint32_t(words[mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0, m0 / kBlockM,
+                                                                  mma_tidx % 4)])
+                         << (mi * kCols);
+          }
+        }
         const int stage = read.index();
         const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
         // lse2 and D of this thread's query columns, fetched while the tiles land.
@@ -418,6 +483,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
           }
         }
+        if (element_masked) hidden |= ~mask_bits;
         if constexpr (!kGeneral) {
           CUTE_UNROLL
           for (int mi = 0; mi < kRows; ++mi) {
@@ -535,11 +601,20 @@ template <class Element, int kHeadDim>
 cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
   using namespace cute;
   using Traits = BwdTraitsSm90<kHeadDim, Element>;
-  static const bool has_code =
-      has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false>) && has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>);
+  static const bool has_code = has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false>) &&
+                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>) &&
+                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true, true>);
   if (!has_code) return cudaErrorNoKernelImageForDevice;
   const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
   auto kernel = general ? &bwd_dkdv_kernel_sm90<Traits, true> : &bwd_dkdv_kernel_sm90<Traits, false>;
+  if (p.attn_mask.data != nullptr) {
+    // Packed into the scratch first; without room for it (bwd_mask_bytes) the sm_80 family runs.
+    const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kBackward), s.mask,
+                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream);
+    if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
+    if (err != cudaSuccess) return err;
+    kernel = &bwd_dkdv_kernel_sm90<Traits, true, true>;
+  }
 
   BwdArgsSm90<Traits> args;
   args.p = p;

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cc/kernels/cuda/family.h"
+#include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
@@ -60,10 +62,25 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
   return int(best);
 }
 
-// Scratch: dQ accumulators [splits, B, H, Sq_pad, headdim] then lse2 and D, [B, H, Sq_pad] each, all float32.
+// The head dims of the Hopper backward (bwd_kernel_sm90.h; d256's tiles do not fit its shared memory with two
+// Q/dO stages).
+constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128; }
+
+// The packed attn_mask of the Hopper backward (packed_mask.h), where that kernel may run with one: its family on
+// this device, its head dims, dQ by atomics. Else 0.
+inline int64_t bwd_mask_bytes(const FlashBwdParams& p) {
+  if (p.attn_mask.data == nullptr || p.deterministic || !hopper_backward_headdim(tf_flash_kernel_headdim(p)) ||
+      !hopper_family_allowed())
+    return 0;
+  return PackedMaskLayout(p, MaskPacking::kBackward).bytes;
+}
+
+// Scratch: dQ accumulators [splits, B, H, Sq_pad, headdim] then lse2 and D, [B, H, Sq_pad] each, all float32;
+// then the packed attn_mask (bwd_mask_bytes; Sq_pad keeps it 16-byte aligned).
 inline int64_t bwd_scratch_bytes(const FlashBwdParams& p) {
   const int64_t rows = int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q);
-  return rows * (int64_t(bwd_dq_splits(p)) * tf_flash_kernel_headdim(p) + 2) * int64_t(sizeof(float));
+  return rows * (int64_t(bwd_dq_splits(p)) * tf_flash_kernel_headdim(p) + 2) * int64_t(sizeof(float)) +
+         bwd_mask_bytes(p);
 }
 
 // Where those pieces live in params.scratch, as the kernels of both backward families see them.
@@ -76,6 +93,7 @@ struct BwdScratch {
   bool deterministic;  // one dQ accumulator per CTA (dq_splits CTAs per (kv head, batch)), no race
   int dq_splits;       // 1 unless deterministic
   int64_t dq_split_stride;
+  uint8_t* mask;       // the packed attn_mask (bwd_mask_bytes), or nullptr
 };
 
 inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
@@ -90,6 +108,7 @@ inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
   s.lse2 = p.scratch + s.dq_splits * s.dq_split_stride;
   s.dvec = s.lse2 + rows;
   s.sq_pad = sq_pad;
+  s.mask = bwd_mask_bytes(p) > 0 ? reinterpret_cast<uint8_t*>(s.dvec + rows) : nullptr;
   return s;
 }
 

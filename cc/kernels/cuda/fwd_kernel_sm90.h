@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   uint32_t* const seen_words = reinterpret_cast<uint32_t*>(smem_buf + sizeof(typename Traits::SharedStorage));
   uint8_t* const tile_state = reinterpret_cast<uint8_t*>(seen_words + kSeenWords);
   if (has_table) {
-    const PackedMaskLayout layout(p);
+    const PackedMaskLayout layout(p, MaskPacking::kForward);
     const uint8_t* summary = static_cast<const uint8_t*>(p.mask_workspace) + layout.summary_offset;
     const uint8_t* value_flags = static_cast<const uint8_t*>(p.mask_workspace) + layout.value_flags_offset;
     const int64_t plane = layout.plane(b, h);
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // r + 8; rows past the tensor's read row 0 (their range hides them anyway).
     const uint32_t* mask_words[kRows];
     if (has_attn_mask) {
-      const PackedMaskLayout layout(p);
+      const PackedMaskLayout layout(p, MaskPacking::kForward);
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         const int64_t row = m0 + get<0>(cS_rc(mi, 0));

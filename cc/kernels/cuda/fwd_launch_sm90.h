@@ -67,7 +67,8 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
     if (smem + table_bytes > max_smem) return cudaErrorNoKernelImageForDevice;
     smem += int(table_bytes);
     if (p.attn_mask.data != nullptr) {
-      err = pack_attention_mask(p, std::is_same_v<Element, cutlass::bfloat16_t>, stream);
+      err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.mask_workspace,
+                                std::is_same_v<Element, cutlass::bfloat16_t>, stream);
       // Invalid: no workspace, or a grid too large for the pass: the sm_80 family runs it.
       if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
       if (err != cudaSuccess) return err;

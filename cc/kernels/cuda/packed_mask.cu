@@ -9,46 +9,56 @@ namespace tf_flash {
 namespace cuda {
 namespace {
 
-constexpr int kPackThreads = 256;  // 8 warps x 8 rows: one 64-row group of one chunk per CTA
+constexpr int kPackThreads = 256;
 
-// Grid (chunk, row group, plane). Each warp reads 8 rows of the chunk, 4 keys per lane (128 contiguous
-// bytes where the keys are), and lanes 0-3 assemble the four words from ballots: lane l holds keys 4 l + j,
-// which are bit 2 (l / 2) + e of word 2 (l % 2) + j / 2 with e = j % 2.
-__global__ void __launch_bounds__(kPackThreads) pack_mask_kernel(const FlashFwdParams p, const PackedMaskLayout layout) {
+// Grid (key chunk, row group, plane): one 64 x 128 tile of the mask per CTA, read into shared memory (each
+// thread 32 bytes of one row), then each thread assembles its words of the packing, and the CTA its summary.
+template <MaskPacking kPacking>
+__global__ void __launch_bounds__(kPackThreads) pack_mask_kernel(const FlashFwdParams p, const PackedMaskLayout layout,
+                                                                 uint8_t* workspace) {
+  __shared__ uint8_t tile[kMaskRowGroup][kMaskChunkKeys];
   const int64_t chunk = blockIdx.x, group = blockIdx.y, plane = blockIdx.z;
   const BroadcastBoolMask& m = p.attn_mask;
   const bool* base = m.data + (plane / layout.heads) * m.batch_stride + (plane % layout.heads) * m.head_stride;
-  uint32_t* words = static_cast<uint32_t*>(p.mask_workspace);
-  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  const int64_t col0 = chunk * kMaskChunkKeys + 4 * lane;
+  const int tid = int(threadIdx.x);
   bool any = false, all = true;
-  for (int r = 0; r < 8; ++r) {
-    const int64_t row = group * kMaskRowGroup + warp * 8 + r;
-    if (row >= layout.rows) break;  // uniform over the warp
-    const bool* src = base + row * m.row_stride;
-    uint32_t shown = 0;  // bit j: key col0 + j
-    for (int j = 0; j < 4; ++j) {
-      if (col0 + j < p.seqlen_k) {
-        const bool v = src[(col0 + j) * m.col_stride];
-        shown |= uint32_t(v) << j;
-        any |= v;
-        all &= v;
-      }
+  {
+    const int r = tid / 4, c0 = tid % 4 * 32;
+    const int64_t row = group * kMaskRowGroup + r;
+    for (int c = c0; c < c0 + 32; ++c) {
+      const int64_t key = chunk * kMaskChunkKeys + c;
+      const bool inside = row < layout.rows && key < layout.keys;
+      const bool shown = inside && base[row * m.row_stride + key * m.col_stride];
+      tile[r][c] = shown;
+      any |= shown;
+      all &= shown || !inside;
     }
-    uint32_t ballot[4];
-    for (int j = 0; j < 4; ++j) ballot[j] = __ballot_sync(0xffffffffu, (shown >> j) & 1u);
-    if (lane < 4) {
-      const int q = lane;
+  }
+  __syncthreads();
+  if constexpr (kPacking == MaskPacking::kForward) {  // row tid / 4, word tid % 4: keys 8 i + 2 q + e
+    const int r = tid / 4, q = tid % 4;
+    const int64_t row = group * kMaskRowGroup + r;
+    if (row < layout.rows) {
       uint32_t word = 0;
       for (int i = 0; i < 16; ++i)
-        for (int e = 0; e < 2; ++e) word |= ((ballot[2 * (q % 2) + e] >> (2 * i + q / 2)) & 1u) << (2 * i + e);
-      words[layout.word_index(plane, row, chunk, q)] = word;
+        for (int e = 0; e < 2; ++e) word |= uint32_t(tile[r][8 * i + 2 * q + e]) << (2 * i + e);
+      reinterpret_cast<uint32_t*>(workspace)[layout.word_index(plane, row, chunk, q)] = word;
+    }
+  } else {  // key c, word q: rows 8 i + 2 q + e of the group (a broadcast row axis: row 0 for all)
+    for (int idx = tid; idx < kMaskChunkKeys * 4; idx += kPackThreads) {
+      const int c = idx / 4, q = idx % 4;
+      const int64_t key = chunk * kMaskChunkKeys + c;
+      if (key >= layout.keys) break;
+      uint32_t word = 0;
+      for (int i = 0; i < 8; ++i)
+        for (int e = 0; e < 2; ++e) word |= uint32_t(tile[layout.rows > 1 ? 8 * i + 2 * q + e : 0][c]) << (2 * i + e);
+      reinterpret_cast<uint16_t*>(workspace)[layout.word_index_t(plane, key, group, q)] = uint16_t(word);
     }
   }
   any = __syncthreads_or(any);
   all = __syncthreads_and(all);
-  if (threadIdx.x == 0) {
-    static_cast<uint8_t*>(p.mask_workspace)[layout.summary_offset + layout.summary_index(plane, group, chunk)] =
+  if (tid == 0) {
+    workspace[layout.summary_offset + layout.summary_index(plane, group, chunk)] =
         (any ? kMaskSomeVisible : 0) | (all ? kMaskAllVisible : 0);
   }
 }
@@ -56,7 +66,7 @@ __global__ void __launch_bounds__(kPackThreads) pack_mask_kernel(const FlashFwdP
 // Grid (64-key tile, kv head, batch): 1 where V holds a non-finite value (all exponent bits set), else 0.
 // Rows of head_dim_v elements, 16-byte aligned (the Hopper forward's own requirement).
 __global__ void __launch_bounds__(256) flag_value_tiles_kernel(const FlashFwdParams p, const PackedMaskLayout layout,
-                                                               uint32_t exponent_bits) {
+                                                               uint8_t* workspace, uint32_t exponent_bits) {
   const int64_t tile = blockIdx.x;
   const int h_kv = blockIdx.y, b = blockIdx.z;
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
@@ -74,30 +84,36 @@ __global__ void __launch_bounds__(256) flag_value_tiles_kernel(const FlashFwdPar
   }
   bad = __syncthreads_or(bad);
   if (threadIdx.x == 0) {
-    static_cast<uint8_t*>(p.mask_workspace)[layout.value_flags_offset +
-                                            layout.value_flag_index(b, h_kv, p.num_heads_kv, tile)] = bad;
+    workspace[layout.value_flags_offset + layout.value_flag_index(b, h_kv, p.num_heads_kv, tile)] = bad;
   }
 }
 
 }  // namespace
 
-cudaError_t pack_attention_mask(const FlashFwdParams& p, bool bfloat16, cudaStream_t stream) {
-  const PackedMaskLayout layout(p);
+cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout& layout, void* workspace,
+                                bool bfloat16, cudaStream_t stream) {
   const int64_t planes = layout.batches * layout.heads;
+  const bool forward = layout.packing == MaskPacking::kForward;
   constexpr int64_t kMaxGridYZ = 65535, kMaxGridX = 2147483647;
-  if (p.mask_workspace == nullptr || p.head_dim_v % 8 != 0 || p.v_row_stride % 8 != 0 || p.v_head_stride % 8 != 0 ||
-      p.v_batch_stride % 8 != 0 || layout.row_groups > kMaxGridYZ || planes > kMaxGridYZ ||
-      layout.chunks > kMaxGridX || layout.value_tiles > kMaxGridX || p.num_heads_kv > kMaxGridYZ ||
-      p.batch > kMaxGridYZ)
+  if (workspace == nullptr || layout.row_groups > kMaxGridYZ || planes > kMaxGridYZ || layout.key_chunks > kMaxGridX)
     return cudaErrorInvalidValue;
-  if (layout.chunks == 0 || planes == 0 || layout.rows == 0) return cudaSuccess;
-  pack_mask_kernel<<<dim3(unsigned(layout.chunks), unsigned(layout.row_groups), unsigned(planes)), kPackThreads, 0,
-                     stream>>>(p, layout);
+  if (forward && (p.head_dim_v % 8 != 0 || p.v_row_stride % 8 != 0 || p.v_head_stride % 8 != 0 ||
+                  p.v_batch_stride % 8 != 0 || layout.value_tiles > kMaxGridX || p.num_heads_kv > kMaxGridYZ ||
+                  p.batch > kMaxGridYZ))
+    return cudaErrorInvalidValue;
+  if (layout.key_chunks == 0 || planes == 0 || layout.rows == 0) return cudaSuccess;
+  uint8_t* bytes = static_cast<uint8_t*>(workspace);
+  const dim3 grid(unsigned(layout.key_chunks), unsigned(layout.row_groups), unsigned(planes));
+  if (forward) {
+    pack_mask_kernel<MaskPacking::kForward><<<grid, kPackThreads, 0, stream>>>(p, layout, bytes);
+  } else {
+    pack_mask_kernel<MaskPacking::kBackward><<<grid, kPackThreads, 0, stream>>>(p, layout, bytes);
+  }
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || p.batch == 0 || p.num_heads_kv == 0) return err;
+  if (err != cudaSuccess || !forward || p.batch == 0 || p.num_heads_kv == 0) return err;
   const uint32_t exponent_bits = bfloat16 ? 0x7F80u : 0x7C00u;
   flag_value_tiles_kernel<<<dim3(unsigned(layout.value_tiles), unsigned(p.num_heads_kv), unsigned(p.batch)), 256, 0,
-                            stream>>>(p, layout, exponent_bits);
+                            stream>>>(p, layout, bytes, exponent_bits);
   return cudaGetLastError();
 }
 

@@ -26,3 +26,35 @@ case "${1:?test}" in
       echo "$tool: $(tail -1 "$OUT/fwd_$tool.log")"
     done ;;
 esac
+# round.sh both: the forward and backward harnesses (attn_mask in both Hopper kernels): build (sm_90a), the
+# forward's mask cases, the backward's full test, backward timings with masks in both families, memcheck and
+# racecheck of the mask cases of both
+if [[ "${1}" == both ]]; then
+  start=$(date +%s)
+  (ARCHS=90a VARIANTS=0 JOBS=8 tests/cuda_harness/build.sh build/cuda_harness_dev > "$OUT/fwd_build.log" 2>&1 ||
+     echo "forward build failed") &
+  (NVCC_ARCHS=90a JOBS=8 BUILD_ONLY=1 BWD_BUILD=build/bwd_dev tests/cuda_harness/run_bwd_harness.sh > "$OUT/bwd_build.log" 2>&1 ||
+     echo "backward build failed") &
+  wait
+  echo "built in $(( $(date +%s) - start ))s"; grep -E "error" "$OUT/fwd_build.log" "$OUT/bwd_build.log" | head -10
+  grep -E "sm_90a" "$OUT/bwd_build.log" | head -20
+  FWD_HARNESS_CASES=mask,doc,nan timeout 120 build/cuda_harness_dev/fwd_harness test > "$OUT/fwd_test_masks.log" 2>&1
+  echo "fwd mask cases rc $?: $(tail -1 "$OUT/fwd_test_masks.log")"
+  timeout 300 build/bwd_dev/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "bwd test rc $?: $(tail -1 "$OUT/bwd_test.log")"
+  grep -E "FAIL|fail" "$OUT/bwd_test.log" | head -10
+  grep -E "attn_mask|doc mask|key mask|NaN hidden" "$OUT/bwd_test.log" | awk '{print $NF}' | sort | uniq -c
+  for fam in default sm80; do
+    for mask in none 1 random random_keys; do
+      for cfg in "128 2 8192 16 0" "64 16 1024 12 0" "128 2 8192 16 1"; do
+        echo "$fam mask=$mask $cfg: $(env $([ $fam = sm80 ] && echo TF_FLASH_CUDA_FAMILY=sm80) \
+          $([ $mask != none ] && echo BWD_BENCH_ATTN_MASK=$mask) build/bwd_dev/bwd_harness bench1 bf16 $cfg 0 20 2>&1 | tail -1)"
+      done
+    done
+  done | tee "$OUT/bwd_bench_masks.txt"
+  for tool in memcheck racecheck; do
+    FWD_HARNESS_CASES=mask,doc,nan timeout 100 compute-sanitizer --tool $tool build/cuda_harness_dev/fwd_harness test quick \
+      > "$OUT/fwd_masks_$tool.log" 2>&1; echo "fwd $tool: $(tail -1 "$OUT/fwd_masks_$tool.log")"
+    BWD_TEST_FILTER=" d" timeout 120 compute-sanitizer --tool $tool build/bwd_dev/bwd_harness test \
+      > "$OUT/bwd_masks_$tool.log" 2>&1; echo "bwd $tool: $(tail -1 "$OUT/bwd_masks_$tool.log")"
+  done
+fi
