@@ -4,7 +4,9 @@
 Model: token + position embedding, N blocks of (attention, residual, LayerNorm, GELU MLP 4x width,
 residual, LayerNorm), mean pooling, a dense classification head; width 768, 12 heads of 64; N = 4
 (default) or 12 (BERT-base, `--blocks 12`); AdamW; `mixed_bfloat16` on the GPU (`--dtype float32` for
-the CPU); batch x tokens = `--tokens-per-batch` (16384), batch 1 where a sequence is longer.
+the CPU); batch x tokens = `--tokens-per-batch` (16384), batch 1 where a sequence is longer. With
+`--doc-tokens N` each sequence packs documents of N tokens, an attention_mask [1, T, T] (block-diagonal)
+in every attention layer.
 
 Modes (`--modes`), which differ only in the attention layer and the `jit_compile` given to compile():
   keras_mha_xla       keras.layers.MultiHeadAttention, jit_compile=True (today's fast Keras baseline)
@@ -146,8 +148,13 @@ def build_model(cfg, seq_len, attention):
 
     ids = keras.Input((seq_len,), dtype="int32", name="ids")
     x = TokenAndPositionEmbedding(cfg["vocab"], seq_len, width, name="embedding")(ids)
+    mask = None
+    if cfg.get("doc_tokens"):  # packed documents: each token attends within its own document
+        doc = keras.ops.arange(seq_len) // cfg["doc_tokens"]
+        mask = keras.ops.equal(doc[:, None], doc[None, :])[None]  # [1, T, T]
     for i in range(cfg["blocks"]):
-        attended = attention_class(num_heads=heads, key_dim=width // heads, name=f"attention_{i}")(x, x)
+        attended = attention_class(num_heads=heads, key_dim=width // heads, name=f"attention_{i}")(
+            x, x, attention_mask=mask)
         x = keras.layers.LayerNormalization(name=f"norm_attention_{i}")(x + attended)
         hidden = keras.layers.Dense(4 * width, activation="gelu", name=f"mlp_in_{i}")(x)
         projected = keras.layers.Dense(width, name=f"mlp_out_{i}")(hidden)
@@ -493,7 +500,8 @@ def report(records, state, args, cfg):
     lengths = sorted({r["seq_len"] for r in records} | set(cfg["lengths"]))
     env = state["envs"][0] if state["envs"] else {}
     title = (f"# End-to-end training step: encoder {cfg['blocks']} blocks x width {cfg['width']}, "
-             f"{cfg['heads']} heads, {cfg['dtype']}, {cfg['tokens_per_batch']} tokens per batch")
+             f"{cfg['heads']} heads, {cfg['dtype']}, {cfg['tokens_per_batch']} tokens per batch"
+             + (f", packed documents of {cfg['doc_tokens']} tokens" if cfg.get("doc_tokens") else ""))
     lines = [title, "", f"Device: {env.get('device_name', '?')}. Command: `{state['command']}`", ""]
     lines.append("## ms/step (median; speedup vs keras_mha_xla)")
     rows = []
@@ -596,6 +604,9 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (30522, BERT's)")
     p.add_argument("--classes", type=int, default=None, help="classes of the head (8)")
     p.add_argument("--tokens-per-batch", type=int, default=None, help="batch x tokens (16384)")
+    p.add_argument("--doc-tokens", type=int, default=None,
+                   help="packed documents of this many tokens: a block-diagonal attention_mask [1, T, T] "
+                        "(each token sees its own document; default none)")
     p.add_argument("--dtype", default=None, help="Keras dtype policy (mixed_bfloat16 on the GPU, float32 on the CPU)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps after the first (default 3)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 20)")
@@ -633,6 +644,7 @@ def make_config(args):
         base.update(QUICK)
     overrides = {"width": args.width, "heads": args.heads, "blocks": args.blocks, "vocab": args.vocab,
                  "classes": args.classes, "tokens_per_batch": args.tokens_per_batch, "dtype": args.dtype,
+                 "doc_tokens": args.doc_tokens,
                  "warmup": args.warmup, "steps": args.steps, "timeout": args.timeout, "time_limit": args.time_limit,
                  "lengths": [int(s) for s in args.lengths.split(",")] if args.lengths else None}
     base.update({k: v for k, v in overrides.items() if v is not None})

@@ -211,7 +211,7 @@ __device__ __forceinline__ uint32_t dropout_keep_bits_transposed(CoordRC const& 
 }
 
 // kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain
-// variant's registers; kAttnMask (with kGeneral): attn_mask too.
+// variant's registers; kAttnMask: attn_mask, with either (its code and registers kept out of both others').
 template <class Traits, bool kGeneral, bool kAttnMask = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
@@ -243,7 +243,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // (the check cost it 1-2% at head dim 64, bf16 and fp16).
   // attn_mask (the masked variant): its packing (packed_mask.h, in the scratch), whose summaries are per (64
   // queries, 128 keys): this kernel's tiles.
-  static_assert(!kAttnMask || kGeneral, "attn_mask runs in the general variant");
   static_assert(kBlockM == kMaskRowGroup && kBlockN == kMaskChunkKeys, "a summary per tile");
   const bool has_attn_mask = kAttnMask && p.attn_mask.data != nullptr;
   const PackedMaskLayout mask_layout(p, MaskPacking::kBackward);
@@ -251,11 +250,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return s.mask[mask_layout.summary_offset + mask_layout.summary_index(mask_layout.plane(b, h), m_tile, n_block)];
   };
   auto next_visible = [&](int it) {
-    if (!kGeneral || (p.block_mask.data == nullptr && !has_attn_mask)) return it;
+    const bool has_block_mask = kGeneral && p.block_mask.data != nullptr;
+    if (!has_block_mask && !has_attn_mask) return it;
     for (; it < n_iter; ++it) {
       const int h = h_kv * group + it / n_m, m_tile = m_begin + it % n_m;
-      if (p.block_mask.data != nullptr && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, n0 / p.block_k))
-        continue;
+      if (has_block_mask && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, n0 / p.block_k)) continue;
       if (has_attn_mask && !(mask_summary(h, m_tile) & kMaskSomeVisible)) continue;
       break;
     }
@@ -603,6 +602,7 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   using Traits = BwdTraitsSm90<kHeadDim, Element>;
   static const bool has_code = has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false>) &&
                                has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>) &&
+                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false, true>) &&
                                has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true, true>);
   if (!has_code) return cudaErrorNoKernelImageForDevice;
   const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
@@ -613,7 +613,7 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
                                                 std::is_same_v<Element, cutlass::bfloat16_t>, stream);
     if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
     if (err != cudaSuccess) return err;
-    kernel = &bwd_dkdv_kernel_sm90<Traits, true, true>;
+    kernel = general ? &bwd_dkdv_kernel_sm90<Traits, true, true> : &bwd_dkdv_kernel_sm90<Traits, false, true>;
   }
 
   BwdArgsSm90<Traits> args;

@@ -58,3 +58,19 @@ if [[ "${1}" == both ]]; then
       > "$OUT/bwd_masks_$tool.log" 2>&1; echo "bwd $tool: $(tail -1 "$OUT/bwd_masks_$tool.log")"
   done
 fi
+# round.sh bwd2: the backward's masked variant split from dropout / soft-capping (kAttnMask without kGeneral):
+# build, the mask cases, timings with masks (and with dropout 0.1) in the Hopper family
+if [[ "${1}" == bwd2 ]]; then
+  start=$(date +%s)
+  NVCC_ARCHS=90a JOBS=16 BUILD_ONLY=1 BWD_BUILD=build/bwd_dev tests/cuda_harness/run_bwd_harness.sh > "$OUT/bwd_build.log" 2>&1 ||
+    { echo "backward build failed"; grep error "$OUT/bwd_build.log" | head; exit 1; }
+  echo "built in $(( $(date +%s) - start ))s"
+  BWD_TEST_FILTER=" d" timeout 200 build/bwd_dev/bwd_harness test > "$OUT/bwd_test_masks.log" 2>&1
+  echo "bwd mask cases rc $?: $(tail -1 "$OUT/bwd_test_masks.log")"; grep FAIL "$OUT/bwd_test_masks.log" | head -5
+  for mask in none 1 random random_keys; do
+    for cfg in "128 2 8192 16 0 0" "64 16 1024 12 0 0" "128 2 8192 16 1 0" "128 2 8192 16 0 0.1" "64 16 1024 12 0 0.1"; do
+      echo "mask=$mask $cfg: $(env $([ $mask != none ] && echo BWD_BENCH_ATTN_MASK=$mask) \
+        build/bwd_dev/bwd_harness bench1 bf16 $cfg 20 2>&1 | tail -1)"
+    done
+  done | tee "$OUT/bwd_bench_masks2.txt"
+fi
