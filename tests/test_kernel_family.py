@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
 sm_80 family for the rest (block masks finer than the Hopper tiles, head dims 32 and 96; in the backward
-also element masks, head dim 256 and the deterministic dQ) and on every other GPU
+also head dim 256 and the deterministic dQ) and on every other GPU
 (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
@@ -118,9 +118,9 @@ def _attention_mask(kind, rng, b, h, s):
 @pytest.mark.parametrize("features", [dict(), dict(causal=True, kv_lengths=[300, 230]),
                                       dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4])])
 def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rng):
-    """attn_mask runs in the Hopper forward (packed to a bit per entry first) at head dims 64, 128 and 256;
-    the backward in the sm_80 family. Output, lse and gradients against float64, with causal, lengths,
-    dropout, soft-capping and GQA at odd lengths."""
+    """attn_mask runs in the Hopper kernels (packed to a bit per entry first): the forward at head dims 64,
+    128 and 256, the backward at 64 and 128 (256 in the sm_80 family). Output, lse and gradients against
+    float64, with causal, lengths, dropout, soft-capping and GQA at odd lengths."""
     b, s, h, hkv = 2, 300, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
@@ -129,7 +129,8 @@ def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rn
     q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
     (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, attention_mask=mask, return_lse=True, **features)
     forward = "forward_sm90" if _hopper_expected() else "forward_sm80"
-    assert ran[forward] == 1 and ran["backward_sm80"] == 1, ran
+    backward = "backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"
+    assert ran[forward] == 1 and ran[backward] == 1, ran
     ref_kw = dict(features, attention_mask=mask)
     if "dropout_rate" in features:
         ref_kw["keep_mask"] = philox_ref.keep_mask(3, 4, b, h, s, s, features["dropout_rate"])
@@ -158,6 +159,7 @@ def test_attention_mask_keeps_hidden_nan_out(head_dim, rng):
     tk, tv = (tf.constant(x, tf.bfloat16) for x in (k_nan, v_nan))
     (out, _), grads, ran = _forward_backward([tq, tk, tv], dout, attention_mask=mask, return_lse=True)
     assert ran["forward_sm90" if _hopper_expected() else "forward_sm80"] == 1, ran
+    assert ran["backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"] == 1, ran
     ref_out, _ = reference_attention(q, k, v, attention_mask=mask)
     np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=6e-2, rtol=0)
     grads = [tf.cast(g, tf.float64).numpy() for g in grads]
