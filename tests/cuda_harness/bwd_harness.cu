@@ -56,7 +56,8 @@ struct Case {
   bool d_lse = false;
   bool nan_pad = false;  // NaN in q, dO, out past q_len and in k, v past kv_len (never visible)
   // With attn_mask: > 0 a document mask (query i sees key j of the same document: i / doc == j * Sq / Sk / doc);
-  // nan_hidden: every fifth key hidden from every query, NaN in its K and V rows (never visible).
+  // nan_hidden: every fifth key hidden from every valid query (rows past q_len still show it), NaN in its K and
+  // V rows (never visible).
   int doc = 0;
   bool nan_hidden = false;
 };
@@ -130,8 +131,9 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
     std::bernoulli_distribution bern(0.7);
     for (size_t e = 0; e < amask.size(); ++e) {
       const int64_t j = int64_t(e % Sk), i = c.key_mask ? 0 : int64_t(e / Sk) % Sq;
+      const int64_t bb = int64_t(e / Sk / (c.key_mask ? 1 : Sq));
       amask[e] = c.doc > 0 ? i / c.doc == j * Sq / Sk / c.doc : bern(rng);
-      if (c.nan_hidden && j % 5 == 3) amask[e] = 0;
+      if (c.nan_hidden && j % 5 == 3 && (c.key_mask || !c.q_lengths || i < qlen[bb])) amask[e] = 0;
     }
   }
   std::vector<uint8_t> bmask;
@@ -481,7 +483,7 @@ static int run_tests() {
     c.doc = 150, c.causal = true, c.sk = 700, c.dropout = 0.15f, c.softcap = 2.f;
     add(c, (std::string("doc mask causal drop cap d") + std::to_string(d)).c_str());
     c.doc = 0, c.causal = false, c.dropout = 0.f, c.softcap = 0.f, c.nan_hidden = true, c.nan_pad = false;
-    c.q_lengths = c.kv_lengths = false, c.sk = 333;
+    c.kv_lengths = false, c.sk = 333;
     add(c, (std::string("attn_mask NaN hidden d") + std::to_string(d)).c_str());
     c.key_mask = true;
     add(c, (std::string("key mask NaN hidden d") + std::to_string(d)).c_str());

@@ -90,7 +90,8 @@ struct Case {
   bool key_mask = false;  // with attn_mask: a key mask [B, 1, 1, Sk] (row stride 0), some keys hidden from all
   // With attn_mask: > 0 a document mask (query i sees key j of the same document: i / doc == j * Sq / Sk / doc),
   // whose tiles are hidden, shown or masked in part; mask_heads: one mask per head ([B, H, ...]);
-  // nan_hidden: every fifth key hidden from every query, NaN in its K and V rows (never visible).
+  // nan_hidden: every fifth key hidden from every valid query (rows past q_len still show it: their mask rows
+  // must not count), NaN in its K and V rows (never visible).
   int doc = 0;
   bool mask_heads = false;
   bool nan_hidden = false;
@@ -233,9 +234,9 @@ Result run_case(const Case& c, std::mt19937& rng) {
     const int rows = c.key_mask ? 1 : c.Sq, heads = c.mask_heads ? c.H : 1;
     am.resize(size_t(c.B) * heads * rows * c.Sk);
     for (size_t e = 0; e < am.size(); ++e) {
-      const int64_t j = int64_t(e % c.Sk), i = int64_t(e / c.Sk) % rows;
+      const int64_t j = int64_t(e % c.Sk), i = int64_t(e / c.Sk) % rows, bb = int64_t(e / c.Sk / rows / heads);
       am[e] = c.doc > 0 ? i / c.doc == j * c.Sq / c.Sk / c.doc : (rng() % 10) < 7;
-      if (c.nan_hidden && j % 5 == 3) am[e] = 0;
+      if (c.nan_hidden && j % 5 == 3 && (c.key_mask || !c.qlen || i < qlens[bb])) am[e] = 0;
     }
     p.attn_mask.data = reinterpret_cast<const bool*>(am.data());
     p.attn_mask.head_stride = c.mask_heads ? int64_t(rows) * c.Sk : 0;

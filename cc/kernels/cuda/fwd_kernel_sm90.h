@@ -499,16 +499,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       shared.barrier_q.wait(0);
 
       auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
-      // The keys some row of this warp sees in the masked scores (bit ni: column ni of lane % 4), one word per
-      // lane % 4 into seen_words, for zero_values_no_row_sees. (A score -inf from the inputs counts as unseen:
-      // its P is 0 for every row, so zeroing its value row changes nothing.)
+      // The keys some valid row of this warp sees in the masked scores (bit ni: column ni of lane % 4), one word
+      // per lane % 4 into seen_words, for zero_values_no_row_sees. Rows past q_len do not count: their mask rows
+      // may show keys no query sees. (A score -inf from the inputs counts as unseen: its P is 0 for every row,
+      // so zeroing its value row changes nothing.)
       auto publish_seen_keys = [&]() {
+        bool valid[kRows];
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) valid[mi] = m0 + get<0>(cS_rc(mi, 0)) < q_len;
         uint32_t seen = 0;
         CUTE_UNROLL
         for (int ni = 0; ni < size<1>(s_rc); ++ni) {
           bool any = false;
           CUTE_UNROLL
-          for (int mi = 0; mi < kRows; ++mi) any |= s_rc(mi, ni) != -INFINITY;
+          for (int mi = 0; mi < kRows; ++mi) any |= valid[mi] && s_rc(mi, ni) != -INFINITY;
           seen |= uint32_t(any) << ni;
         }
         seen |= __shfl_xor_sync(0xffffffffu, seen, 4);  // lanes of one lane % 4 hold the same columns
