@@ -24,14 +24,26 @@ __global__ void __launch_bounds__(kPackThreads) pack_mask_kernel(const FlashFwdP
   bool any = false, all = true;
   {
     const int r = tid / 4, c0 = tid % 4 * 32;
-    const int64_t row = group * kMaskRowGroup + r;
-    for (int c = c0; c < c0 + 32; ++c) {
-      const int64_t key = chunk * kMaskChunkKeys + c;
-      const bool inside = row < layout.rows && key < layout.keys;
-      const bool shown = inside && base[row * m.row_stride + key * m.col_stride];
-      tile[r][c] = shown;
-      any |= shown;
-      all &= shown || !inside;
+    const int64_t row = group * kMaskRowGroup + r, key0 = chunk * kMaskChunkKeys + c0;
+    const bool* src = base + row * m.row_stride + key0 * m.col_stride;
+    if (row < layout.rows && key0 + 32 <= layout.keys && m.col_stride == 1 &&
+        reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+      // Contiguous and aligned (the common case): two 16-byte loads, the warp's rows in 128-byte segments.
+      uint4 bytes[2] = {reinterpret_cast<const uint4*>(src)[0], reinterpret_cast<const uint4*>(src)[1]};
+      const uint8_t* shown = reinterpret_cast<const uint8_t*>(bytes);
+      for (int c = 0; c < 32; ++c) {
+        tile[r][c0 + c] = shown[c] != 0;
+        any |= shown[c] != 0;
+        all &= shown[c] != 0;
+      }
+    } else {
+      for (int c = 0; c < 32; ++c) {
+        const bool inside = row < layout.rows && key0 + c < layout.keys;
+        const bool shown = inside && src[c * m.col_stride];
+        tile[r][c0 + c] = shown;
+        any |= shown;
+        all &= shown || !inside;
+      }
     }
   }
   __syncthreads();

@@ -95,3 +95,25 @@ if [[ "${1}" == fix ]]; then
   FWD_HARNESS_CASES=nan timeout 120 compute-sanitizer --tool racecheck build/cuda_harness_dev/fwd_harness test quick \
     > "$OUT/fwd_nan_racecheck.log" 2>&1; echo "fwd racecheck (NaN cases): $(tail -1 "$OUT/fwd_nan_racecheck.log")"
 fi
+# round.sh pack: the packing pass reading contiguous mask rows in 16-byte loads: both harnesses' mask cases,
+# the forward's feature costs (Hopper), backward timings with masks
+if [[ "${1}" == pack ]]; then
+  start=$(date +%s)
+  (ARCHS=90a VARIANTS=0 JOBS=8 tests/cuda_harness/build.sh build/cuda_harness_dev > "$OUT/fwd_build.log" 2>&1 ||
+     echo "forward build failed") &
+  (NVCC_ARCHS=90a JOBS=8 BUILD_ONLY=1 BWD_BUILD=build/bwd_dev tests/cuda_harness/run_bwd_harness.sh > "$OUT/bwd_build.log" 2>&1 ||
+     echo "backward build failed") &
+  wait
+  echo "built in $(( $(date +%s) - start ))s"; grep -E " error" "$OUT/fwd_build.log" "$OUT/bwd_build.log" | head -5
+  FWD_HARNESS_CASES=mask,doc,nan timeout 150 build/cuda_harness_dev/fwd_harness test > "$OUT/fwd_test_masks.log" 2>&1
+  echo "fwd mask cases rc $?: $(tail -1 "$OUT/fwd_test_masks.log")"; grep FAIL "$OUT/fwd_test_masks.log" | head -5
+  BWD_TEST_FILTER=" d" timeout 150 build/bwd_dev/bwd_harness test > "$OUT/bwd_test_masks.log" 2>&1
+  echo "bwd mask cases rc $?: $(tail -1 "$OUT/bwd_test_masks.log")"; grep FAIL "$OUT/bwd_test_masks.log" | head -5
+  timeout 150 build/cuda_harness_dev/fwd_harness feat 2>&1 | grep -E "plain|mask" | tee "$OUT/feat_default.txt"
+  for mask in none 1 random random_keys; do
+    for cfg in "128 2 8192 16 0 0" "64 16 1024 12 0 0"; do
+      echo "mask=$mask $cfg: $(env $([ $mask != none ] && echo BWD_BENCH_ATTN_MASK=$mask) \
+        build/bwd_dev/bwd_harness bench1 bf16 $cfg 20 2>&1 | tail -1)"
+    done
+  done | tee "$OUT/bwd_bench_masks.txt"
+fi
