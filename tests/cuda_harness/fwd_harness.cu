@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
@@ -843,6 +844,15 @@ int run_feat() {
     for (auto& x : hm) x = rng() % 10 != 0;
     CHECK_CUDA(cudaMemcpy(mask, hm.data(), hm.size(), cudaMemcpyHostToDevice));
     report("attn_mask (90% random)", p, 1.0);
+    {  // what the packing pass (packed_mask.h: bits, summaries, V's flags) takes of that call
+      const tf_flash::cuda::PackedMaskLayout layout(p, tf_flash::cuda::MaskPacking::kForward);
+      void* workspace = nullptr;
+      CHECK_CUDA(cudaMalloc(&workspace, layout.bytes));
+      const std::vector<float> ms = time_calls(
+          [&] { return int(tf_flash::cuda::pack_attention_mask(p, layout, workspace, true, nullptr)); });
+      std::printf("%-34s %5d %6d %9.4f %8s\n", "  its packing pass alone", p.batch, p.seqlen_q, ms[ms.size() / 2], "-");
+      CHECK_CUDA(cudaFree(workspace));
+    }
     for (size_t e = 0; e < hm.size(); ++e) hm[e] = e / sm / 1024 == e % sm / 1024;
     CHECK_CUDA(cudaMemcpy(mask, hm.data(), hm.size(), cudaMemcpyHostToDevice));
     report("attn_mask (documents of 1k)", p, 1.0 / 8);

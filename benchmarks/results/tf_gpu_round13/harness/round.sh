@@ -117,3 +117,10 @@ if [[ "${1}" == pack ]]; then
     done
   done | tee "$OUT/bwd_bench_masks.txt"
 fi
+# round.sh parts: the forward's feature costs with the packing pass timed alone (what a mask that shows every
+# tile costs over the plain kernel: the pass, or the masked kernel variant)
+if [[ "${1}" == parts ]]; then
+  ARCHS=90a VARIANTS=0 JOBS=16 tests/cuda_harness/build.sh build/cuda_harness_dev > "$OUT/fwd_build.log" 2>&1 ||
+    { echo "forward build failed"; grep error "$OUT/fwd_build.log" | head; exit 1; }
+  for r in 1 2; do timeout 150 build/cuda_harness_dev/fwd_harness feat 2>&1 | grep -E "plain|mask|packing"; done | tee "$OUT/feat_parts.txt"
+fi
