@@ -124,12 +124,3 @@ if [[ "${1}" == parts ]]; then
     { echo "forward build failed"; grep error "$OUT/fwd_build.log" | head; exit 1; }
   for r in 1 2; do timeout 150 build/cuda_harness_dev/fwd_harness feat 2>&1 | grep -E "plain|mask|packing"; done | tee "$OUT/feat_parts.txt"
 fi
-# round.sh parts2: the forward's attn_mask variant without dropout / soft-capping (as the backward's): the
-# mask cases, the feature costs
-if [[ "${1}" == parts2 ]]; then
-  ARCHS=90a VARIANTS=0 JOBS=16 tests/cuda_harness/build.sh build/cuda_harness_dev > "$OUT/fwd_build.log" 2>&1 ||
-    { echo "forward build failed"; grep error "$OUT/fwd_build.log" | head; exit 1; }
-  FWD_HARNESS_CASES=mask,doc,nan timeout 120 build/cuda_harness_dev/fwd_harness test > "$OUT/fwd_test_masks.log" 2>&1
-  echo "fwd mask cases rc $?: $(tail -1 "$OUT/fwd_test_masks.log")"; grep FAIL "$OUT/fwd_test_masks.log" | head -5
-  for r in 1 2; do timeout 150 build/cuda_harness_dev/fwd_harness feat 2>&1 | grep -E "plain|mask|packing"; done | tee "$OUT/feat_parts2.txt"
-fi
