@@ -438,6 +438,44 @@ def test_xla_runs_the_kernel(rng, device):
     assert relative_error(got, keras_reference(q, k, v, mask=mask, is_causal=True)) < f32_tol(device, 2e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("keys", ["product", "causal_product", "other"])
+def test_xla_padding_product_branches(rng, device, keys):
+    """Under jit_compile the padding-product routing is a tf.cond whose every branch XLA compiles (the key
+    mask, the causal key mask, the mask as given); each gives Keras' result, outputs and gradients."""
+    if not flash_keras.has_xla_kernel():
+        pytest.skip("this tf_flash build registers no XLA kernel for TfFlash>FlashAttention")
+    q, k, v = _qkv(rng, 2, 29, 29, 4, 2, 16)
+    valid = np.arange(29)[None, :] < np.array([29, 13])[:, None]
+    mask = valid[:, :, None] & valid[:, None, :]
+    if keys != "product":
+        mask &= np.tril(np.ones((29, 29), bool))
+    if keys == "other":
+        mask[0, 4, 9] = True
+    mask = mask[:, None]
+    d_out = tf.constant(rng.standard_normal((2, 29, 4, 16)).astype(np.float32))
+
+    def run(flash):
+        @tf.function(jit_compile=True)
+        def fn():
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = keras.ops.dot_product_attention(q, k, v, mask=mask, flash_attention=flash)
+                loss = tf.reduce_sum(out * d_out)
+            return out, tape.gradient(loss, [q, k, v])
+        return fn()
+
+    with tf.device(device):
+        expected, expected_grads = run(False)
+        with flash_keras.enabled():
+            got, got_grads = run(True)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=f32_tol(device, 2e-5),
+                               rtol=f32_tol(device, 1e-4))
+    for name, a, b in zip("qkv", got_grads, expected_grads):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
+                                   rtol=f32_tol(device, 1e-4), err_msg=name)
+
+
 # ----------------------------------------------------------------------------------------------------
 # The switch itself
 
