@@ -62,7 +62,33 @@ def keras_reference(q, k, v, *, mask=None, is_causal=False, scale=None, soft_cap
 
 
 def _run(fn, mode):
+    if mode == "xla":
+        return tf.function(fn, jit_compile=True)()
     return tf.function(fn)() if mode == "graph" else fn()
+
+
+def _assert_switch_parity(q, k, v, d_out, mode, device, **kwargs):
+    """keras.ops.dot_product_attention(q, k, v, **kwargs) with the switch off and on (mode: eager, graph or
+    xla): the outputs and the gradients of sum(out * d_out) agree. Returns the switch's output."""
+    def run(flash):
+        def fn():
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = keras.ops.dot_product_attention(q, k, v, flash_attention=flash, **kwargs)
+                loss = tf.reduce_sum(out * d_out)
+            return out, tape.gradient(loss, [q, k, v])
+        return _run(fn, mode)
+
+    with tf.device(device):
+        standard_out, standard_grads = run(False)
+        with flash_keras.enabled():
+            flash_out, flash_grads = run(True)
+    np.testing.assert_allclose(to_numpy(flash_out), to_numpy(standard_out), atol=f32_tol(device, 2e-5),
+                               rtol=f32_tol(device, 1e-4))
+    for name, a, b in zip("qkv", flash_grads, standard_grads):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
+                                   rtol=f32_tol(device, 1e-4), err_msg=name)
+    return flash_out
 
 
 # Keras' mask broadcasts to [B, N, T, S] (right-aligned, each dim 1 or full), as shapes built from
@@ -143,21 +169,7 @@ def test_gradients_match_keras(rng, device, mask_name):
     q, k, v = _qkv(rng, 2, 29, 41, 4, 2, 16)
     mask = _mask(rng, mask_name, 2, 4, 29, 41)
     d_out = tf.constant(rng.standard_normal((2, 29, 4, 16)).astype(np.float32))
-
-    def grads(flash):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=0.3, flash_attention=flash)
-            loss = tf.reduce_sum(out * d_out)
-        return tape.gradient(loss, [q, k, v])
-
-    with tf.device(device):
-        standard = grads(False)
-        with flash_keras.enabled():
-            flash = grads(True)
-    for name, a, b in zip("qkv", flash, standard):
-        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
-                                   rtol=f32_tol(device, 1e-4), err_msg=name)
+    _assert_switch_parity(q, k, v, d_out, "eager", device, mask=mask, scale=0.3)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -214,29 +226,11 @@ def test_padding_product_mask_runs_as_key_mask(rng, monkeypatch, device, mode, k
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
-
-    def run(flash):
-        def fn():
-            with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                out = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=0.3, flash_attention=flash)
-                loss = tf.reduce_sum(out * d_out)
-            return out, tape.gradient(loss, [q, k, v])
-        return _run(fn, mode)
-
-    with tf.device(device):
-        standard_out, standard_grads = run(False)
-        with flash_keras.enabled():
-            flash_out, flash_grads = run(True)
+    _assert_switch_parity(q, k, v, d_out, mode, device, mask=mask, scale=0.3)
     if mode == "eager":  # one branch runs (graph mode traces both)
         expected = {"prefix": [(None, True)], "scattered": [((3, 1, 1, 45), True)],
                     "not_a_product": [((3, 1, 21, 45), False)]}[keys]
         assert [(None if m is None or m == (0, 0, 0, 0) else m, lengths) for m, lengths in calls] == expected
-    np.testing.assert_allclose(to_numpy(flash_out), to_numpy(standard_out), atol=f32_tol(device, 2e-5),
-                               rtol=f32_tol(device, 1e-4))
-    for name, a, b in zip("qkv", flash_grads, standard_grads):
-        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
-                                   rtol=f32_tol(device, 1e-4), err_msg=name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -271,31 +265,13 @@ def test_causal_padding_product_runs_causal_under_key_mask(rng, monkeypatch, dev
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
-
-    def run(flash):
-        def fn():
-            with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                out = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=0.3, flash_attention=flash)
-                loss = tf.reduce_sum(out * d_out)
-            return out, tape.gradient(loss, [q, k, v])
-        return _run(fn, mode)
-
-    with tf.device(device):
-        standard_out, standard_grads = run(False)
-        with flash_keras.enabled():
-            flash_out, flash_grads = run(True)
+    flash_out = _assert_switch_parity(q, k, v, d_out, mode, device, mask=mask, scale=0.3)
     if mode == "eager":  # one branch runs (graph mode traces them all)
         expected = {"prefix": [(None, True, True)], "scattered": [((3, 1, 1, seqlen_k), True, True)],
                     "not_causal": [((3, 1, 21, seqlen_k), False, False)]}[keys]
         assert calls == expected
-    np.testing.assert_allclose(to_numpy(flash_out), to_numpy(standard_out), atol=f32_tol(device, 2e-5),
-                               rtol=f32_tol(device, 1e-4))
     np.testing.assert_allclose(to_numpy(flash_out), keras_reference(q, k, v, mask=mask, scale=0.3),
                                atol=f32_tol(device, 2e-5), rtol=f32_tol(device, 1e-4))
-    for name, a, b in zip("qkv", flash_grads, standard_grads):
-        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
-                                   rtol=f32_tol(device, 1e-4), err_msg=name)
 
 
 def test_multi_query_attention_served(rng):
@@ -454,26 +430,7 @@ def test_xla_padding_product_branches(rng, device, keys):
         mask[0, 4, 9] = True
     mask = mask[:, None]
     d_out = tf.constant(rng.standard_normal((2, 29, 4, 16)).astype(np.float32))
-
-    def run(flash):
-        @tf.function(jit_compile=True)
-        def fn():
-            with tf.GradientTape() as tape:
-                tape.watch([q, k, v])
-                out = keras.ops.dot_product_attention(q, k, v, mask=mask, flash_attention=flash)
-                loss = tf.reduce_sum(out * d_out)
-            return out, tape.gradient(loss, [q, k, v])
-        return fn()
-
-    with tf.device(device):
-        expected, expected_grads = run(False)
-        with flash_keras.enabled():
-            got, got_grads = run(True)
-    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=f32_tol(device, 2e-5),
-                               rtol=f32_tol(device, 1e-4))
-    for name, a, b in zip("qkv", got_grads, expected_grads):
-        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=f32_tol(device, 5e-5),
-                                   rtol=f32_tol(device, 1e-4), err_msg=name)
+    _assert_switch_parity(q, k, v, d_out, "xla", device, mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -49,6 +49,24 @@ def _forward_backward(tensors, dout, **kwargs):
     return outputs, grads, {family: after[family] - before[family] for family in after}
 
 
+def _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, ref_kw, seed=None):
+    """out, lse and grads (of sum(out * dout)) against float64 attention of the rounded inputs q, k, v with
+    ref_kw (flash_attention's keyword arguments); with dropout, the Philox reference's keep mask of the op's
+    seed (ref_kw's, else `seed`)."""
+    ref_kw = dict(ref_kw)
+    seed = ref_kw.pop("seed", seed)
+    if ref_kw.get("dropout_rate"):
+        (b, sq, h, _), sk = q.shape, k.shape[1]
+        ref_kw["keep_mask"] = philox_ref.keep_mask(seed[0], seed[1], b, h, sq, sk, ref_kw["dropout_rate"])
+    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
+    tol = 2e-2 if dtype == tf.float16 else 6e-2
+    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=tol, rtol=0)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), dtype)
+
+
 def _assert_gradients_close(grads, ref_grads, dtype):
     tol = 1e-2 if dtype == tf.float16 else 3e-2
     for name, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
@@ -88,16 +106,7 @@ def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, featu
     assert ran[family] == 1, ran
     backward = "backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"
     assert ran[backward] == 1, ran
-    ref_kw = dict(features)
-    if "dropout_rate" in features:
-        ref_kw["keep_mask"] = philox_ref.keep_mask(11, 2, b, h, s, s, features["dropout_rate"])
-    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
-    tol = 2e-2 if dtype == tf.float16 else 6e-2
-    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=tol, rtol=0)
-    finite = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
-    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
-    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), dtype)
+    _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, features, seed=[11, 2])
 
 
 def _attention_mask(kind, rng, b, h, s):
@@ -131,16 +140,7 @@ def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rn
     forward = "forward_sm90" if _hopper_expected() else "forward_sm80"
     backward = "backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"
     assert ran[forward] == 1 and ran[backward] == 1, ran
-    ref_kw = dict(features, attention_mask=mask)
-    if "dropout_rate" in features:
-        ref_kw["keep_mask"] = philox_ref.keep_mask(3, 4, b, h, s, s, features["dropout_rate"])
-        del ref_kw["seed"]
-    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
-    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=6e-2, rtol=0)
-    finite = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
-    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
-    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), tf.bfloat16)
+    _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16, dict(features, attention_mask=mask))
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -227,16 +227,8 @@ def test_block_mask_family_output_and_gradients(head_dim, block_size, features, 
     backward = ("backward_sm90" if hopper and _hopper_takes_block_size("backward", head_dim, block_size)
                 else "backward_sm80")
     assert ran[forward] == 1 and ran[backward] == 1, ran
-    ref_kw = dict(features, block_mask=block_mask, block_size=block_size)
-    if "dropout_rate" in features:
-        ref_kw["keep_mask"] = philox_ref.keep_mask(3, 4, b, h, s, s, features["dropout_rate"])
-        del ref_kw["seed"]
-    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
-    np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=6e-2, rtol=0)
-    finite = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
-    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
-    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), tf.bfloat16)
+    _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16,
+                            dict(features, block_mask=block_mask, block_size=block_size))
 
 
 def test_xla_front_door_reaches_the_same_family(rng):
