@@ -90,6 +90,29 @@ def test_deterministic_backward_bit_identical(request, device, use_function, sha
         assert np.abs(a - b).max() <= (2e-2 if dtype == tf.float16 else 1e-5) * max(1.0, np.abs(b).max())
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("masks", ["documents", "blocks"])
+def test_deterministic_backward_with_masks_bit_identical(request, head_dim, masks):
+    """The deterministic dQ where the backward's kernel loops over several key tiles per CTA (many (batch,
+    kv head) units), with an attention mask (the Hopper kernel's packed path at head dims 64 and 128) or a
+    block mask of whole tiles, GQA and odd lengths: bit-identical runs, the gradients of float64 attention."""
+    if not _GPUS:
+        pytest.skip("no GPU")
+    rng = _rng(request)
+    batch, sq, sk, heads, heads_kv = 4, 300, 1100, 32, 16
+    q, k, v, dout = _inputs(rng, batch, sq, sk, heads, heads_kv, head_dim, tf.bfloat16)
+    if masks == "documents":  # query i sees the keys of its document (every 150 rows: 550 keys)
+        kw = dict(attention_mask=(np.arange(sq)[:, None] // 150) == (np.arange(sk)[None, :] * sq // sk // 150))
+    else:
+        kw = dict(block_mask=rng.random((batch, heads, 3, 9)) < 0.6, block_size=128, causal=True)
+    runs = [_grads(q, k, v, dout, "/GPU:0", False, deterministic=True, **kw) for _ in range(3)]
+    _assert_bit_identical(runs)
+    want = reference_attention_grad(*(tf.cast(x, tf.float64).numpy() for x in (q, k, v)), dout.numpy(), **kw)
+    for name, got, ref in zip("qkv", runs[0], want):
+        err = np.linalg.norm(np.asarray(got, np.float64) - ref)
+        assert err <= 3e-2 * np.linalg.norm(ref), f"d{name}: {err}"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_deterministic_gradients_match_reference(request, device):
     rng = _rng(request)

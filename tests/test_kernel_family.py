@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
 sm_80 family for the rest (block masks finer than the Hopper tiles, head dims 32 and 96; in the backward
-also head dim 256 and the deterministic dQ) and on every other GPU
+also head dim 256) and on every other GPU
 (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
@@ -54,6 +54,7 @@ def _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, ref_kw, seed=
     ref_kw (flash_attention's keyword arguments); with dropout, the Philox reference's keep mask of the op's
     seed (ref_kw's, else `seed`)."""
     ref_kw = dict(ref_kw)
+    ref_kw.pop("deterministic", None)  # how dQ is summed, not what it is
     seed = ref_kw.pop("seed", seed)
     if ref_kw.get("dropout_rate"):
         (b, sq, h, _), sk = q.shape, k.shape[1]
@@ -125,11 +126,12 @@ def _attention_mask(kind, rng, b, h, s):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("kind", ["random", "documents", "keys", "heads"])
 @pytest.mark.parametrize("features", [dict(), dict(causal=True, kv_lengths=[300, 230]),
-                                      dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4])])
+                                      dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4]),
+                                      dict(causal=True, deterministic=True)])
 def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rng):
     """attn_mask runs in the Hopper kernels (packed to a bit per entry first): the forward at head dims 64,
     128 and 256, the backward at 64 and 128 (256 in the sm_80 family). Output, lse and gradients against
-    float64, with causal, lengths, dropout, soft-capping and GQA at odd lengths."""
+    float64, with causal, lengths, dropout, soft-capping, the deterministic dQ and GQA at odd lengths."""
     b, s, h, hkv = 2, 300, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
@@ -177,15 +179,14 @@ def test_head_dim_32_runs_sm80(rng):
 @pytest.mark.parametrize("features", [dict(causal=True), dict(), dict(window=(70, 20)), dict(dropout_rate=0.1, seed=5),
                                       dict(deterministic=True)])
 def test_backward_family_and_gradients(dtype, head_dim, features, rng):
-    """The backward takes the Hopper dK/dV kernel for head dims 64 and 128 without element or block masks
-    or the deterministic dQ (dropout included), the sm_80 one otherwise; gradients against float64 either
-    way (GQA, odd lengths)."""
+    """The backward takes the Hopper dK/dV kernel for head dims 64 and 128 (dropout and the deterministic dQ
+    included), the sm_80 one otherwise; gradients against float64 either way (GQA, odd lengths)."""
     b, sq, sk, h, hkv = 2, 200, 333, 4, 2
     q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
     tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
     _, grads, ran = _forward_backward([tq, tk, tv], dout, **features)
-    hopper = _hopper_expected() and head_dim in (64, 128) and "deterministic" not in features
+    hopper = _hopper_expected() and head_dim in (64, 128)
     family = "backward_sm90" if hopper else "backward_sm80"
     assert ran[family] == 1, (features, ran)
     if "dropout_rate" in features:

@@ -6,7 +6,8 @@
 //   bwd_harness bench1 dtype d b s h causal [dropout [iters [softcap]]]   one shape; with
 //                              BWD_BENCH_BLOCK_DENSITY=x a random 128 x 128 block mask, BWD_BENCH_ATTN_MASK=1 an
 //                              all-True attn_mask [S, S], =keys an all-True key mask [1, 1, 1, S], =random and
-//                              =random_keys the same 90% True at random
+//                              =random_keys the same 90% True at random; BWD_BENCH_DETERMINISTIC=1 the
+//                              deterministic dQ
 //
 // Build and run: tests/cuda_harness/run_bwd_harness.sh
 #include <cuda_runtime.h>
@@ -60,6 +61,8 @@ struct Case {
   // V rows (never visible).
   int doc = 0;
   bool nan_hidden = false;
+  // The deterministic dQ: run twice (outputs and scratch poisoned again), the gradients bit-identical.
+  bool deterministic = false;
 };
 
 template <typename E>
@@ -166,6 +169,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   p.softcap = c.softcap;
   p.seed = 0x1234567890abcdefull ^ seed;
   p.seed_offset = 77;
+  p.deterministic = c.deterministic;
   // Host copies of the masks for the reference (same struct, host pointers).
   FlashBwdParams hp = p;
   hp.q_lengths = c.q_lengths ? qlen.data() : nullptr;
@@ -349,6 +353,20 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   CHECK_CUDA(cudaMemcpy(gq.data(), p.d_q, gq.size() * 2, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(gk.data(), p.d_k, gk.size() * 2, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(gv.data(), p.d_v, gv.size() * 2, cudaMemcpyDeviceToHost));
+  bool repeated = true;  // deterministic: a second run gives the same bits
+  if (c.deterministic) {
+    CHECK_CUDA(cudaMemset(p.d_q, 0xFF, q.size() * 2));
+    CHECK_CUDA(cudaMemset(p.d_k, 0xFF, k.size() * 2));
+    CHECK_CUDA(cudaMemset(p.d_v, 0xFF, v.size() * 2));
+    CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
+    if (flash_bwd_cuda(p, c.dtype, stream) != 0) repeated = false;
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::vector<uint16_t> rq(q.size()), rk(k.size()), rv(v.size());
+    CHECK_CUDA(cudaMemcpy(rq.data(), p.d_q, rq.size() * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(rk.data(), p.d_k, rk.size() * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(rv.data(), p.d_v, rv.size() * 2, cudaMemcpyDeviceToHost));
+    repeated = repeated && rq == gq && rk == gk && rv == gv;
+  }
 
   auto compare = [&](const std::vector<uint16_t>& g, const std::vector<double>& ref) {
     Rel r;
@@ -366,10 +384,11 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   const Rel eq = compare(gq, dQ), ek = compare(gk, dK), ev = compare(gv, dV);
   const double tol = c.dtype == DType::kFloat16 ? 4e-3 : 2e-2;
   const bool ok = eq.nan == 0 && ek.nan == 0 && ev.nan == 0 && eq.value() < tol && ek.value() < tol &&
-                  ev.value() < tol;
-  std::printf("%s %-44s %s d=%3d/%3d b=%d sq=%4d sk=%4d h=%d/%d  rel dq %.2e dk %.2e dv %.2e  nan %ld/%ld/%ld %s\n",
+                  ev.value() < tol && repeated;
+  std::printf("%s %-44s %s d=%3d/%3d b=%d sq=%4d sk=%4d h=%d/%d  rel dq %.2e dk %.2e dv %.2e  nan %ld/%ld/%ld %s%s\n",
               ok ? "ok  " : "FAIL", c.name.c_str(), c.dtype == DType::kFloat16 ? "fp16" : "bf16", D, Dv, B, Sq, Sk, H,
-              Hkv, eq.value(), ek.value(), ev.value(), eq.nan, ek.nan, ev.nan, family);
+              Hkv, eq.value(), ek.value(), ev.value(), eq.nan, ek.nan, ev.nan, family,
+              c.deterministic ? (repeated ? " repeated" : " NOT REPEATED") : "");
   (void)verbose;
   cudaFree(const_cast<void*>(p.q));
   cudaFree(const_cast<void*>(p.k));
@@ -589,6 +608,30 @@ static int run_tests() {
     c.d = 136, c.dv = 192;
     add(c, "d256 head dims 136/192");
   }
+  {  // The deterministic dQ (bwd_dq_splits): with 64+ (batch, kv head) units on the H100's 132 SMs, splits
+     // below the key tiles, so that each CTA runs several key tiles in turn.
+    Case c;
+    c.deterministic = true;
+    for (int d : {64, 128}) {
+      c.d = d, c.b = 2, c.h = c.hkv = 33, c.sq = 300, c.sk = 600;
+      add(c, (std::string("deterministic d") + std::to_string(d)).c_str());
+      c.causal = true, c.h = 66, c.sq = 600, c.sk = 700;
+      add(c, (std::string("deterministic causal GQA d") + std::to_string(d)).c_str());
+      c.causal = false, c.h = c.hkv = 32, c.q_lengths = c.kv_lengths = true, c.nan_pad = true, c.dropout = 0.1f;
+      c.softcap = 2.f;
+      add(c, (std::string("deterministic lengths pad dropout cap d") + std::to_string(d)).c_str());
+      c.q_lengths = c.kv_lengths = c.nan_pad = false, c.dropout = 0.f, c.softcap = 0.f;
+      c.attn_mask = true, c.doc = 200, c.nan_hidden = true, c.sk = 600;
+      add(c, (std::string("deterministic doc mask NaN hidden d") + std::to_string(d)).c_str());
+      c.attn_mask = c.nan_hidden = false, c.doc = 0, c.block_mask = 128, c.causal = true;
+      add(c, (std::string("deterministic block_mask 128 causal d") + std::to_string(d)).c_str());
+      c.block_mask = 0, c.causal = false;
+    }
+    c.d = 128, c.b = 1, c.h = c.hkv = 2, c.sq = 1023, c.sk = 1000;  // splits = key tiles: one tile per CTA
+    add(c, "deterministic few units");
+    c.d = 256, c.b = 2, c.h = c.hkv = 33, c.sq = 300, c.sk = 600, c.causal = true;  // the sm_80 kernel
+    add(c, "deterministic causal d256");
+  }
   {
     Case c;
     c.b = 1, c.h = 1, c.hkv = 1, c.sq = 0, c.sk = 100;
@@ -629,6 +672,7 @@ static void run_bench_one(DType t, int d, int B, int S, int H, bool causal, int 
   p.dropout_rate = dropout;
   p.softcap = softcap;
   p.seed = 42;
+  p.deterministic = std::getenv("BWD_BENCH_DETERMINISTIC") != nullptr;  // the deterministic dQ
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * d;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(S) * H * d;

@@ -11,7 +11,7 @@
 //      computed (with a single buffer, d256: while dQ is).
 //   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
 // On sm_90 GPUs kernel 2 is the Hopper family's (bwd_kernel_sm90.h) for head dims 64 and 128 without
-// element masks, block masks finer than its tiles or the deterministic dQ (run_flash_bwd chooses).
+// block masks finer than its tiles (run_flash_bwd chooses).
 // Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
 // visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask / an
 // unaligned block_mask is given); block_mask tiles whose blocks are all False are never loaded. Dropout
@@ -177,44 +177,6 @@ __global__ void __launch_bounds__(128) bwd_convert_dq_kernel(const FlashBwdParam
 }
 
 // ---- The steps of bwd_dkdv_tile, each inlined into it (the kernel is register-bound) ----
-
-// General variant, first query tile: when the K or V tile holds a non-finite value (a rare case that pays
-// one extra sweep over the masks of this key tile's queries), zeroes the keys that attn_mask / block_mask
-// hide from every query of the GQA group, so that no 0 x NaN reaches dQ = dS K or dP = dO V^T.
-template <class Traits, class SmemKV>
-__device__ __forceinline__ void hide_unseen_keys(SmemKV& sK, SmemKV& sV, uint32_t* key_seen, const FlashFwdParams& p,
-                                                 int b, int h_first, int group, int n0, int64_t keys_end,
-                                                 int64_t q_len, int64_t kv_len, int tid) {
-  using Element = typename Traits::Element;
-  constexpr int kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
-  bool bad = false;
-  for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
-    const int r = idx / kHeadDim, d = idx % kHeadDim;
-    bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
-  }
-  if (!__syncthreads_or(bad)) return;
-  for (int i = tid; i < kBlockN / 32; i += Traits::kNThreads) key_seen[i] = 0;
-  __syncthreads();
-  constexpr int kRowLanes = Traits::kNThreads / kBlockN > 0 ? Traits::kNThreads / kBlockN : 1;
-  for (int idx = tid; idx < kBlockN * kRowLanes; idx += Traits::kNThreads) {
-    const int c = idx % kBlockN, lane = idx / kBlockN;
-    const int64_t col = int64_t(n0) + c;
-    bool seen = false;
-    for (int hh = h_first; hh < h_first + group && !seen && col < keys_end; ++hh) {
-      for (int64_t row = lane; row < q_len && !seen; row += kRowLanes) seen = visible(p, b, hh, row, col, q_len, kv_len);
-    }
-    if (seen) atomicOr(&key_seen[c / 32], 1u << (c % 32));
-  }
-  __syncthreads();
-  for (int idx = tid; idx < kBlockN * kHeadDim; idx += Traits::kNThreads) {
-    const int r = idx / kHeadDim, d = idx % kHeadDim;
-    if (!((key_seen[r / 32] >> (r % 32)) & 1u)) {
-      sK(r, d) = Element(0);
-      sV(r, d) = Element(0);
-    }
-  }
-  __syncthreads();
-}
 
 // The forward's dropout keep bits of this thread's entries of the tile at (m0, n0), one bit per entry of
 // the S accumulator (bit mi * cols + ni). One Philox call holds the draws of one m16 row block and four
@@ -561,7 +523,9 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     cp_async_fence();
     if constexpr (kMasks) {
       if (first_iteration) {
-        hide_unseen_keys<Traits>(sK, sV, key_seen, p, b, h_kv * group, group, n0, keys_end, q_len, kv_len, tid);
+        hide_unseen_keys<Traits::kNThreads, kBlockN, kHeadDim>(
+            sK, sV, key_seen, p, b, h_kv * group, group, n0, keys_end, q_len, kv_len, tid,
+            [](bool pred) { return __syncthreads_or(pred) != 0; }, [] { __syncthreads(); });
       }
     }
     first_iteration = false;
@@ -738,12 +702,11 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
     const bool softcap = p.softcap > 0.f;
-    // The Hopper kernel takes its head dims with attn_mask (packed in the scratch), block masks of whole tiles
-    // and dQ by atomics (not the deterministic sum); everything else, and a library without sm_90a code, runs
-    // here.
+    // The Hopper kernel takes its head dims with attn_mask (packed in the scratch) and block masks of whole
+    // tiles; everything else, and a library without sm_90a code, runs here.
     if constexpr (hopper_backward_headdim(kHeadDim)) {
       if (p.seqlen_q > 0 && (p.attn_mask.data == nullptr || s.mask != nullptr) &&
-          hopper_backward_takes_block_mask<kHeadDim>(p) && !s.deterministic && hopper_family_allowed()) {
+          hopper_backward_takes_block_mask<kHeadDim>(p) && hopper_family_allowed()) {
         const cudaError_t e = run_bwd_dkdv_sm90<Element, kHeadDim>(p, s, stream);
         if (e != cudaErrorNoKernelImageForDevice) {
           if (e != cudaSuccess) return e;

@@ -3,7 +3,8 @@
 // (key tile of 128, kv head, batch) runs three warpgroups: the producer (one thread) brings K and V once
 // and, for every query tile of 64 rows of every query head of the GQA group, Q and dO through a two-stage
 // TMA ring (cutlass::PipelineTmaAsync); each of the two consumer warpgroups owns 64 keys and keeps their
-// dK, dV accumulators in registers. Per query tile, with wgmma:
+// dK, dV accumulators in registers. With the deterministic dQ, the CTA of split i of (kv head, batch) runs key
+// tiles i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per query tile, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
 //   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
 //   dV += P^T dO and dK += dS^T Q (P^T, dS^T from registers),
@@ -18,8 +19,8 @@
 // Visibility is mask.h's (causal, window, lengths, attn_mask, and block masks whose blocks hold whole tiles):
 // query tiles that see no key of the tile are never visited, tiles that straddle a boundary are masked per
 // element (by replacement: P = dS = 0). Keys no valid query sees and query rows past q_len are zeroed in shared
-// memory (0 x NaN must not reach a GEMM). Other block masks and the deterministic dQ run in the sm_80 family;
-// run_flash_bwd (bwd_kernel.h) chooses.
+// memory (0 x NaN must not reach a GEMM). Other block masks run in the sm_80 family; run_flash_bwd
+// (bwd_kernel.h) chooses.
 #pragma once
 
 #include <cmath>
@@ -126,6 +127,7 @@ struct BwdTraitsSm90 {
   static constexpr uint32_t kTmaBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineKV = cutlass::PipelineTmaAsync<1>;  // a CTA's key tiles in turn (more than one: deterministic)
   struct SharedStorage {
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutQ>> d_o;
@@ -133,10 +135,9 @@ struct BwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> v;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutdS>> ds;
     alignas(1024) cute::ArrayEngine<float, cute::cosize_v<SmemLayoutdQ>> dq;
-    alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_kv;
+    typename PipelineKV::SharedStorage pipeline_kv;
     typename Pipeline::SharedStorage pipeline_q;
     uint32_t key_seen[kBlockN / 32];  // attn_mask with non-finite K or V: keys some query sees
-    uint32_t nonfinite;               // the K or V tile holds a non-finite value
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
@@ -228,16 +229,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const FlashBwdParams& p = args.p;
   const BwdScratch& s = args.s;
 
-  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
-  const int n0 = n_block * kBlockN;
+  const int h_kv = blockIdx.y, b = blockIdx.z;
+  const int num_key_tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
   const int group = p.num_heads / p.num_heads_kv;
   const int64_t q_len = valid_q_len(p, b), kv_len = valid_kv_len(p, b);
-  // Query tiles that see some key of this tile (mask.h), for each query head of the group.
-  const IndexRange query_rows = query_range_of_keys(p, n0, int64_t(n0) + kBlockN, q_len, kv_len);
-  const int m_begin = int(query_rows.begin / kBlockM);
-  const int m_end = int((query_rows.end + kBlockM - 1) / kBlockM);
-  const int n_m = m_end > m_begin ? m_end - m_begin : 0;
-  const int n_iter = n_m * group;
+  // A key tile's work: the query tiles that see some of its keys (mask.h), for each query head of the group,
+  // iteration it = (head in group) * n_m + (query tile - m_begin).
+  struct KeyTile {
+    int n_block, n0, m_begin, n_m, n_iter;
+  };
+  auto key_tile = [&](int n_block) {
+    KeyTile t;
+    t.n_block = n_block;
+    t.n0 = n_block * kBlockN;
+    const IndexRange query_rows = query_range_of_keys(p, t.n0, int64_t(t.n0) + kBlockN, q_len, kv_len);
+    t.m_begin = int(query_rows.begin / kBlockM);
+    const int m_end = int((query_rows.end + kBlockM - 1) / kBlockM);
+    t.n_m = m_end > t.m_begin ? m_end - t.m_begin : 0;
+    t.n_iter = t.n_m * group;
+    return t;
+  };
   // Block-sparse (the general variant; hopper_backward_takes_block_mask: every tile inside one block): tiles
   // of False blocks are skipped by the producer and the consumers alike. The plain variant visits every tile
   // (the check cost it 1-2% at head dim 64, bf16 and fp16).
@@ -246,16 +257,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   static_assert(kBlockM == kMaskRowGroup && kBlockN == kMaskChunkKeys, "a summary per tile");
   const bool has_attn_mask = kAttnMask && p.attn_mask.data != nullptr;
   const PackedMaskLayout mask_layout(p, MaskPacking::kBackward);
-  auto mask_summary = [&](int h, int m_tile) {
+  auto mask_summary = [&](int h, int m_tile, int n_block) {
     return s.mask[mask_layout.summary_offset + mask_layout.summary_index(mask_layout.plane(b, h), m_tile, n_block)];
   };
-  auto next_visible = [&](int it) {
+  auto next_visible = [&](const KeyTile& t, int it) {
     const bool has_block_mask = kGeneral && p.block_mask.data != nullptr;
     if (!has_block_mask && !has_attn_mask) return it;
-    for (; it < n_iter; ++it) {
-      const int h = h_kv * group + it / n_m, m_tile = m_begin + it % n_m;
-      if (has_block_mask && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, n0 / p.block_k)) continue;
-      if (has_attn_mask && !(mask_summary(h, m_tile) & kMaskSomeVisible)) continue;
+    for (; it < t.n_iter; ++it) {
+      const int h = h_kv * group + it / t.n_m, m_tile = t.m_begin + it % t.n_m;
+      if (has_block_mask && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, t.n0 / p.block_k)) continue;
+      if (has_attn_mask && !(mask_summary(h, m_tile, t.n_block) & kMaskSomeVisible)) continue;
       break;
     }
     return it;
@@ -277,44 +288,51 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     cute::prefetch_tma_descriptor(args.tma_do.get_tma_descriptor());
     cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
-    shared.barrier_kv.init(1);
-    shared.nonfinite = 0;
-    for (uint32_t& word : shared.key_seen) word = 0;
   }
+  using PipelineKV = typename Traits::PipelineKV;
+  PipelineKV pipeline_kv(shared.pipeline_kv, tma_pipeline_params<PipelineKV>(Traits::kTmaBytesKV, kMmaThreads),
+                         Shape<_1, _1, _1>{});
   Pipeline pipeline_q(shared.pipeline_q, tma_pipeline_params<Pipeline>(Traits::kTmaBytesQdO, kMmaThreads),
                       Shape<_1, _1, _1>{});
   __syncthreads();  // barriers initialized
 
   if (warp_group == 0) {
-    // ---- Producer: K and V once, then Q and dO of every (query head, query tile) ----
+    // ---- Producer: per key tile K and V, then Q and dO of every (query head, query tile) ----
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x == 0 && n_iter > 0) {
+    if (threadIdx.x == 0) {
       using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
       Tensor mK = args.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.num_heads_kv, p.batch));
       Tensor mV = args.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.batch));
-      Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-      Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
-      auto k_parts = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-      auto v_parts = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-      shared.barrier_kv.arrive_and_expect_tx(Traits::kTmaBytesKV);
-      copy(args.tma_k.with(reinterpret_cast<BarrierType&>(shared.barrier_kv)), get<0>(k_parts), get<1>(k_parts));
-      copy(args.tma_v.with(reinterpret_cast<BarrierType&>(shared.barrier_kv)), get<0>(v_parts), get<1>(v_parts));
-
       Tensor mQ = args.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.num_heads, p.batch));
       Tensor mdO = args.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch));
+      typename PipelineKV::PipelineState write_kv = cutlass::make_producer_start_state<PipelineKV>();
       PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-      for (int it = next_visible(0); it < n_iter; it = next_visible(it + 1)) {
-        const int h = h_kv * group + it / n_m;
-        const int m_tile = m_begin + it % n_m;
-        Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
-        Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
-        auto q_parts = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-        auto do_parts = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-        pipeline_q.producer_acquire(write);
-        BarrierType& full = *pipeline_q.producer_get_barrier(write);
-        copy(args.tma_q.with(full), get<0>(q_parts), get<1>(q_parts)(_, write.index()));
-        copy(args.tma_do.with(full), get<0>(do_parts), get<1>(do_parts)(_, write.index()));
-        ++write;
+      for (int n_block = blockIdx.x; n_block < num_key_tiles; n_block += gridDim.x) {
+        const KeyTile t = key_tile(n_block);
+        if (t.n_iter == 0) continue;  // the consumers skip it too
+        Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+        Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block, _0{}));
+        auto k_parts = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+        auto v_parts = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+        pipeline_kv.producer_acquire(write_kv);  // the consumers are done with the previous key tile's K and V
+        BarrierType& kv_full = *pipeline_kv.producer_get_barrier(write_kv);
+        copy(args.tma_k.with(kv_full), get<0>(k_parts), get<1>(k_parts));
+        copy(args.tma_v.with(kv_full), get<0>(v_parts), get<1>(v_parts));
+        ++write_kv;
+        for (int it = next_visible(t, 0); it < t.n_iter; it = next_visible(t, it + 1)) {
+          const int h = h_kv * group + it / t.n_m;
+          const int m_tile = t.m_begin + it % t.n_m;
+          Tensor gQ = local_tile(mQ(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
+          Tensor gdO = local_tile(mdO(_, _, h, b), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m_tile, _0{}));
+          auto q_parts = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+          auto do_parts =
+              tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+          pipeline_q.producer_acquire(write);
+          BarrierType& full = *pipeline_q.producer_get_barrier(write);
+          copy(args.tma_q.with(full), get<0>(q_parts), get<1>(q_parts)(_, write.index()));
+          copy(args.tma_do.with(full), get<0>(do_parts), get<1>(do_parts)(_, write.index()));
+          ++write;
+        }
       }
     }
   } else {
@@ -337,8 +355,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
     Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
     Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
-    clear(acc_dk);
-    clear(acc_dv);
     // (key row, query column) inside the S^T tile of each accumulator element.
     Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
     Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
@@ -354,7 +370,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor tdQsdQ = thr_copy_dq.partition_D(make_tensor(make_smem_ptr(shared.dq.begin()), typename Traits::SmemLayoutdQ{}));
     Tensor sdQ_half = make_tensor(make_smem_ptr(shared.dq.begin() + consumer * cosize_v<typename Traits::SmemLayoutdQHalf>),
                                   typename Traits::SmemLayoutdQHalf{});
-    Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), p.batch * p.num_heads));
+    // (query rows, head dim, (split, batch, head)): this CTA's dQ accumulator is its split's (bwd_launch.h).
+    Tensor mdQ = args.tma_dq.get_tma_tensor(
+        make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), s.dq_splits * p.batch * p.num_heads));
+    const int dq_plane0 = s.deterministic ? int(blockIdx.x) * p.batch * p.num_heads : 0;
     const float scale_log2 = softmax_scale_log2(p);  // the forward's factor (mask.h)
     const bool has_softcap = kGeneral && p.softcap > 0.f;
     const float softcap_in = has_softcap ? softcap_input_scale(p) : 0.f;
@@ -363,232 +382,229 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const float keep_scale = has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
     const DropoutSeed seed = has_dropout ? dropout_seed(p) : DropoutSeed{0, 0};
 
-    if (n_iter > 0) {
-      shared.barrier_kv.wait(0);
-      // Keys that no valid query sees, and query rows past q_len, may hold anything (NaN padding); past the
-      // tensors' ends the TMA has zero-filled already.
-      const int64_t keys_end = key_range_of_rows(p, 0, q_len, q_len, kv_len).end;
-      const int key_lo = int(keys_end - n0 < kBlockN ? (keys_end - n0 > 0 ? keys_end - n0 : 0) : kBlockN);
-      const int key_hi = int(p.seqlen_k - n0 < kBlockN ? p.seqlen_k - n0 : kBlockN);
-      if (key_lo < key_hi) {
-        zero_tile_rows<kHeadDim>(sK, key_lo, key_hi, mma_tidx, kMmaThreads);
-        zero_tile_rows<kHeadDim>(sV, key_lo, key_hi, mma_tidx, kMmaThreads);
-        cutlass::arch::fence_view_async_shared();
-        named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
-      }
-      if (has_attn_mask) {
-        // Keys attn_mask hides from every query of the group may hold anything too: when the K or V tile holds
-        // a non-finite value (a rare case that pays one sweep over the masks of this key tile's queries, as the
-        // sm_80 kernel's hide_unseen_keys), their rows are zeroed, so that no 0 x NaN reaches dQ = dS K.
-        bool bad = false;
-        for (int i = mma_tidx; i < kBlockN * kHeadDim; i += kMmaThreads) {
-          const int r = i / kHeadDim, d = i % kHeadDim;
-          bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
-        }
-        if (bad) shared.nonfinite = 1;
-        named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
-        if (shared.nonfinite) {  // uniform
-          constexpr int kLanesPerKey = kMmaThreads / kBlockN;
-          const int c = mma_tidx / kLanesPerKey, lane = mma_tidx % kLanesPerKey;
-          const int64_t col = int64_t(n0) + c;
-          bool seen = false;
-          for (int hh = h_kv * group; hh < (h_kv + 1) * group && !seen && col < keys_end; ++hh) {
-            for (int64_t row = lane; row < q_len && !seen; row += kLanesPerKey)
-              seen = visible(p, b, hh, row, col, q_len, kv_len);
-          }
-          if (seen) atomicOr(&shared.key_seen[c / 32], 1u << (c % 32));
-          named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
-          for (int i = mma_tidx; i < kBlockN * kHeadDim; i += kMmaThreads) {
-            const int r = i / kHeadDim, d = i % kHeadDim;
-            if (!((shared.key_seen[r / 32] >> (r % 32)) & 1u)) {
-              sK(r, d) = Element(0);
-              sV(r, d) = Element(0);
-            }
-          }
+    typename PipelineKV::PipelineState read_kv;
+    PipelineState read;
+    int buffer = 0;  // the dS buffer, alternating per visited tile (across key tiles too: see kDsReady)
+    for (int n_block = blockIdx.x; n_block < num_key_tiles; n_block += gridDim.x) {
+      const KeyTile t = key_tile(n_block);
+      const int n0 = t.n0;
+      clear(acc_dk);
+      clear(acc_dv);
+      if (t.n_iter > 0) {
+        pipeline_kv.consumer_wait(read_kv);
+        // Keys that no valid query sees, and query rows past q_len, may hold anything (NaN padding); past the
+        // tensors' ends the TMA has zero-filled already.
+        const int64_t keys_end = key_range_of_rows(p, 0, q_len, q_len, kv_len).end;
+        const int key_lo = int(keys_end - n0 < kBlockN ? (keys_end - n0 > 0 ? keys_end - n0 : 0) : kBlockN);
+        const int key_hi = int(p.seqlen_k - n0 < kBlockN ? p.seqlen_k - n0 : kBlockN);
+        if (key_lo < key_hi) {
+          zero_tile_rows<kHeadDim>(sK, key_lo, key_hi, mma_tidx, kMmaThreads);
+          zero_tile_rows<kHeadDim>(sV, key_lo, key_hi, mma_tidx, kMmaThreads);
           cutlass::arch::fence_view_async_shared();
           named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
         }
-      }
-
-      // The dropout mask of a tile (bit mi * kCols + ni, 1: kept) is drawn while the tensor cores are busy:
-      // one tile ahead, during the previous tile's dV, dK and dQ GEMMs (kDropoutDrawAhead), or during the
-      // tile's own dP GEMM.
-      constexpr bool kDrawAhead = Traits::kDropoutDrawAhead;
-      auto draw_keep = [&](int it) {
-        const int h = h_kv * group + it / n_m, m0 = (m_begin + it % n_m) * kBlockM;
-        return dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
-      };
-      int it = next_visible(0);
-      uint32_t keep_next = kDrawAhead && has_dropout && it < n_iter ? draw_keep(it) : 0u;
-      PipelineState read;
-      for (int buffer = 0; it < n_iter; buffer ^= 1) {  // buffer: the dS buffer, alternating per visited tile
-        const int h = h_kv * group + it / n_m;
-        const int m0 = (m_begin + it % n_m) * kBlockM;
-        uint32_t keep = keep_next;
-        // attn_mask over part of the tile: this thread's packed words (keys r and r + 8; keys past the tensor
-        // read key 0, hidden by their range), loaded now, used after the S^T GEMM.
-        const bool element_masked = has_attn_mask && !(mask_summary(h, m0 / kBlockM) & kMaskAllVisible);
-        uint32_t mask_bits = 0;  // bit mi * kCols + ni
-        if (element_masked) {
-          static_assert(kRows == 2 && kCols == 16, "two 16-bit words per thread");
-          const uint16_t* words = reinterpret_cast<const uint16_t*>(s.mask);
-          const int64_t plane = mask_layout.plane(b, h);
-          CUTE_UNROLL
-          for (int mi = 0; mi < kRows; ++mi) {
-            const int64_t key = n0 + get<0>(cS_rc(mi, 0));
-            mask_bits |= uint32_t(words[mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0, m0 / kBlockM,
-                                                                  mma_tidx % 4)])
-                         << (mi * kCols);
-          }
-        }
-        const int stage = read.index();
-        const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
-        // lse2 and D of this thread's query columns, fetched while the tiles land.
-        float lse2[kCols], dvec[kCols];
-        CUTE_UNROLL
-        for (int ni = 0; ni < kCols; ++ni) {
-          const int col = get<1>(cS_rc(0, ni));
-          lse2[ni] = s.lse2[row0 + col];
-          dvec[ni] = s.dvec[row0 + col];
-        }
-        pipeline_q.consumer_wait(read);
-        const int64_t q_lo = q_len - m0, q_hi = p.seqlen_q - m0 < kBlockM ? p.seqlen_q - m0 : kBlockM;
-        if (q_lo < q_hi) {  // uniform: both consumers see the same tile
-          zero_tile_rows<kHeadDim>(sQ(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
-          zero_tile_rows<kHeadDim>(sdO(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
-          cutlass::arch::fence_view_async_shared();
-          named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+        if (has_attn_mask) {
+          // Keys attn_mask hides from every query of the group may hold anything too (zeroed where the tile
+          // holds a non-finite value).
+          hide_unseen_keys<kMmaThreads, kBlockN, kHeadDim>(
+              sK, sV, shared.key_seen, p, b, h_kv * group, group, n0, keys_end, q_len, kv_len, mma_tidx,
+              [](bool pred) { return named_sync_or(kMmaThreads, BwdSm90Barrier::kRowsZeroed, pred); },
+              [] {
+                cutlass::arch::fence_view_async_shared();
+                named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+              });
         }
 
-        Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
-        warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
-        warpgroup_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
-        warpgroup_wait<1>();  // S^T done
-
-        // Invisible entries (tiles across a boundary only) become P = dS = 0 by replacement.
-        Tensor S = make_tensor(acc_s.data(), gmma_acc_rowcol(acc_s.layout()));
-        Tensor dP = make_tensor(acc_dp.data(), gmma_acc_rowcol(acc_dp.layout()));
-        const bool need_mask = !tile_fully_visible(p, m0, m0 + kBlockM, n0, int64_t(n0) + kBlockN, q_len, kv_len);
-        uint32_t hidden = 0;  // bit mi * kCols + ni
-        if (need_mask) {
-          CUTE_UNROLL
-          for (int ni = 0; ni < kCols; ++ni) {
-            const TileSpan span = visible_span_in_tile(p, m0 + get<1>(cS_rc(0, ni)), q_len, kv_len, n0, kBlockN);
+        // The dropout mask of a tile (bit mi * kCols + ni, 1: kept) is drawn while the tensor cores are busy:
+        // one tile ahead, during the previous tile's dV, dK and dQ GEMMs (kDropoutDrawAhead), or during the
+        // tile's own dP GEMM.
+        constexpr bool kDrawAhead = Traits::kDropoutDrawAhead;
+        auto draw_keep = [&](int it) {
+          const int h = h_kv * group + it / t.n_m, m0 = (t.m_begin + it % t.n_m) * kBlockM;
+          return dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
+        };
+        int it = next_visible(t, 0);
+        uint32_t keep_next = kDrawAhead && has_dropout && it < t.n_iter ? draw_keep(it) : 0u;
+        for (; it < t.n_iter; buffer ^= 1) {
+          const int h = h_kv * group + it / t.n_m;
+          const int m0 = (t.m_begin + it % t.n_m) * kBlockM;
+          uint32_t keep = keep_next;
+          // attn_mask over part of the tile: this thread's packed words (keys r and r + 8; keys past the tensor
+          // read key 0, hidden by their range), loaded now, used after the S^T GEMM.
+          const bool element_masked = has_attn_mask && !(mask_summary(h, m0 / kBlockM, n_block) & kMaskAllVisible);
+          uint32_t mask_bits = 0;  // bit mi * kCols + ni
+          if (element_masked) {
+            static_assert(kRows == 2 && kCols == 16, "two 16-bit words per thread");
+            const uint16_t* words = reinterpret_cast<const uint16_t*>(s.mask);
+            const int64_t plane = mask_layout.plane(b, h);
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
-              const int key = get<0>(cS_rc(mi, 0));
-              if (key < span.lo || key >= span.hi) hidden |= 1u << (mi * kCols + ni);
+              const int64_t key = n0 + get<0>(cS_rc(mi, 0));
+              mask_bits |= uint32_t(words[mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0, m0 / kBlockM,
+                                                                    mma_tidx % 4)])
+                           << (mi * kCols);
             }
           }
-        }
-        if (element_masked) hidden |= ~mask_bits;
-        if constexpr (!kGeneral) {
+          const int stage = read.index();
+          const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
+          // lse2 and D of this thread's query columns, fetched while the tiles land.
+          float lse2[kCols], dvec[kCols];
           CUTE_UNROLL
-          for (int mi = 0; mi < kRows; ++mi) {
+          for (int ni = 0; ni < kCols; ++ni) {
+            const int col = get<1>(cS_rc(0, ni));
+            lse2[ni] = s.lse2[row0 + col];
+            dvec[ni] = s.dvec[row0 + col];
+          }
+          pipeline_q.consumer_wait(read);
+          const int64_t q_lo = q_len - m0, q_hi = p.seqlen_q - m0 < kBlockM ? p.seqlen_q - m0 : kBlockM;
+          if (q_lo < q_hi) {  // uniform: both consumers see the same tile
+            zero_tile_rows<kHeadDim>(sQ(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
+            zero_tile_rows<kHeadDim>(sdO(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
+            cutlass::arch::fence_view_async_shared();
+            named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+          }
+
+          Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+          Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+          warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+          warpgroup_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+          warpgroup_wait<1>();  // S^T done
+
+          // Invisible entries (tiles across a boundary only) become P = dS = 0 by replacement.
+          Tensor S = make_tensor(acc_s.data(), gmma_acc_rowcol(acc_s.layout()));
+          Tensor dP = make_tensor(acc_dp.data(), gmma_acc_rowcol(acc_dp.layout()));
+          const bool need_mask = !tile_fully_visible(p, m0, m0 + kBlockM, n0, int64_t(n0) + kBlockN, q_len, kv_len);
+          uint32_t hidden = 0;  // bit mi * kCols + ni
+          if (need_mask) {
             CUTE_UNROLL
             for (int ni = 0; ni < kCols; ++ni) {
-              // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1.
-              const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2[ni], 0.f));
-              S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
-            }
-          }
-          warpgroup_wait<0>();  // dP^T done
-          CUTE_UNROLL
-          for (int mi = 0; mi < kRows; ++mi) {
-            CUTE_UNROLL
-            for (int ni = 0; ni < kCols; ++ni) {
-              const float ds = S(mi, ni) * (dP(mi, ni) - dvec[ni]);
-              dP(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : ds;
-            }
-          }
-        } else {
-          // The dropout mask and the tanh of soft-capping while dP^T is computed; then P and dS in one pass, so
-          // that the tanh needs no second register array.
-          if (!kDrawAhead && has_dropout) keep = draw_keep(it);
-          if (has_softcap) {
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_in);
-          }
-          warpgroup_wait<0>();  // dP^T done
-          CUTE_UNROLL
-          for (int mi = 0; mi < kRows; ++mi) {
-            CUTE_UNROLL
-            for (int ni = 0; ni < kCols; ++ni) {
-              const int bit = mi * kCols + ni;
-              // Soft-capping: the forward's capped score (fwd_kernel_sm90.h); d(capped)/d(raw) = 1 - tanh^2,
-              // the scale applied with dK's and dQ's.
-              float score = S(mi, ni), dtanh = 1.f;
-              if (has_softcap) {
-                dtanh = 1.f - score * score;
-                score = p.softcap * score;
+              const TileSpan span = visible_span_in_tile(p, m0 + get<1>(cS_rc(0, ni)), q_len, kv_len, n0, kBlockN);
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) {
+                const int key = get<0>(cS_rc(mi, 0));
+                if (key < span.lo || key >= span.hi) hidden |= 1u << (mi * kCols + ni);
               }
-              const float prob = fast_exp2(fminf(score * scale_log2 - lse2[ni], 0.f));
-              const bool kept = (keep >> bit) & 1u;
-              // With dropout, dP is masked and scaled as P was in the forward (bwd_kernel.h's scores_gradient),
-              // and dV takes the dropped probabilities P Z / keep_prob.
-              const float dpv = has_dropout ? (kept ? dP(mi, ni) * keep_scale : 0.f) : dP(mi, ni);
-              float ds = prob * (dpv - dvec[ni]);
-              if (has_softcap) ds *= dtanh;
-              const bool hid = (hidden >> bit) & 1u;
-              dP(mi, ni) = hid ? 0.f : ds;
-              S(mi, ni) = hid || (has_dropout && !kept) ? 0.f : (has_dropout ? prob * keep_scale : prob);
             }
           }
-        }
+          if (element_masked) hidden |= ~mask_bits;
+          if constexpr (!kGeneral) {
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              CUTE_UNROLL
+              for (int ni = 0; ni < kCols; ++ni) {
+                // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1.
+                const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2[ni], 0.f));
+                S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
+              }
+            }
+            warpgroup_wait<0>();  // dP^T done
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              CUTE_UNROLL
+              for (int ni = 0; ni < kCols; ++ni) {
+                const float ds = S(mi, ni) * (dP(mi, ni) - dvec[ni]);
+                dP(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : ds;
+              }
+            }
+          } else {
+            // The dropout mask and the tanh of soft-capping while dP^T is computed; then P and dS in one pass, so
+            // that the tanh needs no second register array.
+            if (!kDrawAhead && has_dropout) keep = draw_keep(it);
+            if (has_softcap) {
+              CUTE_UNROLL
+              for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_in);
+            }
+            warpgroup_wait<0>();  // dP^T done
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
+              CUTE_UNROLL
+              for (int ni = 0; ni < kCols; ++ni) {
+                const int bit = mi * kCols + ni;
+                // Soft-capping: the forward's capped score (fwd_kernel_sm90.h); d(capped)/d(raw) = 1 - tanh^2,
+                // the scale applied with dK's and dQ's.
+                float score = S(mi, ni), dtanh = 1.f;
+                if (has_softcap) {
+                  dtanh = 1.f - score * score;
+                  score = p.softcap * score;
+                }
+                const float prob = fast_exp2(fminf(score * scale_log2 - lse2[ni], 0.f));
+                const bool kept = (keep >> bit) & 1u;
+                // With dropout, dP is masked and scaled as P was in the forward (bwd_kernel.h's scores_gradient),
+                // and dV takes the dropped probabilities P Z / keep_prob.
+                const float dpv = has_dropout ? (kept ? dP(mi, ni) * keep_scale : 0.f) : dP(mi, ni);
+                float ds = prob * (dpv - dvec[ni]);
+                if (has_softcap) ds *= dtanh;
+                const bool hid = (hidden >> bit) & 1u;
+                dP(mi, ni) = hid ? 0.f : ds;
+                S(mi, ni) = hid || (has_dropout && !kept) ? 0.f : (has_dropout ? prob * keep_scale : prob);
+              }
+            }
+          }
 
-        // dV += P^T dO, dK += dS^T Q (A operands from registers); dS^T also to shared memory for dQ.
-        Tensor rP = convert_fragment<Element>(acc_s);
-        Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
-        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
-        Tensor rdS = convert_fragment<Element>(acc_dp);
-        Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
-        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
-        copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
-        cutlass::arch::fence_view_async_shared();
-        if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
-        named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
+          // dV += P^T dO, dK += dS^T Q (A operands from registers); dS^T also to shared memory for dQ.
+          Tensor rP = convert_fragment<Element>(acc_s);
+          Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
+          warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
+          Tensor rdS = convert_fragment<Element>(acc_dp);
+          Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
+          warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
+          copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
+          cutlass::arch::fence_view_async_shared();
+          if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
+          named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
 
-        // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
-        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
-        if (kDrawAhead && has_dropout) {
-          const int ahead = next_visible(it + 1);
-          if (ahead < n_iter) keep_next = draw_keep(ahead);
+          // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
+          Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
+          if (kDrawAhead && has_dropout) {
+            const int ahead = next_visible(t, it + 1);
+            if (ahead < t.n_iter) keep_next = draw_keep(ahead);
+          }
+          warpgroup_wait<0>();  // dV, dK and dQ done: this stage of Q and dO is free
+          pipeline_q.consumer_release(read);
+          ++read;
+          copy(copy_dq, thr_copy_dq.retile_S(acc_dq), tdQsdQ);
+          cutlass::arch::fence_view_async_shared();
+          named_sync(128, BwdSm90Barrier::kdQStaged, consumer);
+          if (dq_issuer) {
+            Tensor gdQ = local_tile(mdQ(_, _, dq_plane0 + b * p.num_heads + h),
+                                    Shape<Int<kBlockM>, Int<kHeadDim / 2>>{}, make_coord(m0 / kBlockM, consumer));
+            auto dq_parts = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ_half),
+                                          group_modes<0, 2>(gdQ));
+            copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
+            tma_store_arrive();
+          }
+          it = next_visible(t, it + 1);
         }
-        warpgroup_wait<0>();  // dV, dK and dQ done: this stage of Q and dO is free
-        pipeline_q.consumer_release(read);
-        ++read;
-        copy(copy_dq, thr_copy_dq.retile_S(acc_dq), tdQsdQ);
-        cutlass::arch::fence_view_async_shared();
-        named_sync(128, BwdSm90Barrier::kdQStaged, consumer);
+        // The staging buffer must outlive the last reduce-add's read; deterministic, the next key tile's
+        // reduce-adds into this accumulator must follow this tile's: wait for their writes too.
         if (dq_issuer) {
-          Tensor gdQ = local_tile(mdQ(_, _, b * p.num_heads + h), Shape<Int<kBlockM>, Int<kHeadDim / 2>>{},
-                                  make_coord(m0 / kBlockM, consumer));
-          auto dq_parts = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ_half),
-                                        group_modes<0, 2>(gdQ));
-          copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
-          tma_store_arrive();
+          if (s.deterministic) {
+            tma_store_wait_writes();
+          } else {
+            tma_store_wait<0>();
+          }
         }
-        it = next_visible(it + 1);
+        pipeline_kv.consumer_release(read_kv);  // the dQ GEMMs have read K: the producer may load the next tile
+        ++read_kv;
       }
-      if (dq_issuer) tma_store_wait<0>();  // the staging buffer must outlive the last reduce-add's read
-    }
 
-    // ---- Epilogue: dK * scale and dV in the output dtype, rows < seqlen_k, columns < head_dim (_v) ----
-    Tensor cD = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-    Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-    Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dk); i += 2) {  // (even, odd) column pairs: one 4-byte store each
-      const int64_t key = n0 + get<0>(cD(i));
-      const int col = get<1>(cD(i));
-      if (key >= p.seqlen_k) continue;
-      if (col < p.head_dim)
-        *reinterpret_cast<uint32_t*>(dk_ptr + key * p.k_row_stride + col) =
-            pack_float2<Element>(acc_dk(i) * p.scale, acc_dk(i + 1) * p.scale);
-      if (col < p.head_dim_v)
-        *reinterpret_cast<uint32_t*>(dv_ptr + key * p.v_row_stride + col) = pack_float2<Element>(acc_dv(i), acc_dv(i + 1));
+      // ---- Epilogue: dK * scale and dV in the output dtype, rows < seqlen_k, columns < head_dim (_v) ----
+      Tensor cD = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+      Element* dk_ptr = static_cast<Element*>(p.d_k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+      Element* dv_ptr = static_cast<Element*>(p.d_v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dk); i += 2) {  // (even, odd) column pairs: one 4-byte store each
+        const int64_t key = n0 + get<0>(cD(i));
+        const int col = get<1>(cD(i));
+        if (key >= p.seqlen_k) continue;
+        if (col < p.head_dim)
+          *reinterpret_cast<uint32_t*>(dk_ptr + key * p.k_row_stride + col) =
+              pack_float2<Element>(acc_dk(i) * p.scale, acc_dk(i + 1) * p.scale);
+        if (col < p.head_dim_v)
+          *reinterpret_cast<uint32_t*>(dv_ptr + key * p.v_row_stride + col) =
+              pack_float2<Element>(acc_dv(i), acc_dv(i + 1));
+      }
     }
   }
 #endif
@@ -642,17 +658,20 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
                              view(p.v, p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.v_row_stride, p.v_head_stride,
                                   p.v_batch_stride),
                              typename Traits::SmemLayoutK{}, TileK{}, _1{});
-  // dQ accumulator rows of (batch, head) b * num_heads + h start at (b * num_heads + h) * sq_pad.
+  // dQ accumulator rows of (split, batch, head) (split * batch + b) * num_heads + h start at that times sq_pad.
   args.tma_dq = make_tma_copy(
       SM90_TMA_REDUCE_ADD{},
       make_tensor(make_gmem_ptr(s.dq_accum),
-                  make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), int32_t(p.batch) * p.num_heads),
+                  make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), s.dq_splits * int32_t(p.batch) * p.num_heads),
                   make_stride(int64_t(kHeadDim), _1{}, s.sq_pad * kHeadDim)),
       typename Traits::SmemLayoutdQHalf{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim / 2>>{}, _1{});
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, p.num_heads_kv, p.batch);
+  // One CTA per key tile, or with the deterministic dQ one per split, each running its key tiles in turn.
+  const int num_key_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const dim3 grid(s.deterministic && s.dq_splits < num_key_tiles ? s.dq_splits : num_key_tiles, p.num_heads_kv,
+                  p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }

@@ -32,7 +32,8 @@ inline int64_t padded_rows(int64_t seqlen_q) {
 constexpr int64_t kMaxDeterministicDqBytes = int64_t(1) << 30;
 
 // dQ accumulators: 1 (atomics from every key tile's CTA into one), or, deterministic, one per CTA, each CTA
-// of a (kv head, batch) looping over every splits-th key tile into its own accumulator (bwd_kernel.h).
+// of a (kv head, batch) looping over every splits-th key tile into its own accumulator (both families' kernel 2:
+// bwd_kernel.h, bwd_kernel_sm90.h; both tile keys by 128).
 // The split count minimizes the estimated time, waves x key tiles per CTA (one CTA per SM: the kernel's
 // launch bounds), smallest on ties: with 32 (kv head, batch) units on 132 SMs, 4 splits run 128 CTAs in
 // one wave where 5 would run 160 in two. Bounded by the key tiles (of 128) and by
@@ -67,9 +68,9 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
 constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128; }
 
 // The packed attn_mask of the Hopper backward (packed_mask.h), where that kernel may run with one: its family on
-// this device, its head dims, dQ by atomics. Else 0.
+// this device, its head dims. Else 0.
 inline int64_t bwd_mask_bytes(const FlashBwdParams& p) {
-  if (p.attn_mask.data == nullptr || p.deterministic || !hopper_backward_headdim(tf_flash_kernel_headdim(p)) ||
+  if (p.attn_mask.data == nullptr || !hopper_backward_headdim(tf_flash_kernel_headdim(p)) ||
       !hopper_family_allowed())
     return 0;
   return PackedMaskLayout(p, MaskPacking::kBackward).bytes;

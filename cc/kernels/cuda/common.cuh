@@ -262,5 +262,45 @@ __device__ __forceinline__ void for_each_dropout_draw(const DropoutSeed& seed, u
   }
 }
 
+// The backward of both families, first visit of a K/V tile under attn_mask / block_mask: when the tile holds a
+// non-finite value (a rare case that pays one extra sweep over the masks of this key tile's queries), zeroes the
+// keys those masks hide from every valid query of the GQA group, so that no 0 x NaN reaches dQ = dS K or
+// dP = dO V^T. kThreads threads (tid < kThreads) take part; sync_or(pred) is their barrier returning whether
+// any passed true, sync() their plain barrier (the Hopper kernel's also fences the zeroed rows for wgmma).
+template <int kThreads, int kBlockN, int kHeadDim, class SmemKV, class SyncOr, class Sync>
+__device__ __forceinline__ void hide_unseen_keys(SmemKV& sK, SmemKV& sV, uint32_t* key_seen, const FlashFwdParams& p,
+                                                 int b, int h_first, int group, int n0, int64_t keys_end,
+                                                 int64_t q_len, int64_t kv_len, int tid, SyncOr&& sync_or,
+                                                 Sync&& sync) {
+  using Element = typename SmemKV::value_type;
+  bool bad = false;
+  for (int idx = tid; idx < kBlockN * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, d = idx % kHeadDim;
+    bad |= !isfinite(float(sK(r, d))) || !isfinite(float(sV(r, d)));
+  }
+  if (!sync_or(bad)) return;
+  for (int i = tid; i < kBlockN / 32; i += kThreads) key_seen[i] = 0;
+  sync();
+  constexpr int kRowLanes = kThreads / kBlockN > 0 ? kThreads / kBlockN : 1;
+  for (int idx = tid; idx < kBlockN * kRowLanes; idx += kThreads) {
+    const int c = idx % kBlockN, lane = idx / kBlockN;
+    const int64_t col = int64_t(n0) + c;
+    bool seen = false;
+    for (int hh = h_first; hh < h_first + group && !seen && col < keys_end; ++hh) {
+      for (int64_t row = lane; row < q_len && !seen; row += kRowLanes) seen = visible(p, b, hh, row, col, q_len, kv_len);
+    }
+    if (seen) atomicOr(&key_seen[c / 32], 1u << (c % 32));
+  }
+  sync();
+  for (int idx = tid; idx < kBlockN * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, d = idx % kHeadDim;
+    if (!((key_seen[r / 32] >> (r % 32)) & 1u)) {
+      sK(r, d) = Element(0);
+      sV(r, d) = Element(0);
+    }
+  }
+  sync();
+}
+
 }  // namespace cuda
 }  // namespace tf_flash

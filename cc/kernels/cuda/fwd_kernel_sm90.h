@@ -246,10 +246,25 @@ template <class BarrierId>
 __device__ __forceinline__ void named_arrive(int threads, BarrierId id, int offset = 0) {
   cutlass::arch::NamedBarrier::arrive(threads, uint32_t(id) + offset);
 }
+// named_sync that also returns whether any of the threads passed pred = true (bar.red.or).
+template <class BarrierId>
+__device__ __forceinline__ bool named_sync_or(int threads, BarrierId id, bool pred) {
+  const uint32_t barrier = uint32_t(id) + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount;
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "r"(barrier), "r"(uint32_t(threads))
+      : "memory");
+  return any != 0;
+}
+// Waits until this thread's TMA stores and reduce-adds have been written (tma_store_wait waits only until
+// they have read their shared-memory source).
+__device__ __forceinline__ void tma_store_wait_writes() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain variant's
-// registers; kAttnMask (with kGeneral, 128-row tiles): attn_mask too, kept out of the general variant's (its
-// exact zeroing of value rows cost that variant 16-28 bytes of spills at head dim 128).
+// registers; kAttnMask (128-row tiles): attn_mask, with either, kept out of both others' (its exact zeroing
+// of value rows cost the general variant 16-28 bytes of spills at head dim 128).
 template <class Traits, bool kGeneral, bool kAttnMask = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
@@ -282,10 +297,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // and from attn_mask's summaries (packed_mask.h). Hidden tiles are skipped by the producer and the
   // consumers alike; the loops then read one shared byte per tile. (Per-consumer blocks of 64 rows, masking
   // a tile whole for one consumer, cost the d64 kernel of three consumers 400-800 bytes of spills.)
-  constexpr bool kTileTable = kGeneral && kBlockM == 128;
-  static_assert(!kAttnMask || kTileTable, "attn_mask runs in the general variant of the 128-row tiles");
+  constexpr bool kTileTable = (kGeneral || kAttnMask) && kBlockM == 128;
+  static_assert(!kAttnMask || kTileTable, "attn_mask runs on the 128-row tiles");
+  const bool has_block_mask = kGeneral && kTileTable && p.block_mask.data != nullptr;
   const bool has_attn_mask = kAttnMask && p.attn_mask.data != nullptr;
-  const bool has_table = kTileTable && (p.block_mask.data != nullptr || has_attn_mask);
+  const bool has_table = has_block_mask || has_attn_mask;
   // After the shared storage: what each consumer warp's rows see of a tile (zero_unseen_values), then the table.
   constexpr int kSeenWords = Traits::kMmaThreads / 32 * 4;
   uint32_t* const seen_words = reinterpret_cast<uint32_t*>(smem_buf + sizeof(typename Traits::SharedStorage));
@@ -299,7 +315,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int64_t group_end = layout.rows > 1 ? (m0 + kBlockM + kMaskRowGroup - 1) / kMaskRowGroup : 1;
     for (int n = n_block_min + int(threadIdx.x); n < n_block_max; n += Traits::kNThreads) {
       uint8_t state = kTileShown;
-      if (p.block_mask.data != nullptr && !mask_at(p.block_mask, b, h, m0 / p.block_q, n / (p.block_k / kBlockN)))
+      if (has_block_mask && !mask_at(p.block_mask, b, h, m0 / p.block_q, n / (p.block_k / kBlockN)))
         state = kTileHidden;
       if (state != kTileHidden && has_attn_mask) {
         const int64_t chunk = int64_t(n) * kBlockN / kMaskChunkKeys;

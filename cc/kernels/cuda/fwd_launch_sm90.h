@@ -24,9 +24,10 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
                                has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true>);
   if (p.attn_mask.data != nullptr) {
     if constexpr (Traits::kBlockM == 128) {
-      static const bool has_masked_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true, true>);
+      static const bool has_masked_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false, true>) &&
+                                          has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true, true>);
       if (!has_masked_code) return cudaErrorNoKernelImageForDevice;
-      kernel = &flash_fwd_kernel_sm90<Traits, true, true>;
+      kernel = general ? &flash_fwd_kernel_sm90<Traits, true, true> : &flash_fwd_kernel_sm90<Traits, false, true>;
     } else {
       return cudaErrorInvalidValue;  // run_flash_fwd_sm90 chooses 128-row tiles
     }

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Round 14 in the CUDA harness (no TensorFlow).
+#   round.sh det   the deterministic dQ in the Hopper backward (a CTA per split running its key tiles in turn) and
+#                  the forward's attn_mask variant without dropout / soft-capping: build both harnesses (sm_90a,
+#                  spill reports), the backward's full test (deterministic cases: bit-identical reruns), the
+#                  forward's mask cases, timings (deterministic against not, both families; the forward's
+#                  feature costs), memcheck and racecheck of the deterministic cases
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../../../.." && pwd)"
+cd "$root"
+export OUT="${OUT:-/tmp/out}"
+mkdir -p /tmp/cutlass && tar -xzf .gpu_build/cutlass_include.tgz -C /tmp/cutlass && export CUTLASS_INCLUDE=/tmp/cutlass/include
+bench1() {  # family, env, cfg
+  env $([ "$1" = sm80 ] && echo TF_FLASH_CUDA_FAMILY=sm80) $2 build/bwd_dev/bwd_harness bench1 bf16 $3 2>&1 | tail -1
+}
+case "${1:?det}" in
+  det)
+    start=$(date +%s)
+    (ARCHS=90a VARIANTS=0 JOBS=8 PTXAS_VERBOSE=1 tests/cuda_harness/build.sh build/cuda_harness_dev > "$OUT/fwd_build.log" 2>&1 ||
+       echo "forward build failed") &
+    (NVCC_ARCHS=90a JOBS=8 BUILD_ONLY=1 BWD_BUILD=build/bwd_dev PTXAS_VERBOSE=1 tests/cuda_harness/run_bwd_harness.sh \
+       > "$OUT/bwd_build.log" 2>&1 || echo "backward build failed") &
+    wait
+    echo "built in $(( $(date +%s) - start ))s"; grep -E " error" "$OUT/fwd_build.log" "$OUT/bwd_build.log" | head -10
+    cat "$OUT/fwd_build.log" build/bwd_dev/*.o.log | python3 -c '
+import re, sys
+lines = sys.stdin.read().splitlines()
+for i, l in enumerate(lines):
+    m = re.search(r"Compiling entry function .*?(flash_fwd_kernel_sm90|bwd_dkdv_kernel_sm90)\w*?TraitsSm90ILi(\d+)E.*?((?:ELb[01])+)E", l)
+    if m and "sm_90a" in l:
+        spill = next((re.search(r"(\d+) bytes spill stores", x).group(1) for x in lines[i + 1:i + 4] if "spill stores" in x), "?")
+        print(m.group(1), "d" + m.group(2), m.group(3).replace("ELb", ""), "spill", spill)
+' | sort | uniq | tee "$OUT/spills.txt"
+    timeout 360 build/bwd_dev/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "bwd test rc $?: $(tail -1 "$OUT/bwd_test.log")"
+    grep -E "FAIL" "$OUT/bwd_test.log" | head -10
+    grep -E "deterministic" "$OUT/bwd_test.log" | awk '{print $(NF-1), $NF}' | sort | uniq -c
+    FWD_HARNESS_CASES=mask,doc,nan timeout 150 build/cuda_harness_dev/fwd_harness test > "$OUT/fwd_test_masks.log" 2>&1
+    echo "fwd mask cases rc $?: $(tail -1 "$OUT/fwd_test_masks.log")"; grep FAIL "$OUT/fwd_test_masks.log" | head -5
+    for r in 1 2; do timeout 150 build/cuda_harness_dev/fwd_harness feat 2>&1 | grep -E "plain|mask|packing"; done |
+      tee "$OUT/fwd_feat.txt"
+    for cfg in "128 2 8192 16 0 0" "128 8 4096 16 1 0" "64 16 1024 12 0 0" "64 4 4096 12 0 0" "128 8 4096 16 0 0.1"; do
+      for fam in default sm80; do
+        echo "$fam $cfg: $(bench1 $fam "" "$cfg 20") | deterministic: $(bench1 $fam BWD_BENCH_DETERMINISTIC=1 "$cfg 20")"
+      done
+    done | tee "$OUT/bwd_bench_det.txt"
+    for cfg in "128 2 8192 16 0 0" "64 16 1024 12 0 0"; do
+      echo "mask=random $cfg: $(bench1 default BWD_BENCH_ATTN_MASK=random "$cfg 20") | deterministic: $(bench1 default \
+        "BWD_BENCH_ATTN_MASK=random BWD_BENCH_DETERMINISTIC=1" "$cfg 20")"
+    done | tee -a "$OUT/bwd_bench_det.txt"
+    for tool in memcheck racecheck; do
+      BWD_TEST_FILTER="deterministic d64" timeout 120 compute-sanitizer --tool $tool build/bwd_dev/bwd_harness test \
+        > "$OUT/bwd_det_$tool.log" 2>&1; echo "bwd $tool: $(tail -1 "$OUT/bwd_det_$tool.log")"
+    done ;;
+esac
