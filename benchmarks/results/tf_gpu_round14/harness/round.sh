@@ -52,3 +52,18 @@ for i, l in enumerate(lines):
         > "$OUT/bwd_det_$tool.log" 2>&1; echo "bwd $tool: $(tail -1 "$OUT/bwd_det_$tool.log")"
     done ;;
 esac
+# round.sh ncu: what limits the deterministic Hopper backward (its own dQ accumulator per CTA, swept once per key
+# tile): ncu's DRAM and L2 throughput and the dK/dV kernel's time, deterministic against not, two shapes
+if [[ "${1}" == ncu ]]; then
+  NVCC_ARCHS=90a JOBS=16 BUILD_ONLY=1 BWD_BUILD=build/bwd_dev tests/cuda_harness/run_bwd_harness.sh > "$OUT/bwd_build.log" 2>&1 ||
+    { echo "backward build failed"; grep error "$OUT/bwd_build.log" | head; exit 1; }
+  metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed
+  for cfg in "128 2 8192 16 0 0" "128 8 4096 16 1 0"; do
+    for det in 0 1; do
+      echo "== $cfg deterministic=$det"
+      env $([ $det = 1 ] && echo BWD_BENCH_DETERMINISTIC=1) timeout 120 ncu --kernel-name regex:bwd_dkdv_kernel_sm90 \
+        --launch-skip 2 --launch-count 1 --metrics $metrics build/bwd_dev/bwd_harness bench1 bf16 $cfg 3 2>&1 |
+        grep -E "gpu__time|dram__|lts__|gmma" | awk '{print $1, $(NF-1), $NF}'
+    done
+  done | tee "$OUT/ncu_det.txt"
+fi
