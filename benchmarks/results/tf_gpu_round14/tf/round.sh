@@ -6,6 +6,7 @@
 #   round.sh b   XLA; layers, saving, Keras' switch, KerasHub (wheels in .whl/)
 #   round.sh c   the deterministic backward's cost (bench_determinism.py, both families, with and without
 #                dropout, d128 and the model's d64) and the Keras training step under TF_DETERMINISTIC_OPS=1
+#   round.sh d   the Keras training step with packed documents (the forward's new attn_mask variant), as round 13's c
 set -uo pipefail
 cd "$(dirname "$0")/../../../.."
 export OUT="${OUT:-/tmp/out}"
@@ -26,4 +27,6 @@ case "${1:?a, b or c}" in
       mkdir -p "$OUT/model_det"
       TF_DETERMINISTIC_OPS=1 timeout 300 python3 benchmarks/bench_model.py --out-dir "$OUT/model_det" --modes flash_mha_auto \
         --lengths 1024,4096 --families default,sm80 --time-limit 240 2>&1 | tail -12) ;;
+  d) BENCH_MODEL_ARGS="--modes keras_mha_xla,flash_mha_auto --lengths 1024,4096 --doc-tokens 512 --time-limit 420" \
+       bash scripts/gpu_round.sh device bench_model 2>&1 | tail -30 ;;
 esac
