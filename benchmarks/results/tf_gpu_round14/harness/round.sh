@@ -67,3 +67,17 @@ if [[ "${1}" == ncu ]]; then
     done
   done | tee "$OUT/ncu_det.txt"
 fi
+# round.sh ncufwd: where the forward's masked variant spends the time a mask showing every tile costs over the
+# plain kernel (b2 s8k h16 d128, all-True attn_mask; the first launch of each in `fwd_harness feat`)
+if [[ "${1}" == ncufwd ]]; then
+  ARCHS=90a VARIANTS=0 JOBS=16 tests/cuda_harness/build.sh build/cuda_harness_dev > "$OUT/fwd_build.log" 2>&1 ||
+    { echo "forward build failed"; grep error "$OUT/fwd_build.log" | head; exit 1; }
+  for kind in plain:Lb0ELb0E masked:Lb0ELb1E; do
+    timeout 200 ncu --kernel-name-base mangled --kernel-name "regex:flash_fwd_kernel_sm90.*${kind#*:}" --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section InstructionStats --section LaunchStats \
+      --section MemoryWorkloadAnalysis build/cuda_harness_dev/fwd_harness feat > "$OUT/ncu_fwd_${kind%%:*}.txt" 2>&1
+    echo "== ${kind%%:*}"
+    grep -E "Duration|Registers Per|Executed Instructions  |Issued Warp|Stall|Memory Throughput|Compute \(SM\)|Block Size|Warp Cycles Per Issued" \
+      "$OUT/ncu_fwd_${kind%%:*}.txt" | head -16
+  done
+fi
