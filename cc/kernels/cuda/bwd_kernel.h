@@ -689,8 +689,7 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
   if (p.seqlen_k > 0) {  // with seqlen_q == 0 it visits no tile and writes dK = dV = 0
     constexpr int smem = Traits::kSmemBytes;
     const int num_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-    dim3 grid(unsigned(s.deterministic && s.dq_splits < num_tiles ? s.dq_splits : num_tiles),
-              unsigned(p.num_heads_kv), unsigned(p.batch));
+    dim3 grid(unsigned(bwd_dkdv_ctas(s, num_tiles)), unsigned(p.num_heads_kv), unsigned(p.batch));
     auto launch = [&](auto kernel) -> cudaError_t {
       cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e != cudaSuccess) return e;

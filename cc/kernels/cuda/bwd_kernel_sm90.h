@@ -668,10 +668,8 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  // One CTA per key tile, or with the deterministic dQ one per split, each running its key tiles in turn.
   const int num_key_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const dim3 grid(s.deterministic && s.dq_splits < num_key_tiles ? s.dq_splits : num_key_tiles, p.num_heads_kv,
-                  p.batch);
+  const dim3 grid(bwd_dkdv_ctas(s, num_key_tiles), p.num_heads_kv, p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }

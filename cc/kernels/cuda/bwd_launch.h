@@ -33,7 +33,7 @@ constexpr int64_t kMaxDeterministicDqBytes = int64_t(1) << 30;
 
 // dQ accumulators: 1 (atomics from every key tile's CTA into one), or, deterministic, one per CTA, each CTA
 // of a (kv head, batch) looping over every splits-th key tile into its own accumulator (both families' kernel 2:
-// bwd_kernel.h, bwd_kernel_sm90.h; both tile keys by 128).
+// bwd_kernel.h, bwd_kernel_sm90.h; bwd_dkdv_ctas).
 // The split count minimizes the estimated time, waves x key tiles per CTA (one CTA per SM: the kernel's
 // launch bounds), smallest on ties: with 32 (kv head, batch) units on 132 SMs, 4 splits run 128 CTAs in
 // one wave where 5 would run 160 in two. Bounded by the key tiles (of 128) and by
@@ -111,6 +111,12 @@ inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
   s.sq_pad = sq_pad;
   s.mask = bwd_mask_bytes(p) > 0 ? reinterpret_cast<uint8_t*>(s.dvec + rows) : nullptr;
   return s;
+}
+
+// CTAs of kernel 2 per (kv head, batch), in either family: one per key tile, or, deterministic, one per split
+// (each running its key tiles in turn).
+inline int bwd_dkdv_ctas(const BwdScratch& s, int num_key_tiles) {
+  return s.deterministic && s.dq_splits < num_key_tiles ? s.dq_splits : num_key_tiles;
 }
 
 }  // namespace cuda
