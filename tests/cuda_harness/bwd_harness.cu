@@ -349,10 +349,13 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));
   CHECK_CUDA(cudaGetLastError());
-  std::vector<uint16_t> gq(q.size()), gk(k.size()), gv(v.size());
-  CHECK_CUDA(cudaMemcpy(gq.data(), p.d_q, gq.size() * 2, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(gk.data(), p.d_k, gk.size() * 2, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(gv.data(), p.d_v, gv.size() * 2, cudaMemcpyDeviceToHost));
+  auto download = [](const void* src, size_t n) {
+    std::vector<uint16_t> host(n);
+    CHECK_CUDA(cudaMemcpy(host.data(), src, n * 2, cudaMemcpyDeviceToHost));
+    return host;
+  };
+  const std::vector<uint16_t> gq = download(p.d_q, q.size()), gk = download(p.d_k, k.size()),
+                              gv = download(p.d_v, v.size());
   bool repeated = true;  // deterministic: a second run gives the same bits
   if (c.deterministic) {
     CHECK_CUDA(cudaMemset(p.d_q, 0xFF, q.size() * 2));
@@ -361,11 +364,8 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
     CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
     if (flash_bwd_cuda(p, c.dtype, stream) != 0) repeated = false;
     CHECK_CUDA(cudaStreamSynchronize(stream));
-    std::vector<uint16_t> rq(q.size()), rk(k.size()), rv(v.size());
-    CHECK_CUDA(cudaMemcpy(rq.data(), p.d_q, rq.size() * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(rk.data(), p.d_k, rk.size() * 2, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(rv.data(), p.d_v, rv.size() * 2, cudaMemcpyDeviceToHost));
-    repeated = repeated && rq == gq && rk == gk && rv == gv;
+    repeated = repeated && download(p.d_q, q.size()) == gq && download(p.d_k, k.size()) == gk &&
+               download(p.d_v, v.size()) == gv;
   }
 
   auto compare = [&](const std::vector<uint16_t>& g, const std::vector<double>& ref) {
