@@ -81,3 +81,12 @@ if [[ "${1}" == ncufwd ]]; then
       "$OUT/ncu_fwd_${kind%%:*}.txt" | head -16
   done
 fi
+# round.sh review: after the review's refactor (bwd_dkdv_ctas for both families' grids; the harness's download
+# helper): the backward's full test
+if [[ "${1}" == review ]]; then
+  NVCC_ARCHS=90a JOBS=16 BUILD_ONLY=1 BWD_BUILD=build/bwd_dev tests/cuda_harness/run_bwd_harness.sh > "$OUT/bwd_build.log" 2>&1 ||
+    { echo "backward build failed"; grep error "$OUT/bwd_build.log" | head; exit 1; }
+  timeout 360 build/bwd_dev/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "bwd test rc $?: $(tail -1 "$OUT/bwd_test.log")"
+  grep FAIL "$OUT/bwd_test.log" | head -5
+  grep -E "deterministic" "$OUT/bwd_test.log" | awk '{print $(NF-1), $NF}' | sort | uniq -c
+fi
