@@ -18,18 +18,19 @@ std::atomic<int64_t> forward_sm80_launches{0}, forward_sm90_launches{0}, backwar
 
 namespace {
 
-// Compute capability major of the current device, read once per device.
-int device_major() {
+// A device attribute of the current device, read once per device.
+template <cudaDeviceAttr kAttribute>
+int device_attribute() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> majors[kMaxDevices] = {};
+  static std::atomic<int> values[kMaxDevices] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-  int major = majors[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return 0;
-    majors[device].store(major, std::memory_order_relaxed);
+  int value = values[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    if (cudaDeviceGetAttribute(&value, kAttribute, device) != cudaSuccess) return 0;
+    values[device].store(value, std::memory_order_relaxed);
   }
-  return major;
+  return value;
 }
 
 }  // namespace
@@ -39,7 +40,17 @@ bool hopper_family_allowed() {
     const char* choice = std::getenv("TF_FLASH_CUDA_FAMILY");
     return choice == nullptr || std::strcmp(choice, "sm80") != 0;
   }();
-  return allowed && device_major() == 9;
+  return allowed && device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+}
+
+int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
+
+bool hopper_forward_persistent() {
+  static const bool persistent = [] {
+    const char* choice = std::getenv("TF_FLASH_SM90_FORWARD_SCHEDULE");
+    return choice == nullptr || std::strcmp(choice, "tiles") != 0;
+  }();
+  return persistent;
 }
 
 }  // namespace cuda

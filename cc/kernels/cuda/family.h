@@ -14,6 +14,13 @@ namespace cuda {
 // launcher reports cudaErrorNoKernelImageForDevice, launching nothing.
 bool hopper_family_allowed();
 
+// Streaming multiprocessors of the current device (read once per device; 0 if CUDA cannot tell).
+int device_sm_count();
+
+// True unless TF_FLASH_SM90_FORWARD_SCHEDULE=tiles was set when the process first asked: the Hopper
+// forward then launches a CTA per query tile instead of one persistent CTA per SM (comparisons, bisecting).
+bool hopper_forward_persistent();
+
 // Launches by family, for flash_cuda_kernel_counts (launch.h).
 extern std::atomic<int64_t> forward_sm80_launches, forward_sm90_launches, backward_sm80_launches,
     backward_sm90_launches, forward_float32_launches, backward_float32_launches;

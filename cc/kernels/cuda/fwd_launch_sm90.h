@@ -3,8 +3,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <type_traits>
 
+#include "cc/kernels/cuda/family.h"
 #include "cc/kernels/cuda/fwd_api.h"
 #include "cc/kernels/cuda/fwd_kernel_sm90.h"
 #include "cc/kernels/cuda/packed_mask.h"
@@ -12,6 +16,22 @@
 
 namespace tf_flash {
 namespace cuda {
+
+// The Hopper forward's schedule (FwdScheduleSm90) for these params: a group holds the (batch, head) pairs of as
+// many kv heads as fit in kL2Bytes with both K and V (at least one).
+template <class Traits>
+FwdScheduleSm90 make_fwd_schedule(const FlashFwdParams& p) {
+  constexpr int64_t kL2Bytes = int64_t(32) << 20;  // of the H100's 50 MB, what one wave's K/V may take
+  FwdScheduleSm90 s;
+  s.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  s.num_heads = p.num_heads;
+  const int64_t pairs = int64_t(p.batch) * p.num_heads;
+  s.tiles = int64_t(s.m_blocks) * pairs;
+  const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.head_dim + p.head_dim_v) * int64_t(sizeof(typename Traits::Element));
+  const int64_t kv_heads = std::max<int64_t>(1, kL2Bytes / std::max<int64_t>(kv_bytes, 1));
+  s.group_pairs = int(std::min<int64_t>(pairs, kv_heads * (p.num_heads / p.num_heads_kv)));
+  return s;
+}
 
 template <class Traits>
 cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
@@ -52,6 +72,11 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
                            make_stride(_1{}, p.v_row_stride, p.v_head_stride, p.v_batch_stride));
   args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
                              Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  args.tma_o = make_tma_copy(SM90_TMA_STORE{},
+                             make_tensor(make_gmem_ptr(static_cast<Element*>(p.out)),
+                                         make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch),
+                                         make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride)),
+                             typename Traits::SmemLayoutOWarpGroup{}, Shape<_64, Int<kHeadDim>>{}, _1{});
 
   // Block masks and attn_mask add the kernel's tile table (a byte per key tile) and the consumers' words of
   // seen keys after the shared storage; keys too many for the table (some millions) run in the sm_80 family.
@@ -77,8 +102,16 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.num_heads, p.batch);
-  kernel<<<grid, Traits::kNThreads, smem, stream>>>(args);
+  // One CTA per SM (the kernel holds all of an SM's registers), each running its share of the query tiles;
+  // a CTA per tile where the kernel makes a tile table (once per CTA) or TF_FLASH_SM90_FORWARD_SCHEDULE=tiles.
+  args.schedule = make_fwd_schedule<Traits>(p);
+  const int64_t tiles = args.schedule.tiles;
+  const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
+  int64_t ctas = tiles;
+  if (!tile_table && hopper_forward_persistent() && device_sm_count() > 0)
+    ctas = std::min<int64_t>(tiles, device_sm_count());
+  if (ctas > std::numeric_limits<int>::max()) return cudaErrorNoKernelImageForDevice;  // the sm_80 family runs it
+  kernel<<<dim3(unsigned(ctas)), Traits::kNThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
 
