@@ -4,6 +4,7 @@
 #   ARCHS="80 90a"   targets (default both)      JOBS=N     parallel compiles (default nproc)
 #   REDUCED=1        only head dims 64 and 128 (CI-sized build, TF_FLASH_CUDA_REDUCED)
 #   VARIANTS=0       leave out the tile-shape variants (fwd_variants.cu)
+#   EXTRA_NVCC_FLAGS more nvcc flags
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:-$root/build/cuda_harness}"
@@ -18,6 +19,7 @@ srcs=("$root"/cc/kernels/cuda/flash_fwd_*.cu "$root/cc/kernels/cuda/cuda_entry.c
       "$root/cc/kernels/cuda/stage.cu" "$root/cc/kernels/cuda/float32_kernels.cu" "$root/cc/kernels/cuda/packed_mask.cu"
       "$root/tests/cuda_harness/fwd_harness.cu")
 [ "${PTXAS_VERBOSE:-0}" = 1 ] && flags+=" -Xptxas -v"
+flags+=" ${EXTRA_NVCC_FLAGS:-}"  # e.g. -D switches of an experiment
 jobs=()
 for src in "${srcs[@]}"; do jobs+=("$src|"); done
 if [ "${VARIANTS:-1}" = 1 ]; then  # one object per tile variant, plus the name table

@@ -17,10 +17,11 @@
 namespace tf_flash {
 namespace cuda {
 
-// The Hopper forward's schedule (FwdScheduleSm90) for these params: a group holds the (batch, head) pairs of as
-// many kv heads as fit in kL2Bytes with both K and V (at least one).
+// The Hopper forward's schedule (FwdScheduleSm90) for these params. by_l2: a group holds the (batch, head) pairs
+// of as many kv heads as fit in kL2Bytes with both K and V; else those of one kv head (query tiles of one head
+// after another, as a grid of a CTA per tile ran before the schedule).
 template <class Traits>
-FwdScheduleSm90 make_fwd_schedule(const FlashFwdParams& p) {
+FwdScheduleSm90 make_fwd_schedule(const FlashFwdParams& p, bool by_l2) {
   constexpr int64_t kL2Bytes = int64_t(32) << 20;  // of the H100's 50 MB, what one wave's K/V may take
   FwdScheduleSm90 s;
   s.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
@@ -28,8 +29,8 @@ FwdScheduleSm90 make_fwd_schedule(const FlashFwdParams& p) {
   const int64_t pairs = int64_t(p.batch) * p.num_heads;
   s.tiles = int64_t(s.m_blocks) * pairs;
   const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.head_dim + p.head_dim_v) * int64_t(sizeof(typename Traits::Element));
-  const int64_t kv_heads = std::max<int64_t>(1, kL2Bytes / std::max<int64_t>(kv_bytes, 1));
-  s.group_pairs = int(std::min<int64_t>(pairs, kv_heads * (p.num_heads / p.num_heads_kv)));
+  const int64_t kv_heads = by_l2 ? std::max<int64_t>(1, kL2Bytes / std::max<int64_t>(kv_bytes, 1)) : 1;
+  s.group_pairs = int(std::min<int64_t>({pairs, kv_heads * (p.num_heads / p.num_heads_kv), INT32_MAX}));
   return s;
 }
 
@@ -102,14 +103,19 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  // One CTA per SM (the kernel holds all of an SM's registers), each running its share of the query tiles;
-  // a CTA per tile where the kernel makes a tile table (once per CTA) or TF_FLASH_SM90_FORWARD_SCHEDULE=tiles.
-  args.schedule = make_fwd_schedule<Traits>(p);
-  const int64_t tiles = args.schedule.tiles;
+  // One CTA per SM (the kernel holds all of an SM's registers), each running its share of the query tiles, or a
+  // CTA per tile, which the hardware hands out as CTAs finish: where the kernel makes a tile table (once per CTA),
+  // with TF_FLASH_SM90_FORWARD_SCHEDULE=tiles, and under a causal mask over more than 4k keys, whose tiles differ
+  // too much for the static schedule (bf16 d128 16k: 368 against 483 TFLOP/s). Measured on the H100
+  // (benchmarks/results/tf_gpu_round15/): persistent CTAs gain most where tiles are short (d128 512 / 1k
+  // tokens: 381 / 456 against 345 / 439 before them), and with them query tiles go head after head (heads
+  // grouped for L2 cost up to 7% at d128 4k); a CTA per causal tile goes in the L2 groups (d256 8k: 550 against
+  // 510 head after head).
   const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
-  int64_t ctas = tiles;
-  if (!tile_table && hopper_forward_persistent() && device_sm_count() > 0)
-    ctas = std::min<int64_t>(tiles, device_sm_count());
+  const bool long_causal = p.causal && p.seqlen_k > 4096;
+  const bool persistent = !tile_table && !long_causal && hopper_forward_persistent() && device_sm_count() > 0;
+  args.schedule = make_fwd_schedule<Traits>(p, /*by_l2=*/p.causal && !persistent);
+  const int64_t ctas = persistent ? std::min<int64_t>(args.schedule.tiles, device_sm_count()) : args.schedule.tiles;
   if (ctas > std::numeric_limits<int>::max()) return cudaErrorNoKernelImageForDevice;  // the sm_80 family runs it
   kernel<<<dim3(unsigned(ctas)), Traits::kNThreads, smem, stream>>>(args);
   return cudaGetLastError();

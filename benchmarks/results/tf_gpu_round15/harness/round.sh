@@ -49,6 +49,98 @@ for key in sorted(rows):
     print(*key, "|", *(f"{v.get(k, 0):.0f}" for k in ("old", "tiles", "new")), "|", f"{v.get('new', 0) / max(v.get('old', 1), 1):.3f}")
 PY
     ;;
+  l2)  # the schedule's head groups (L2 bytes a group's K/V may take; 1: one head per group, the old order)
+    build_new 10 &
+    [ -x $old ] || ARCHS=90a VARIANTS=0 JOBS=6 build/oldtree/tests/cuda_harness/build.sh build/cuda_harness_old > "$OUT/old_build.log" 2>&1
+    wait; echo "built"
+    for r in 1 2; do
+      timeout 100 $old bench 64 128 256 > "$OUT/bench_old_$r.txt" 2>&1 || echo "bench old $r failed"
+      for l2 in 33554432 8388608 1; do
+        for sched in tiles persistent; do
+          TF_FLASH_SM90_FORWARD_SCHEDULE=$sched TF_FLASH_SM90_L2_BYTES=$l2 timeout 100 $new bench 64 128 256 \
+            > "$OUT/bench_${sched}_${l2}_$r.txt" 2>&1 || echo "bench $sched $l2 $r failed"
+        done
+      done
+    done
+    python3 - "$OUT" <<'PY'
+import sys, collections, glob, os
+out = sys.argv[1]
+rows = collections.defaultdict(dict)
+kinds = ["old"] + [f"{s}_{l}" for l in ("33554432", "8388608", "1") for s in ("tiles", "persistent")]
+for kind in kinds:
+    for r in (1, 2):
+        for line in open(f"{out}/bench_{kind}_{r}.txt"):
+            f = line.split()
+            if len(f) >= 9 and f[0] in ("bf16", "fp16"):
+                rows[(f[0], int(f[1]), int(f[2]), int(f[4]))].setdefault(kind, []).append(float(f[8]))
+with open(f"{out}/l2_summary.txt", "w") as fh:
+    print("dtype d causal seqlen | old | tiles/persistent at L2 32M, 8M, one head (max of 2 runs, TFLOP/s)", file=fh)
+    for key in sorted(rows):
+        print(*key, "|", *(f"{max(rows[key].get(k, [0])):.0f}" for k in kinds), file=fh)
+for f in glob.glob(f"{out}/bench_*.txt"): os.remove(f)
+PY
+    cat "$OUT/l2_summary.txt" ;;
+  c)  # the launch rule (persistent, or a CTA per tile for long causal work); O in Q's buffer at d128 too (the
+      # d128 kernel's loss against the old one at long non-causal work: its own O buffer, 32 KB more shared memory?)
+    build_new 8 &
+    (ARCHS=90a VARIANTS=0 JOBS=6 EXTRA_NVCC_FLAGS=-DTF_FLASH_SM90_OUTPUT_IN_Q tests/cuda_harness/build.sh build/cuda_harness_oq \
+       > "$OUT/oq_build.log" 2>&1 || echo "oq build failed") &
+    [ -x $old ] || ARCHS=90a VARIANTS=0 JOBS=4 build/oldtree/tests/cuda_harness/build.sh build/cuda_harness_old > "$OUT/old_build.log" 2>&1
+    wait; echo "built"
+    timeout 100 $new test quick > "$OUT/test_quick.log" 2>&1; echo "quick test rc $?: $(tail -1 "$OUT/test_quick.log")"
+    for r in 1 2; do
+      timeout 100 $old bench 64 128 256 > "$OUT/bench_old_$r.txt" 2>&1 || echo "bench old $r failed"
+      timeout 100 $new bench 64 128 256 > "$OUT/bench_new_$r.txt" 2>&1 || echo "bench new $r failed"
+      timeout 100 build/cuda_harness_oq/fwd_harness bench 128 > "$OUT/bench_oq_$r.txt" 2>&1 || echo "bench oq $r failed"
+    done
+    python3 - "$OUT" <<'PY'
+import sys, collections, glob, os
+out = sys.argv[1]
+rows = collections.defaultdict(dict)
+kinds = ["old", "new", "oq"]
+for kind in kinds:
+    for r in (1, 2):
+        for line in open(f"{out}/bench_{kind}_{r}.txt"):
+            f = line.split()
+            if len(f) >= 9 and f[0] in ("bf16", "fp16"):
+                rows[(f[0], int(f[1]), int(f[2]), int(f[4]))].setdefault(kind, []).append(float(f[8]))
+with open(f"{out}/rule_summary.txt", "w") as fh:
+    print("dtype d causal seqlen | TFLOP/s (max of 2 runs): before | this round | d128 with O in Q's buffer | this/before", file=fh)
+    for key in sorted(rows):
+        v = {k: max(x) for k, x in rows[key].items()}
+        print(*key, "|", *(f"{v.get(k, 0):.0f}" for k in kinds), "|", f"{v['new'] / v['old']:.3f}", file=fh)
+for f in glob.glob(f"{out}/bench_*.txt"): os.remove(f)
+PY
+    cat "$OUT/rule_summary.txt" ;;
+  ncu)  # the d128 kernel's loss against the old one on long non-causal work (b4 s4k h16 bf16): ncu of both, and
+        # where the new plain kernel's spill sits in its SASS
+    build_new 10 &
+    [ -x $old ] || ARCHS=90a VARIANTS=0 JOBS=6 build/oldtree/tests/cuda_harness/build.sh build/cuda_harness_old > "$OUT/old_build.log" 2>&1
+    wait; echo "built"
+    metrics=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__inst_executed_op_local_ld.sum,smsp__inst_executed_op_local_st.sum,dram__bytes.sum,lts__t_sector_hit_rate.pct,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed,smsp__cycles_active.avg
+    for kind in old new; do
+      echo "== $kind"
+      timeout 150 ncu --kernel-name regex:flash_fwd_kernel_sm90 --launch-skip 2 --launch-count 1 --section WarpStateStats \
+        --metrics $metrics build/cuda_harness_$([ $kind = old ] && echo old || echo dev)/fwd_harness one 128 0 4096 2>&1 |
+        grep -E "gpu__time|smsp__inst|dram__bytes|lts__t_sector|gmma|cycles_active|Stall|Warp Cycles Per" | awk '{$1=$1; print}' | cut -c1-120
+    done | tee "$OUT/ncu_d128.txt"
+    for kind in old dev; do
+      cuobjdump -sass build/cuda_harness_$kind/flash_fwd_sm90_bf16_hdim128.o | python3 -c '
+import re, sys
+fn = None; out = {}
+for line in sys.stdin:
+    m = re.search(r"Function : (\S+)", line)
+    if m: fn = m.group(1); out[fn] = []; continue
+    if fn: out[fn].append(line.rstrip())
+for fn, lines in out.items():
+    if "Lb0ELb0E" not in fn: continue
+    ins = [l for l in lines if re.search(r"/\*[0-9a-f]{4}\*/", l)]
+    print(fn[-60:], "instructions", len(ins), "HGMMA", sum("HGMMA" in l for l in ins), "LDL", sum(" LDL" in l for l in ins), "STL", sum(" STL" in l for l in ins))
+    for i, l in enumerate(ins):
+        if " LDL" in l or " STL" in l:
+            print("  @%d/%d" % (i, len(ins)), l.strip()[:100])
+' > "$OUT/sass_spills_$kind.txt"; done
+    cat "$OUT"/sass_spills_*.txt | head -40 ;;
   b)
     [ -x $new ] || build_new
     timeout 280 $new test > "$OUT/test.log" 2>&1; echo "test rc $?: $(tail -1 "$OUT/test.log")"; grep FAIL "$OUT/test.log" | head -5
