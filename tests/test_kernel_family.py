@@ -5,6 +5,11 @@ also head dim 256) and on every other GPU
 (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -87,6 +92,89 @@ def test_forward_family_and_result(dtype, head_dim, causal, rng):
     ref, _ = reference_attention(q, k, v, causal=causal)
     tol = 2e-2 if dtype == tf.float16 else 6e-2
     np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref, atol=tol, rtol=0)
+
+
+# The Hopper forward's schedules (cc/kernels/cuda/fwd_launch_sm90.h): persistent CTAs, each running several query
+# tiles, and a CTA per tile (TF_FLASH_SM90_FORWARD_SCHEDULE=tiles, read once per process: a child process runs
+# it). Shapes with more query tiles than an H100 has SMs (132), lengths leaving tiles without work, d256's output
+# through Q's buffer, Dv < D (the TMA store's columns), GQA with dropout and soft-capping (the general variant).
+_SCHEDULE_CASES = [
+    dict(head_dim=128),
+    dict(head_dim=64),  # three consumers, 192-row tiles
+    dict(head_dim=256),
+    dict(head_dim=128, causal=True, q_lengths=[1100, 700, 37, 0], kv_lengths=[1100, 1000, 5, 900]),
+    dict(head_dim=64, window=[70, 20]),
+    dict(head_dim=128, value_dim=64, heads_kv=2, dropout_rate=0.1, seed=[3, 4], softcap=8.0),
+]
+_SCHEDULE_CHILD = """
+import json, sys
+import numpy as np, tensorflow as tf, tf_flash
+cases, data, results = json.load(open(sys.argv[1])), np.load(sys.argv[2]), {}
+for i, kw in enumerate(cases):
+    q, k, v = (tf.constant(data[f"{i}_{n}"], tf.bfloat16) for n in "qkv")
+    with tf.device("/GPU:0"):
+        out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kw)
+    results[f"{i}_out"], results[f"{i}_lse"] = tf.cast(out, tf.float32).numpy(), lse.numpy()
+np.savez(sys.argv[3], **results)
+"""
+
+
+def _schedule_case(i):
+    """(q, k, v as float32 of bf16 values, flash_attention kwargs) of _SCHEDULE_CASES[i]: b4 s1100 h8."""
+    case = dict(_SCHEDULE_CASES[i])
+    d, dv, hkv = case.pop("head_dim"), case.pop("value_dim", None), case.pop("heads_kv", 8)
+    rng = np.random.default_rng(1000 + i)
+    shapes = [(4, 1100, 8, d), (4, 1100, hkv, d), (4, 1100, hkv, dv or d)]
+    q, k, v = (tf.cast(tf.constant(rng.standard_normal(s), tf.bfloat16), tf.float32).numpy() for s in shapes)
+    return q, k, v, case
+
+
+@pytest.fixture(scope="module")
+def per_tile_schedule_results(tmp_path_factory):
+    """The cases' (out, lse) from a child process whose Hopper forward runs a CTA per query tile."""
+    folder = tmp_path_factory.mktemp("schedule")
+    cases, arrays = [], {}
+    for i in range(len(_SCHEDULE_CASES)):
+        q, k, v, kwargs = _schedule_case(i)
+        cases.append(kwargs)
+        arrays.update({f"{i}_q": q, f"{i}_k": k, f"{i}_v": v})
+    json.dump(cases, open(folder / "cases.json", "w"))
+    np.savez(folder / "inputs.npz", **arrays)
+    env = dict(os.environ, TF_FLASH_SM90_FORWARD_SCHEDULE="tiles")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _SCHEDULE_CHILD, str(folder / "cases.json"), str(folder / "inputs.npz"),
+                           str(folder / "results.npz")], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(folder / "results.npz")
+
+
+@pytest.mark.parametrize("case", range(len(_SCHEDULE_CASES)))
+def test_forward_schedules_give_identical_results(case, per_tile_schedule_results):
+    """Persistent CTAs and a CTA per tile compute each tile alike: bit-identical outputs and lse, and both
+    right against float64."""
+    q, k, v, kwargs = _schedule_case(case)
+    before = cuda_kernel_counts()
+    with tf.device("/GPU:0"):
+        out, lse = tf_flash.flash_attention(*(tf.constant(x, tf.bfloat16) for x in (q, k, v)), return_lse=True,
+                                            **kwargs)
+    after = cuda_kernel_counts()
+    if _hopper_expected():
+        assert after["forward_sm90"] - before["forward_sm90"] == 1, (before, after)
+    out = tf.cast(out, tf.float32).numpy()
+    np.testing.assert_array_equal(out, per_tile_schedule_results[f"{case}_out"])
+    np.testing.assert_array_equal(lse.numpy(), per_tile_schedule_results[f"{case}_lse"])
+    ref_kw = dict(kwargs)
+    seed = ref_kw.pop("seed", None)
+    if ref_kw.get("window"):
+        ref_kw["window"] = tuple(ref_kw["window"])
+    if ref_kw.get("dropout_rate"):
+        (b, sq, h, _), sk = q.shape, k.shape[1]
+        ref_kw["keep_mask"] = philox_ref.keep_mask(seed[0], seed[1], b, h, sq, sk, ref_kw["dropout_rate"])
+    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
+    np.testing.assert_allclose(out, ref_out, atol=6e-2, rtol=0)
+    finite = np.isfinite(ref_lse)
+    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
+    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])

@@ -2,6 +2,7 @@
 # Round 15 through TensorFlow (after the six stash calls), device commands back to back:
 #   round.sh a   build the library; kernel family, robustness, determinism, softcap, validation, float32 range;
 #                the op, dropout and sparsity tests (the persistent Hopper forward under every front door's tests)
+#   round.sh e   (after the schedule test was added to test_kernel_family.py) the kernel family suite again
 #   round.sh b   XLA; layers, saving, Keras' switch, KerasHub (wheels in .whl/)
 #   round.sh c   the Keras training step (FlashMHA, compile()'s default: XLA around the attention), alternating
 #                the forward's persistent CTAs with a CTA per tile (TF_FLASH_SM90_FORWARD_SCHEDULE=tiles), and
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/../../../.."
 export OUT="${OUT:-/tmp/out}"
 case "${1:?a, b or c}" in
   a) bash scripts/gpu_round.sh device family test 2>&1 | grep -E "gpu_round|passed|failed|FAILED|Error" | head -30 ;;
+  e) bash scripts/gpu_round.sh device family 2>&1 | grep -E "gpu_round|passed|failed|FAILED|Error" | head -30 ;;
   b) bash scripts/gpu_round.sh device xla layers 2>&1 | grep -E "passed|failed|FAILED|Error|skipped" | head -30 ;;
   c) bash scripts/gpu_round.sh device none > /dev/null 2>&1
      (source .gpu/env/env.sh >/dev/null 2>&1
