@@ -3,11 +3,11 @@
 // (FwdScheduleSm90) with a producer warpgroup and two or three consumer warpgroups. The producer (one thread
 // of warpgroup 0) brings each tile's Q and the visible K/V tiles into a ring of kStages shared-memory stages
 // with the bulk tensor copy engine (TMA), each stage guarded by mbarriers (cutlass::PipelineTmaAsync); it keeps
-// 24 registers so that the consumers get the rest (setmaxnreg). Each consumer owns 64 query rows and runs wgmma: S = Q K^T from shared memory,
-// O += P V with P from registers. Inside a warpgroup the softmax of tile j overlaps the P V GEMM of tile
-// j + 1 (tiles run from the last key tile down); between the warpgroups named barriers take turns issuing
-// GEMMs (ping-pong, round robin with three), so that one's softmax runs while another's GEMMs do. Each
-// consumer's O leaves through shared memory by TMA store while the next tile starts.
+// 24 registers so that the consumers get the rest (setmaxnreg). Each consumer owns 64 query rows and runs
+// wgmma: S = Q K^T from shared memory, O += P V with P from registers. Inside a warpgroup the softmax of tile
+// j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile down); between the warpgroups named
+// barriers take turns issuing GEMMs (ping-pong, round robin with three), so that one's softmax runs while
+// another's GEMMs do. Each consumer's O leaves through shared memory by TMA store while the next tile starts.
 //
 // Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
 // lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping,
@@ -96,10 +96,13 @@ struct FwdTraitsSm90 {
   // consumer its own rows, which only its own GEMMs read.
   static constexpr bool kOwnOutputBuffer = 2 * kTmaBytesQ + 2 * kStages * kTmaBytesKV <= 200 * 1024;
   using SmemLayoutO = SmemLayoutQ;
+  // One consumer's rows of O (the first 64; a consumer's own are these, moved by whole swizzle periods).
   using SmemLayoutOWarpGroup = decltype(cute::composition(
-      SmemLayoutO{}, cute::Layout<cute::Shape<cute::_64, cute::Int<kHeadDim>>, cute::Stride<cute::_1, cute::Int<kBlockM>>>{}));
+      SmemLayoutO{},
+      cute::Layout<cute::Shape<cute::_64, cute::Int<kHeadDim>>, cute::Stride<cute::_1, cute::Int<kBlockM>>>{}));
   using TmaO = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_STORE{}, cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{}, GmemStride{}),
+      cute::SM90_TMA_STORE{},
+      cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{}, GmemStride{}),
       SmemLayoutOWarpGroup{}, cute::Shape<cute::_64, cute::Int<kHeadDim>>{}, cute::_1{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
@@ -110,7 +113,7 @@ struct FwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutVt>> v;
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
-    cutlass::arch::ClusterBarrier barrier_q_free;  // the consumers are done with a tile's Q (kernel: when)
+    cutlass::arch::ClusterBarrier barrier_q_free;  // the consumer threads are done with a tile's Q
     typename Pipeline::SharedStorage pipeline_k, pipeline_v;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -141,7 +144,8 @@ template <class E> struct FwdConfigSm90<256, E> {
 
 // Which query tiles each CTA of the Hopper forward runs. Tiles go in the order (group of heads, query tile from
 // the last down, (batch, head) in the group): the last query tiles are the heaviest under a causal mask, and a
-// group holds the heads whose K and V fit in L2 together, which the CTAs running at one time then share. CTA c
+// group holds the heads of one kv head or (make_fwd_schedule) those whose K and V fit in L2 together, which the
+// CTAs running at one time then share. CTA c
 // of `ctas` takes tile c of each wave of `ctas` tiles, counted from the wave's end in odd waves, so that heavy
 // and light tiles even out over the CTAs: a static schedule, with no counter to reset before each launch. With
 // a CTA per tile (ctas == tiles) it is the launch order.
