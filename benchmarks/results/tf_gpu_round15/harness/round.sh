@@ -112,6 +112,32 @@ with open(f"{out}/rule_summary.txt", "w") as fh:
 for f in glob.glob(f"{out}/bench_*.txt"): os.remove(f)
 PY
     cat "$OUT/rule_summary.txt" ;;
+  order)  # d128 again with this round's kernels first in each pair (round c ran the old ones first)
+    build_new 10 &
+    [ -x $old ] || ARCHS=90a VARIANTS=0 JOBS=6 build/oldtree/tests/cuda_harness/build.sh build/cuda_harness_old > "$OUT/old_build.log" 2>&1
+    wait; echo "built"
+    for r in 1 2; do
+      timeout 100 $new bench 128 > "$OUT/bench_new_$r.txt" 2>&1 || echo "bench new $r failed"
+      timeout 100 $old bench 128 > "$OUT/bench_old_$r.txt" 2>&1 || echo "bench old $r failed"
+    done
+    python3 - "$OUT" <<'PY'
+import sys, collections, glob, os
+out = sys.argv[1]
+rows = collections.defaultdict(dict)
+for kind in ("new", "old"):
+    for r in (1, 2):
+        for line in open(f"{out}/bench_{kind}_{r}.txt"):
+            f = line.split()
+            if len(f) >= 9 and f[0] in ("bf16", "fp16"):
+                rows[(f[0], int(f[1]), int(f[2]), int(f[4]))].setdefault(kind, []).append(float(f[8]))
+with open(f"{out}/order_summary.txt", "w") as fh:
+    print("dtype d causal seqlen | TFLOP/s (max of 2 runs; this round's kernels first): now | before | now/before", file=fh)
+    for key in sorted(rows):
+        v = {k: max(x) for k, x in rows[key].items()}
+        print(*key, "|", f"{v['new']:.0f} | {v['old']:.0f} | {v['new'] / v['old']:.3f}", file=fh)
+for f in glob.glob(f"{out}/bench_*.txt"): os.remove(f)
+PY
+    cat "$OUT/order_summary.txt" ;;
   ncu)  # the d128 kernel's loss against the old one on long non-causal work (b4 s4k h16 bf16): ncu of both, and
         # where the new plain kernel's spill sits in its SASS
     build_new 10 &
