@@ -58,6 +58,12 @@ def _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, ref_kw, seed=
     """out, lse and grads (of sum(out * dout)) against float64 attention of the rounded inputs q, k, v with
     ref_kw (flash_attention's keyword arguments); with dropout, the Philox reference's keep mask of the op's
     seed (ref_kw's, else `seed`)."""
+    ref_kw = _assert_output_matches_float64(q, k, v, out, lse, dtype, ref_kw, seed)
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), dtype)
+
+
+def _assert_output_matches_float64(q, k, v, out, lse, dtype, ref_kw, seed=None):
+    """out and lse as _assert_matches_float64 checks them; returns the reference's keyword arguments."""
     ref_kw = dict(ref_kw)
     ref_kw.pop("deterministic", None)  # how dQ is summed, not what it is
     seed = ref_kw.pop("seed", seed)
@@ -70,7 +76,7 @@ def _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, ref_kw, seed=
     finite = np.isfinite(ref_lse)
     np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
     np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
-    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), dtype)
+    return ref_kw
 
 
 def _assert_gradients_close(grads, ref_grads, dtype):
@@ -103,7 +109,7 @@ _SCHEDULE_CASES = [
     dict(head_dim=64),  # three consumers, 192-row tiles
     dict(head_dim=256),
     dict(head_dim=128, causal=True, q_lengths=[1100, 700, 37, 0], kv_lengths=[1100, 1000, 5, 900]),
-    dict(head_dim=64, window=[70, 20]),
+    dict(head_dim=64, window=(70, 20)),
     dict(head_dim=128, value_dim=64, heads_kv=2, dropout_rate=0.1, seed=[3, 4], softcap=8.0),
 ]
 _SCHEDULE_CHILD = """
@@ -160,21 +166,9 @@ def test_forward_schedules_give_identical_results(case, per_tile_schedule_result
     after = cuda_kernel_counts()
     if _hopper_expected():
         assert after["forward_sm90"] - before["forward_sm90"] == 1, (before, after)
-    out = tf.cast(out, tf.float32).numpy()
-    np.testing.assert_array_equal(out, per_tile_schedule_results[f"{case}_out"])
+    np.testing.assert_array_equal(tf.cast(out, tf.float32).numpy(), per_tile_schedule_results[f"{case}_out"])
     np.testing.assert_array_equal(lse.numpy(), per_tile_schedule_results[f"{case}_lse"])
-    ref_kw = dict(kwargs)
-    seed = ref_kw.pop("seed", None)
-    if ref_kw.get("window"):
-        ref_kw["window"] = tuple(ref_kw["window"])
-    if ref_kw.get("dropout_rate"):
-        (b, sq, h, _), sk = q.shape, k.shape[1]
-        ref_kw["keep_mask"] = philox_ref.keep_mask(seed[0], seed[1], b, h, sq, sk, ref_kw["dropout_rate"])
-    ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
-    np.testing.assert_allclose(out, ref_out, atol=6e-2, rtol=0)
-    finite = np.isfinite(ref_lse)
-    np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
-    np.testing.assert_allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-2)
+    _assert_output_matches_float64(q, k, v, out, lse, tf.bfloat16, kwargs)
 
 
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
