@@ -38,6 +38,11 @@
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
+// 0: one register buffer of P in every forward variant (an A/B switch for measurements; see kDoubleBufferP).
+#ifndef TF_FLASH_SM90_DOUBLE_BUFFER_P
+#define TF_FLASH_SM90_DOUBLE_BUFFER_P 1
+#endif
+
 namespace tf_flash {
 namespace cuda {
 
@@ -322,6 +327,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kMmaThreads = Traits::kMmaThreads;
+  // Two register buffers of P (see the consumers' loop) where the registers allow: two consumers (240 each) at
+  // head dims up to 128, in the plain variant (bytes of spills with two buffers: d256 plain 192, d128 with dropout
+  // or masks more than with one).
+  constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
+                                  kHeadDim <= 128 && !kGeneral && !kAttnMask;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -526,6 +536,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
       Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
       Tensor tOrP = make_tensor<Element>(gmma_acc_as_a_operand(tSrS.layout()));
+      Tensor tOrP2 = make_tensor<Element>(tOrP.layout());  // kDoubleBufferP's second buffer
       Tensor s_rc = make_tensor(tSrS.data(), gmma_acc_rowcol(tSrS.layout()));
       Tensor o_rc = make_tensor(tOrO.data(), gmma_acc_rowcol(tOrO.layout()));
       OnlineSoftmax<kRows> softmax;
@@ -663,13 +674,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           softmax.exponentiate(s_rc, correction, scale_log2);
         };
         // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
-        auto probabilities_to_operand = [&](int n) __attribute__((always_inline)) {
-          Tensor rP = convert_fragment<Element>(tSrS);
+        auto probabilities_to_operand = [&](int n, auto& rP) __attribute__((always_inline)) {
+          convert_fragment_into(tSrS, rP);
           if (has_dropout) {
-            Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(rP.layout()));
+            Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(tSrS.layout()));
             apply_dropout<kBlockN>(rP_atoms, cS_rc, p, batch_head, m0, int64_t(n) * kBlockN, drop_threshold);
           }
-          copy(make_tensor(rP.data(), tOrP.layout()), tOrP);
+        };
+        auto rescale_output = [&]() __attribute__((always_inline)) {
+          CUTE_UNROLL
+          for (int mi = 0; mi < size<0>(o_rc); ++mi) {
+            CUTE_UNROLL
+            for (int ni = 0; ni < size<1>(o_rc); ++ni) o_rc(mi, ni) *= correction[mi];
+          }
         };
 
         int n = n_first;
@@ -683,34 +700,78 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
         softmax_of_tile(n, true, state, bits);
-        probabilities_to_operand(n);
+        probabilities_to_operand(n, tOrP);
 
-        // Each step: S of tile n and O += P V of the tile before (n_prev) issued together; the softmax of S runs
-        // while the tensor cores do P V; then O is rescaled by the change of the running max and P becomes n's.
+        // Each step issues S = Q K^T of tile n and O += P V of the tile before (n_prev) together; the softmax of S
+        // runs while the tensor cores do P V.
         int n_prev = n;  // the tile whose P V is next
-        for (n = next_tile(n, n_block_min); n >= n_block_min; n_prev = n, n = next_tile(n, n_block_min)) {
-          PipelineState read_v = read;  // tile n_prev
-          ++read;
-          // Only edge tiles, and tiles of the exact rule: see above (uniform over the consumers).
-          if (n_prev == n_first || needs_exact_zeroing(n_prev)) zero_unseen_values(n_prev, read_v);
-          state = state_of(n);
-          if (element_masked(state)) load_mask_bits(n, bits);
-          pipeline_k.consumer_wait(read);
-          named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
-          warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
-          pipeline_v.consumer_wait(read_v);
-          warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-          named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
-          warpgroup_wait<1>();  // S done
-          pipeline_k.consumer_release(read);
-          softmax_of_tile(n, false, state, bits);
-          warpgroup_wait<0>();  // P V done
-          pipeline_v.consumer_release(read_v);
-          probabilities_to_operand(n);
-          CUTE_UNROLL
-          for (int mi = 0; mi < size<0>(o_rc); ++mi) {
-            CUTE_UNROLL
-            for (int ni = 0; ni < size<1>(o_rc); ++ni) o_rc(mi, ni) *= correction[mi];
+        if constexpr (kDoubleBufferP) {
+          // P of tile n goes to the register buffer that the P V in flight does not read, so a step never waits
+          // for its P V: the next step's first wait finds it done, and only then is O rescaled (by n_prev's
+          // factor, before the P V that adds n_prev's part). With one buffer the new P overwrites the registers P V
+          // reads, and ptxas places the wait for P V before the softmax (it did, in every variant): the softmax
+          // then overlaps only the other consumers' GEMMs.
+          PipelineState read_v_done;  // the V stage of the P V in flight
+          bool pv_in_flight = false;
+          auto step = [&](auto& p_cur, auto& p_next) __attribute__((always_inline)) {
+            const int tile = next_tile(n_prev, n_block_min);
+            if (tile < n_block_min) return false;
+            PipelineState read_v = read;  // tile n_prev
+            ++read;
+            warpgroup_wait<0>();  // the P V before (issued a softmax ago)
+            if (pv_in_flight) pipeline_v.consumer_release(read_v_done);
+            // Only edge tiles, and tiles of the exact rule: see above (uniform over the consumers).
+            if (n_prev == n_first || needs_exact_zeroing(n_prev)) zero_unseen_values(n_prev, read_v);
+            state = state_of(tile);
+            if (element_masked(state)) load_mask_bits(tile, bits);
+            pipeline_k.consumer_wait(read);
+            named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
+            warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+            rescale_output();
+            pipeline_v.consumer_wait(read_v);
+            warpgroup_gemm<false>(mma_pv, p_cur, tOrV(_, _, _, read_v.index()), tOrO);
+            named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
+            read_v_done = read_v;
+            pv_in_flight = true;
+            warpgroup_wait<1>();  // S done
+            pipeline_k.consumer_release(read);
+            softmax_of_tile(tile, false, state, bits);
+            probabilities_to_operand(tile, p_next);
+            n_prev = tile;
+            return true;
+          };
+          bool p_in_second = false;  // P of n_prev is in tOrP2
+          while (step(tOrP, tOrP2)) {
+            if (!step(tOrP2, tOrP)) {
+              p_in_second = true;
+              break;
+            }
+          }
+          warpgroup_wait<0>();  // also before tOrP is written: the last P V may read it
+          if (pv_in_flight) pipeline_v.consumer_release(read_v_done);
+          if (p_in_second) copy(tOrP2, tOrP);
+          rescale_output();
+        } else {
+          // Then O is rescaled by the change of the running max and P becomes n's.
+          for (n = next_tile(n, n_block_min); n >= n_block_min; n_prev = n, n = next_tile(n, n_block_min)) {
+            PipelineState read_v = read;  // tile n_prev
+            ++read;
+            if (n_prev == n_first || needs_exact_zeroing(n_prev)) zero_unseen_values(n_prev, read_v);
+            state = state_of(n);
+            if (element_masked(state)) load_mask_bits(n, bits);
+            pipeline_k.consumer_wait(read);
+            named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
+            warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+            pipeline_v.consumer_wait(read_v);
+            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+            named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
+            warpgroup_wait<1>();  // S done
+            pipeline_k.consumer_release(read);
+            softmax_of_tile(n, false, state, bits);
+            warpgroup_wait<0>();  // P V done
+            pipeline_v.consumer_release(read_v);
+            probabilities_to_operand(n, tOrP);
+            rescale_output();
           }
         }
         // The last P V (tile n_prev), outside the ping-pong.
