@@ -6,6 +6,12 @@
 #   round.sh a      build the three, the quick test, ncu of d128 for each
 #   round.sh bench  benchmarks interleaved (before, one buffer, two), two runs
 #   round.sh b      the full forward test, memcheck and racecheck (quick cases)
+#   round.sh det    HEAD's Hopper backward (this round's sources; d64 and d128 only): the deterministic case that did
+#                   not repeat in round bwd, eight times, then under racecheck and synccheck
+#   round.sh bwd    the backward test and benchmarks against HEAD's backward. It measured a change that was not
+#                   committed (0.89-0.98x): the plain Hopper backward exponentiating P^T before its wait for dP^T
+#                   (the mask's zeros applied after, in a block of their own, so that ptxas keeps the wait after the
+#                   exponentials); on the committed sources the two builds are the same kernels.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -65,6 +71,47 @@ with open(f"{out}/summary_bench.txt", "w") as fh:
         print(*key, "|", *(f"{v.get(k, 0):.0f}" for k in kinds), "|", f"{v['new'] / v['old']:.3f}", file=fh)
 PY
     cat "$OUT/summary_bench.txt" ;;
+  det)
+    NVCC_ARCHS=90a JOBS=16 BUILD_ONLY=1 EXTRA_FLAGS=-DTF_FLASH_CUDA_REDUCED BWD_BUILD=build/bwd_det \
+      tests/cuda_harness/run_bwd_harness.sh > "$OUT/det_build.log" 2>&1 || { echo "backward build failed"; exit 1; }
+    export BWD_TEST_FILTER="deterministic causal GQA d128"
+    for i in 1 2 3 4 5 6 7 8; do echo "run $i: $(timeout 60 build/bwd_det/bwd_harness test 2>&1 | grep -E "FAIL|cases" | cut -c1-150 | tr '\n' ' ')"; done | tee "$OUT/det_repeats.txt"
+    for tool in racecheck synccheck; do
+      timeout 150 compute-sanitizer --tool $tool build/bwd_det/bwd_harness test > "$OUT/det_$tool.log" 2>&1; echo "$tool: $(tail -1 "$OUT/det_$tool.log")"
+    done ;;
+  bwd)
+    start=$(date +%s)
+    (NVCC_ARCHS=90a JOBS=8 BUILD_ONLY=1 BWD_BUILD=build/bwd_new tests/cuda_harness/run_bwd_harness.sh > "$OUT/bwd_build_new.log" 2>&1 ||
+       echo "new backward build failed") &
+    (NVCC_ARCHS=90a JOBS=8 BUILD_ONLY=1 BWD_BUILD=$root/build/bwd_old build/oldtree/tests/cuda_harness/run_bwd_harness.sh \
+       > "$OUT/bwd_build_old.log" 2>&1 || echo "old backward build failed") &
+    wait; echo "built in $(( $(date +%s) - start ))s"
+    timeout 300 build/bwd_new/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -1 "$OUT/bwd_test.log")"
+    grep FAIL "$OUT/bwd_test.log" | head -5
+    for r in 1 2; do
+      for kind in old new; do
+        BWD_BENCH_DTYPE=bf16 timeout 150 build/bwd_$kind/bwd_harness bench 64 128 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind $r failed"
+      done
+    done
+    python3 - "$OUT" <<'PY'
+import collections, sys
+out = sys.argv[1]
+rows = collections.defaultdict(dict)
+for kind in ("old", "new"):
+    for r in (1, 2):
+        for line in open(f"{out}/bwdbench_{kind}_{r}.txt"):
+            f = [x.strip() for x in line.split("|")]
+            if len(f) > 9 and f[1] in ("bf16", "fp16"):
+                key = (f[1], int(f[2]), f[3], int(f[5]))
+                rows[key][kind] = max(rows[key].get(kind, 0.0), float(f[9]))
+with open(f"{out}/summary_bwd.txt", "w") as fh:
+    print("dtype d causal seqlen | backward TFLOP/s (max of 2 runs): before | now | now/before", file=fh)
+    for key in sorted(rows):
+        v = rows[key]
+        print(*key, "|", f"{v['old']:.0f} | {v['new']:.0f} | {v['new'] / v['old']:.3f}", file=fh)
+PY
+    rm -f "$OUT"/bwdbench_*.txt
+    cat "$OUT/summary_bwd.txt" ;;
   b)
     build_new
     timeout 280 $new test > "$OUT/test.log" 2>&1; echo "test rc $?: $(tail -1 "$OUT/test.log")"; grep FAIL "$OUT/test.log" | head -5
