@@ -5,9 +5,10 @@
 // with the bulk tensor copy engine (TMA), each stage guarded by mbarriers (cutlass::PipelineTmaAsync); it keeps
 // 24 registers so that the consumers get the rest (setmaxnreg). Each consumer owns 64 query rows and runs
 // wgmma: S = Q K^T from shared memory, O += P V with P from registers. Inside a warpgroup the softmax of tile
-// j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile down); between the warpgroups named
-// barriers take turns issuing GEMMs (ping-pong, round robin with three), so that one's softmax runs while
-// another's GEMMs do. Each consumer's O leaves through shared memory by TMA store while the next tile starts.
+// j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile down; where the registers allow, P
+// alternates between two register buffers so that nothing waits for that GEMM before the softmax); between the
+// warpgroups named barriers take turns issuing GEMMs (ping-pong, round robin with three), so that one's softmax
+// runs while another's GEMMs do. Each consumer's O leaves through shared memory by TMA store while the next tile starts.
 //
 // Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
 // lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping,
