@@ -8,7 +8,8 @@
 // j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile down; where the registers allow, P
 // alternates between two register buffers so that nothing waits for that GEMM before the softmax); between the
 // warpgroups named barriers take turns issuing GEMMs (ping-pong, round robin with three), so that one's softmax
-// runs while another's GEMMs do. Each consumer's O leaves through shared memory by TMA store while the next tile starts.
+// runs while another's GEMMs do. Each consumer's O leaves through shared memory by TMA store while the next tile
+// starts.
 //
 // Visibility is mask.h's, as in the sm_80 family: causal, window, lengths, GQA/MQA, Dv != D, any sequence
 // lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping,
@@ -753,7 +754,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           if (p_in_second) copy(tOrP2, tOrP);
           rescale_output();
         } else {
-          // Then O is rescaled by the change of the running max and P becomes n's.
+          // One buffer: after the softmax, the wait for P V; then O is rescaled by the change of the running max
+          // and P becomes n's.
           for (n = next_tile(n, n_block_min); n >= n_block_min; n_prev = n, n = next_tile(n, n_block_min)) {
             PipelineState read_v = read;  // tile n_prev
             ++read;
