@@ -26,7 +26,7 @@ build_one() { [ -x $one ] || ARCHS=90a VARIANTS=0 JOBS=${1:-6} EXTRA_NVCC_FLAGS=
 build_old() { [ -x $old ] || ARCHS=90a VARIANTS=0 JOBS=${1:-6} build/oldtree/tests/cuda_harness/build.sh build/cuda_harness_old \
   > "$OUT/old_build.log" 2>&1 || echo "old build failed"; }
 build_all() { build_new 6 & build_one 5 & build_old 5 & wait; }
-summarize() { PYTHONPATH="$here" python3 - "$OUT"; }  # a heredoc's script with summarize.py's load/remove
+summarize() { PYTHONPATH="$here/../../tf_gpu_round15/harness" python3 - "$OUT"; }  # round 15 summarize.py: load/remove
 case "${1:?a, bench or b}" in
   a)
     start=$(date +%s)
