@@ -707,6 +707,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Each step issues S = Q K^T of tile n and O += P V of the tile before (n_prev) together; the softmax of S
         // runs while the tensor cores do P V.
         int n_prev = n;  // the tile whose P V is next
+        // The start of a step: value rows of n_prev's V stage zeroed where needed (only edge tiles, and tiles of
+        // the exact rule: see above; uniform over the consumers), tile's mask bits, then its S = Q K^T issued in
+        // this consumer's ping-pong turn.
+        auto issue_scores = [&](int tile, PipelineState read_v) __attribute__((always_inline)) {
+          if (n_prev == n_first || needs_exact_zeroing(n_prev)) zero_unseen_values(n_prev, read_v);
+          state = state_of(tile);
+          if (element_masked(state)) load_mask_bits(tile, bits);
+          pipeline_k.consumer_wait(read);
+          named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
+          warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+        };
         if constexpr (kDoubleBufferP) {
           // P of tile n goes to the register buffer that the P V in flight does not read, so a step never waits
           // for its P V: the next step's first wait finds it done, and only then is O rescaled (by n_prev's
@@ -722,13 +733,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ++read;
             warpgroup_wait<0>();  // the P V before (issued a softmax ago)
             if (pv_in_flight) pipeline_v.consumer_release(read_v_done);
-            // Only edge tiles, and tiles of the exact rule: see above (uniform over the consumers).
-            if (n_prev == n_first || needs_exact_zeroing(n_prev)) zero_unseen_values(n_prev, read_v);
-            state = state_of(tile);
-            if (element_masked(state)) load_mask_bits(tile, bits);
-            pipeline_k.consumer_wait(read);
-            named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
-            warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+            issue_scores(tile, read_v);
             rescale_output();
             pipeline_v.consumer_wait(read_v);
             warpgroup_gemm<false>(mma_pv, p_cur, tOrV(_, _, _, read_v.index()), tOrO);
@@ -759,12 +764,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           for (n = next_tile(n, n_block_min); n >= n_block_min; n_prev = n, n = next_tile(n, n_block_min)) {
             PipelineState read_v = read;  // tile n_prev
             ++read;
-            if (n_prev == n_first || needs_exact_zeroing(n_prev)) zero_unseen_values(n_prev, read_v);
-            state = state_of(n);
-            if (element_masked(state)) load_mask_bits(n, bits);
-            pipeline_k.consumer_wait(read);
-            named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
-            warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+            issue_scores(n, read_v);
             pipeline_v.consumer_wait(read_v);
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
