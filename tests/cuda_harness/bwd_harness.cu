@@ -328,15 +328,19 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
   CHECK_CUDA(cudaMalloc(&p.d_q, std::max<size_t>(q.size() * 2, 16)));
   CHECK_CUDA(cudaMalloc(&p.d_k, std::max<size_t>(k.size() * 2, 16)));
   CHECK_CUDA(cudaMalloc(&p.d_v, std::max<size_t>(v.size() * 2, 16)));
-  CHECK_CUDA(cudaMemset(p.d_q, 0xFF, q.size() * 2));  // NaN poison
-  CHECK_CUDA(cudaMemset(p.d_k, 0xFF, k.size() * 2));
-  CHECK_CUDA(cudaMemset(p.d_v, 0xFF, v.size() * 2));
   const int64_t scratch = flash_bwd_cuda_scratch_bytes(p, c.dtype);
   CHECK_CUDA(cudaMalloc(&p.scratch, std::max<int64_t>(scratch, 16)));
-  CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
-  // cudaMemset runs on the legacy default stream, which a non-blocking stream does not wait for: finish the
-  // poison before the backward starts (unordered, it could land in the middle of a run).
-  CHECK_CUDA(cudaDeviceSynchronize());
+  // NaN in the outputs and the scratch before each run. cudaMemset runs on the legacy default stream, which the
+  // run's non-blocking stream does not wait for: the poison is finished first (unordered, it could land in the
+  // middle of a run).
+  auto poison = [&] {
+    CHECK_CUDA(cudaMemset(p.d_q, 0xFF, q.size() * 2));
+    CHECK_CUDA(cudaMemset(p.d_k, 0xFF, k.size() * 2));
+    CHECK_CUDA(cudaMemset(p.d_v, 0xFF, v.size() * 2));
+    CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
+    CHECK_CUDA(cudaDeviceSynchronize());
+  };
+  poison();
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const tf_flash::CudaKernelCounts before = tf_flash::flash_cuda_kernel_counts();
@@ -361,11 +365,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
                               gv = download(p.d_v, v.size());
   bool repeated = true;  // deterministic: a second run gives the same bits
   if (c.deterministic) {
-    CHECK_CUDA(cudaMemset(p.d_q, 0xFF, q.size() * 2));
-    CHECK_CUDA(cudaMemset(p.d_k, 0xFF, k.size() * 2));
-    CHECK_CUDA(cudaMemset(p.d_v, 0xFF, v.size() * 2));
-    CHECK_CUDA(cudaMemset(p.scratch, 0xFF, scratch));
-    CHECK_CUDA(cudaDeviceSynchronize());  // as above: the poison first
+    poison();
     if (flash_bwd_cuda(p, c.dtype, stream) != 0) repeated = false;
     CHECK_CUDA(cudaStreamSynchronize(stream));
     repeated = repeated && download(p.d_q, q.size()) == gq && download(p.d_k, k.size()) == gk &&
