@@ -123,7 +123,9 @@ struct BwdTraitsSm90 {
                                                   cute::Stride<int64_t, cute::_1, int64_t>{}));
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensordQ{}, SmemLayoutdQHalf{},
                                              cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>>{}, cute::_1{}));
-  static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element);  // one stage of Q and dO
+  // One stage: Q and dO, and lse2 and D of their rows (bulk copies, so that the consumers read them from shared
+  // memory when they need them instead of holding 2 kCols registers across the GEMMs, or waiting on global loads).
+  static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
   static constexpr uint32_t kTmaBytesKV = 2 * kBlockN * kHeadDim * sizeof(Element);
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
@@ -135,6 +137,8 @@ struct BwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> v;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutdS>> ds;
     alignas(1024) cute::ArrayEngine<float, cute::cosize_v<SmemLayoutdQ>> dq;
+    alignas(16) float lse2[kStages][kBlockM];  // bwd_launch.h's lse2 and D of the stage's query rows
+    alignas(16) float dvec[kStages][kBlockM];
     typename PipelineKV::SharedStorage pipeline_kv;
     typename Pipeline::SharedStorage pipeline_q;
     uint32_t key_seen[kBlockN / 32];  // attn_mask with non-finite K or V: keys some query sees
@@ -331,6 +335,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           BarrierType& full = *pipeline_q.producer_get_barrier(write);
           copy(args.tma_q.with(full), get<0>(q_parts), get<1>(q_parts)(_, write.index()));
           copy(args.tma_do.with(full), get<0>(do_parts), get<1>(do_parts)(_, write.index()));
+          // Rows of the scratch are padded to whole tiles (kScratchRowPad), 512-byte aligned.
+          const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + int64_t(m_tile) * kBlockM;
+          SM90_BULK_COPY_G2S::copy(s.lse2 + row0, reinterpret_cast<uint64_t*>(&full), shared.lse2[write.index()],
+                                   kBlockM * sizeof(float));
+          SM90_BULK_COPY_G2S::copy(s.dvec + row0, reinterpret_cast<uint64_t*>(&full), shared.dvec[write.index()],
+                                   kBlockM * sizeof(float));
           ++write;
         }
       }
@@ -446,16 +456,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
           }
           const int stage = read.index();
-          const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + m0;
-          // lse2 and D of this thread's query columns, fetched while the tiles land.
-          float lse2[kCols], dvec[kCols];
-          CUTE_UNROLL
-          for (int ni = 0; ni < kCols; ++ni) {
-            const int col = get<1>(cS_rc(0, ni));
-            lse2[ni] = s.lse2[row0 + col];
-            dvec[ni] = s.dvec[row0 + col];
-          }
           pipeline_q.consumer_wait(read);
+          // lse2 and D of this thread's query columns, read where they are used.
+          const float* stage_lse2 = shared.lse2[stage];
+          const float* stage_dvec = shared.dvec[stage];
+          auto lse2 = [&](int ni) { return stage_lse2[get<1>(cS_rc(0, ni))]; };
+          auto dvec = [&](int ni) { return stage_dvec[get<1>(cS_rc(0, ni))]; };
           const int64_t q_lo = q_len - m0, q_hi = p.seqlen_q - m0 < kBlockM ? p.seqlen_q - m0 : kBlockM;
           if (q_lo < q_hi) {  // uniform: both consumers see the same tile
             zero_tile_rows<kHeadDim>(sQ(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
@@ -493,7 +499,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) {
                 // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1.
-                const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2[ni], 0.f));
+                const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2(ni), 0.f));
                 S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
               }
             }
@@ -502,7 +508,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             for (int mi = 0; mi < kRows; ++mi) {
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) {
-                const float ds = S(mi, ni) * (dP(mi, ni) - dvec[ni]);
+                const float ds = S(mi, ni) * (dP(mi, ni) - dvec(ni));
                 dP(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : ds;
               }
             }
@@ -527,12 +533,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                   dtanh = 1.f - score * score;
                   score = p.softcap * score;
                 }
-                const float prob = fast_exp2(fminf(score * scale_log2 - lse2[ni], 0.f));
+                const float prob = fast_exp2(fminf(score * scale_log2 - lse2(ni), 0.f));
                 const bool kept = (keep >> bit) & 1u;
                 // With dropout, dP is masked and scaled as P was in the forward (bwd_kernel.h's scores_gradient),
                 // and dV takes the dropped probabilities P Z / keep_prob.
                 const float dpv = has_dropout ? (kept ? dP(mi, ni) * keep_scale : 0.f) : dP(mi, ni);
-                float ds = prob * (dpv - dvec[ni]);
+                float ds = prob * (dpv - dvec(ni));
                 if (has_softcap) ds *= dtanh;
                 const bool hid = (hidden >> bit) & 1u;
                 dP(mi, ni) = hid ? 0.f : ds;

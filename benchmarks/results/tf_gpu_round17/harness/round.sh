@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Round 17 in the CUDA harness (no TensorFlow).
+#   round.sh a    the forward's full test (round 16's last refactor, cd3e4cb, first run on a GPU); the backward's
+#                 full test, then its deterministic cases three more times (the harness race fix, 6c1102a); ncu
+#                 of the d128 backward kernel with its per-instruction stall samples (SASS page, CSV, gzipped)
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../../.." && pwd)"
+cd "$root"
+export OUT="${OUT:-/tmp/out}"
+mkdir -p /tmp/cutlass && tar -xzf .gpu_build/cutlass_include.tgz -C /tmp/cutlass && export CUTLASS_INCLUDE=/tmp/cutlass/include
+fwd=build/cuda_harness_dev/fwd_harness
+build_fwd() { [ -x $fwd ] || ARCHS=90a VARIANTS=0 JOBS=${1:-8} PTXAS_VERBOSE=1 tests/cuda_harness/build.sh build/cuda_harness_dev \
+  > "$OUT/fwd_build.log" 2>&1 || { echo "forward build failed"; grep -E " error|error:" "$OUT/fwd_build.log" | head; }; }
+build_bwd() {  # $1: build dir, $2: jobs, $3: extra flags, $4: tree (default: this one)
+  (NVCC_ARCHS=90a JOBS=$2 BUILD_ONLY=1 EXTRA_FLAGS="$3" BWD_BUILD=$root/$1 ${4:-.}/tests/cuda_harness/run_bwd_harness.sh \
+    > "$OUT/$(basename $1)_build.log" 2>&1) || { echo "backward build $1 failed"; grep -E "error" "$OUT/$(basename $1)_build.log" | head; }
+}
+# ncu of one backward (b4 s4k h16 d128 bf16 non-causal): per-instruction stall samples, and the summary sections.
+ncu_bwd() {  # $1: binary, $2: name
+  timeout 150 ncu --clock-control none --kernel-name regex:bwd_dkdv_kernel_sm90 --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \
+    --metrics regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
+    --import-source yes -o /tmp/ncu_$2 -f $1 bench1 bf16 128 4 4096 16 0 > "$OUT/ncu_$2_run.log" 2>&1 || echo "ncu $2 rc $?"
+  ncu -i /tmp/ncu_$2.ncu-rep 2>&1 | grep -E "Duration|Throughput|pipe_tensor|inst_executed|Issue|Stall|Warp Cycles Per|Executed Ipc|SM Busy|Registers|Local" |
+    awk '{$1=$1; print}' | cut -c1-140 > "$OUT/ncu_$2.txt"
+  ncu -i /tmp/ncu_$2.ncu-rep --page source --csv --print-source sass 2> "$OUT/ncu_$2_source.err" | gzip > "$OUT/ncu_$2_sass.csv.gz"
+  cp /tmp/ncu_$2.ncu-rep "$OUT/" 2>/dev/null
+}
+case "${1:?a}" in
+  a)
+    start=$(date +%s)
+    build_fwd 8 & build_bwd build/bwd_dev 8 "-lineinfo" & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    timeout 200 $fwd test > "$OUT/fwd_test.log" 2>&1; echo "forward test rc $?: $(tail -n 1 "$OUT/fwd_test.log")"
+    grep FAIL "$OUT/fwd_test.log" | head -5
+    timeout 200 build/bwd_dev/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -n 1 "$OUT/bwd_test.log")"
+    grep -E "FAIL|NOT REP" "$OUT/bwd_test.log" | head -5
+    for i in 1 2 3; do
+      echo "deterministic cases, run $i: $(BWD_TEST_FILTER=deterministic timeout 100 build/bwd_dev/bwd_harness test 2>&1 |
+        tee "$OUT/det_$i.log" | grep -cE "FAIL|NOT REP") failing; $(tail -n 1 "$OUT/det_$i.log")"
+    done
+    ncu_bwd build/bwd_dev/bwd_harness head
+    cat "$OUT/ncu_head.txt" | head -60
+    echo "total $(( $(date +%s) - start ))s" ;;
+esac
