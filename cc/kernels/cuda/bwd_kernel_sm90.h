@@ -547,13 +547,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
           }
 
-          // dV += P^T dO, dK += dS^T Q (A operands from registers); dS^T also to shared memory for dQ.
+          // dV += P^T dO (P^T from registers); dS^T to shared memory for dQ = dS K; then dK += dS^T Q, issued after
+          // the dQ GEMM so that it runs while dQ is staged for its reduce-add.
           Tensor rP = convert_fragment<Element>(acc_s);
           Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
           warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
           Tensor rdS = convert_fragment<Element>(acc_dp);
-          Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
-          warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
           copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
           cutlass::arch::fence_view_async_shared();
           if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
@@ -562,13 +561,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
           Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
           warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
+          Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
+          warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
           if (kDrawAhead && has_dropout) {
             const int ahead = next_visible(t, it + 1);
             if (ahead < t.n_iter) keep_next = draw_keep(ahead);
           }
-          warpgroup_wait<0>();  // dV, dK and dQ done: this stage of Q and dO is free
-          pipeline_q.consumer_release(read);
-          ++read;
+          warpgroup_wait<1>();  // dV and dQ done (dK still running)
           copy(copy_dq, thr_copy_dq.retile_S(acc_dq), tdQsdQ);
           cutlass::arch::fence_view_async_shared();
           named_sync(128, BwdSm90Barrier::kdQStaged, consumer);
@@ -580,6 +579,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
             tma_store_arrive();
           }
+          warpgroup_wait<0>();  // dK done: this stage of Q and dO is free
+          pipeline_q.consumer_release(read);
+          ++read;
           it = next_visible(t, it + 1);
         }
         // The staging buffer must outlive the last reduce-add's read; deterministic, the next key tile's
