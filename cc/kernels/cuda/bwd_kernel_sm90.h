@@ -370,6 +370,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
     constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
     static_assert(kRows * kCols <= 32, "one visibility bit per element");
+    // The register-to-shared stores of dS^T and of dQ see the swizzle in their layouts (position independent), not
+    // in the pointer: a swizzled pointer is computed as an integer, which loses the shared address space, and the
+    // stores were generic (ST.E with 64-bit addresses, dQ's 8-byte stores split in two).
+    Tensor sdSt_stores = as_position_independent_swizzle_tensor(sdSt);
     auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
     auto thr_copy_ds = copy_ds.get_thread_slice(mma_tidx);
     // dQ staging: this consumer's half of the head dim, reduce-added by its first thread.
@@ -377,7 +381,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const bool dq_issuer = mma_tidx % 128 == 0;
     auto copy_dq = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint64_t>, float>{}, mma_dq);
     auto thr_copy_dq = copy_dq.get_thread_slice(mma_tidx);
-    Tensor tdQsdQ = thr_copy_dq.partition_D(make_tensor(make_smem_ptr(shared.dq.begin()), typename Traits::SmemLayoutdQ{}));
+    Tensor tdQsdQ = thr_copy_dq.partition_D(as_position_independent_swizzle_tensor(
+        make_tensor(make_smem_ptr(shared.dq.begin()), typename Traits::SmemLayoutdQ{})));
     Tensor sdQ_half = make_tensor(make_smem_ptr(shared.dq.begin() + consumer * cosize_v<typename Traits::SmemLayoutdQHalf>),
                                   typename Traits::SmemLayoutdQHalf{});
     // (query rows, head dim, (split, batch, head)): this CTA's dQ accumulator is its split's (bwd_launch.h).
@@ -553,7 +558,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
           warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
           Tensor rdS = convert_fragment<Element>(acc_dp);
-          copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
+          copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt_stores(_, _, buffer)));
           cutlass::arch::fence_view_async_shared();
           if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
           named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);

@@ -3,6 +3,9 @@
 #   round.sh a    the forward's full test (round 16's last refactor, cd3e4cb, first run on a GPU); the backward's
 #                 full test, then its deterministic cases three more times (the harness race fix, 6c1102a); ncu
 #                 of the d128 backward kernel with its per-instruction stall samples (SASS page, CSV, gzipped)
+#   round.sh bwd  the Hopper backward of three trees: round 16's (build/oldtree), lse2 and D through the pipeline
+#                 (build/lsetree, 8769fc5), and this tree (also the dQ GEMM before dK's): builds, this tree's test
+#   round.sh bwdbench  their benchmarks, interleaved (bf16, d64 and d128, hidden 2048)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -27,7 +30,29 @@ ncu_bwd() {  # $1: binary, $2: name
   ncu -i /tmp/ncu_$2.ncu-rep --page source --csv --print-source sass 2> "$OUT/ncu_$2_source.err" | gzip > "$OUT/ncu_$2_sass.csv.gz"
   cp /tmp/ncu_$2.ncu-rep "$OUT/" 2>/dev/null
 }
-case "${1:?a}" in
+bwd_summary() {
+  python3 - "$OUT" <<'PY'
+import collections, glob, re, sys
+out = sys.argv[1]
+kinds = ("old", "lse", "new")
+rows = collections.defaultdict(dict)
+for path in glob.glob(f"{out}/bwdbench_*.txt"):
+    kind = re.match(r".*bwdbench_([a-z]+)_\d\.txt", path).group(1)
+    for line in open(path):
+        f = [x.strip() for x in line.split("|")]
+        if len(f) > 9 and f[1] in ("bf16", "fp16"):
+            key = (f[1], int(f[2]), f[3], int(f[5]))
+            rows[key][kind] = max(rows[key].get(kind, 0.0), float(f[9]))
+with open(f"{out}/summary_bwd.txt", "w") as fh:
+    print("dtype d causal seqlen | backward TFLOP/s (max of runs): round 16 | lse2/D in the pipeline | + dQ before dK | last/first", file=fh)
+    for key in sorted(rows):
+        v = rows[key]
+        print(*key, "|", " | ".join(f"{v.get(k, 0):.0f}" for k in kinds), "|", f"{v.get('new', 0) / v['old']:.3f}", file=fh)
+PY
+  rm -f "$OUT"/bwdbench_*.txt
+  cat "$OUT/summary_bwd.txt"
+}
+case "${1:?a, bwd or bwdbench}" in
   a)
     start=$(date +%s)
     build_fwd 8 & build_bwd build/bwd_dev 8 "-lineinfo" & wait
@@ -42,5 +67,24 @@ case "${1:?a}" in
     done
     ncu_bwd build/bwd_dev/bwd_harness head
     cat "$OUT/ncu_head.txt" | head -60
+    echo "total $(( $(date +%s) - start ))s" ;;
+  bwd)
+    start=$(date +%s)
+    build_bwd build/bwd_old 5 "" build/oldtree & build_bwd build/bwd_lse 5 "" build/lsetree & build_bwd build/bwd_new 6 "" & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    grep -h "^d" "$OUT"/bwd_*_build.log | sort | uniq -c | head -30
+    timeout 200 build/bwd_new/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -n 1 "$OUT/bwd_test.log")"
+    grep -E "FAIL|NOT REP" "$OUT/bwd_test.log" | head -5
+    echo "total $(( $(date +%s) - start ))s" ;;
+  bwdbench)
+    start=$(date +%s)
+    for r in 1 2; do
+      for kind in new lse old; do
+        [ $(( $(date +%s) - start )) -gt 480 ] && break 2
+        BWD_BENCH_DTYPE=bf16 timeout 100 build/bwd_$kind/bwd_harness bench 64 128 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 ||
+          echo "bench $kind $r failed"
+      done
+    done
+    bwd_summary
     echo "total $(( $(date +%s) - start ))s" ;;
 esac
