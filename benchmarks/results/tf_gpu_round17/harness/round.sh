@@ -6,6 +6,8 @@
 #   round.sh bwd  the Hopper backward of three trees: round 16's (build/oldtree), lse2 and D through the pipeline
 #                 (build/lsetree, 8769fc5), and this tree (also the dQ GEMM before dK's): builds, this tree's test
 #   round.sh bwdbench  their benchmarks, interleaved (bf16, d64 and d128, hidden 2048)
+#   round.sh bwd2 build/lsetree now holds 059a573 (lse2/D in the pipeline, dQ before dK) against this tree (dS^T and
+#                 dQ staged with st.shared): builds, test, benchmarks (also with dropout 0.1), ncu of this tree
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -31,10 +33,12 @@ ncu_bwd() {  # $1: binary, $2: name
   cp /tmp/ncu_$2.ncu-rep "$OUT/" 2>/dev/null
 }
 bwd_summary() {
-  python3 - "$OUT" <<'PY'
+  python3 - "$OUT" "$@" <<'PY'
 import collections, glob, re, sys
 out = sys.argv[1]
 kinds = ("old", "lse", "new")
+names = sys.argv[2] if len(sys.argv) > 2 else "round 16 | lse2/D in the pipeline | + dQ before dK"
+
 rows = collections.defaultdict(dict)
 for path in glob.glob(f"{out}/bwdbench_*.txt"):
     kind = re.match(r".*bwdbench_([a-z]+)_\d\.txt", path).group(1)
@@ -44,10 +48,10 @@ for path in glob.glob(f"{out}/bwdbench_*.txt"):
             key = (f[1], int(f[2]), f[3], int(f[5]))
             rows[key][kind] = max(rows[key].get(kind, 0.0), float(f[9]))
 with open(f"{out}/summary_bwd.txt", "w") as fh:
-    print("dtype d causal seqlen | backward TFLOP/s (max of runs): round 16 | lse2/D in the pipeline | + dQ before dK | last/first", file=fh)
+    print("dtype d causal seqlen | backward TFLOP/s (max of runs):", names, "| last/first", file=fh)
     for key in sorted(rows):
         v = rows[key]
-        print(*key, "|", " | ".join(f"{v.get(k, 0):.0f}" for k in kinds), "|", f"{v.get('new', 0) / v['old']:.3f}", file=fh)
+        print(*key, "|", " | ".join(f"{v.get(k, 0):.0f}" for k in kinds), "|", f"{v.get('new', 0) / v.get('old', v.get('lse')):.3f}", file=fh)
 PY
   rm -f "$OUT"/bwdbench_*.txt
   cat "$OUT/summary_bwd.txt"
@@ -86,5 +90,25 @@ case "${1:?a, bwd or bwdbench}" in
       done
     done
     bwd_summary
+    echo "total $(( $(date +%s) - start ))s" ;;
+  bwd2)
+    start=$(date +%s)
+    build_bwd build/bwd_lse 8 "" build/lsetree & build_bwd build/bwd_new 8 "" & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    grep -h "^d" "$OUT"/bwd_new_build.log | sort -u | grep "d128\|d64" | head -20
+    timeout 200 build/bwd_new/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -n 1 "$OUT/bwd_test.log")"
+    grep -E "FAIL|NOT REP" "$OUT/bwd_test.log" | head -5
+    for r in 1 2 3 4; do
+      for kind in new lse; do
+        BWD_BENCH_DTYPE=bf16 timeout 100 build/bwd_$kind/bwd_harness bench 64 128 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 ||
+          echo "bench $kind $r failed"
+      done
+    done
+    bwd_summary "059a573 | dS^T, dQ with st.shared" | grep -v "bf16 64 yes"
+    for kind in new lse new lse; do  # dropout 0.1 and soft-capping: the general variant
+      echo "$kind general d128 b4 s4k: $(timeout 60 build/bwd_$kind/bwd_harness bench1 bf16 128 4 4096 16 0 0.1 20 2>&1 | tail -n 1)"
+    done
+    ncu_bwd build/bwd_new/bwd_harness new; rm -f "$OUT"/*.ncu-rep "$OUT"/ncu_new_run.log "$OUT"/ncu_new_source.err
+    grep -E "Duration|pipe_tensor_cycles|inst_executed.sum|Issue Slots" "$OUT/ncu_new.txt"
     echo "total $(( $(date +%s) - start ))s" ;;
 esac
