@@ -8,6 +8,7 @@
 #   round.sh bwdbench  their benchmarks, interleaved (bf16, d64 and d128, hidden 2048)
 #   round.sh bwd2 build/lsetree now holds 059a573 (lse2/D in the pipeline, dQ before dK) against this tree (dS^T and
 #                 dQ staged with st.shared): builds, test, benchmarks (also with dropout 0.1), ncu of this tree
+#   round.sh san  this tree's backward under compute-sanitizer: memcheck and racecheck on subsets of the test cases
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -90,6 +91,16 @@ case "${1:?a, bwd or bwdbench}" in
       done
     done
     bwd_summary
+    echo "total $(( $(date +%s) - start ))s" ;;
+  san)
+    start=$(date +%s)
+    build_bwd build/bwd_new 16 ""
+    echo "built in $(( $(date +%s) - start ))s"
+    for run in "memcheck:odd lengths" "racecheck:odd lengths" "racecheck:key mask" "racecheck:deterministic d128" "memcheck:deterministic causal GQA"; do
+      tool=${run%%:*} filter=${run#*:}
+      BWD_TEST_FILTER="$filter" timeout 100 compute-sanitizer --tool $tool build/bwd_new/bwd_harness test > "$OUT/san_$tool.log" 2>&1
+      echo "$tool [$filter]: $(grep -E "cases failed" "$OUT/san_$tool.log" | tail -n 1); $(tail -n 1 "$OUT/san_$tool.log")"
+    done
     echo "total $(( $(date +%s) - start ))s" ;;
   bwd2)
     start=$(date +%s)
