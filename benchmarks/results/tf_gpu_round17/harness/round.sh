@@ -8,6 +8,10 @@
 #   round.sh bwdbench  their benchmarks, interleaved (bf16, d64 and d128, hidden 2048)
 #   round.sh bwd2 build/lsetree now holds 059a573 (lse2/D in the pipeline, dQ before dK) against this tree (dS^T and
 #                 dQ staged with st.shared): builds, test, benchmarks (also with dropout 0.1), ncu of this tree
+#   round.sh exp  two experiments behind temporary -D switches (head dims 64 and 128 only): the d64 forward with
+#                 two consumers and two P buffers (-DTF_FLASH_SM90_D64_CONSUMERS=2) against three with one; the
+#                 backward reading lse2 into registers while S^T and dP^T run (-DTF_FLASH_SM90_BWD_LSE_AHEAD=1). Both
+#                 lost (exp/summary_*.txt); the switches were local edits, not committed
 #   round.sh san  this tree's backward under compute-sanitizer: memcheck and racecheck on subsets of the test cases
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -91,6 +95,53 @@ case "${1:?a, bwd or bwdbench}" in
       done
     done
     bwd_summary
+    echo "total $(( $(date +%s) - start ))s" ;;
+  exp)
+    start=$(date +%s)
+    fbuild() { REDUCED=1 ARCHS=90a VARIANTS=0 JOBS=4 EXTRA_NVCC_FLAGS="$2" tests/cuda_harness/build.sh build/$1 > "$OUT/$1_build.log" 2>&1 ||
+      echo "forward build $1 failed"; }
+    fbuild fwd3 "" & fbuild fwd2 "-DTF_FLASH_SM90_D64_CONSUMERS=2" &
+    build_bwd build/bwd_base 4 "-DTF_FLASH_CUDA_REDUCED" & build_bwd build/bwd_ahead 4 "-DTF_FLASH_CUDA_REDUCED -DTF_FLASH_SM90_BWD_LSE_AHEAD=1" &
+    wait
+    echo "built in $(( $(date +%s) - start ))s"
+    for r in 1 2 3; do
+      for kind in fwd3 fwd2; do timeout 60 build/$kind/fwd_harness bench 64 > "$OUT/fbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"; done
+      for kind in bwd_base bwd_ahead; do
+        BWD_BENCH_DTYPE=bf16 timeout 60 build/$kind/bwd_harness bench 64 128 > "$OUT/bbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    python3 - "$OUT" <<'PY'
+import collections, glob, re, sys
+out = sys.argv[1]
+for prefix, kinds, title in (("fbench", ("fwd3", "fwd2"), "forward d64: three consumers, one P buffer | two consumers, two buffers"),
+                             ("bbench", ("bwd_base", "bwd_ahead"), "backward: lse2 read where used | into registers ahead")):
+    rows = collections.defaultdict(dict)
+    for path in glob.glob(f"{out}/{prefix}_*.txt"):
+        kind = re.match(rf".*{prefix}_([a-z0-9_]+)_\d\.txt", path).group(1)
+        for line in open(path):
+            if prefix == "fbench":  # fwd_harness: dtype d causal batch seqlen ... TFLOP/s (field 8)
+                f = line.split()
+                if len(f) >= 9 and f[0] in ("bf16", "fp16"):
+                    key, value = (f[0], int(f[1]), f[2], int(f[4])), float(f[8])
+                else:
+                    continue
+            else:  # bwd_harness: | dtype | d | causal | batch | seqlen | heads | ms | range | TFLOP/s |
+                f = [x.strip() for x in line.split("|")]
+                if len(f) > 9 and f[1] in ("bf16", "fp16"):
+                    key, value = (f[1], int(f[2]), f[3], int(f[5])), float(f[9])
+                else:
+                    continue
+            rows[key][kind] = max(rows[key].get(kind, 0.0), value)
+    with open(f"{out}/summary_{prefix}.txt", "w") as fh:
+        print("dtype d causal seqlen | TFLOP/s (max of 3 runs):", title, "| second/first", file=fh)
+        for key in sorted(rows):
+            v = rows[key]
+            if len(v) == 2:
+                print(*key, "|", " | ".join(f"{v[k]:.0f}" for k in kinds), "|", f"{v[kinds[1]] / v[kinds[0]]:.3f}", file=fh)
+    print(open(f"{out}/summary_{prefix}.txt").read())
+PY
+    head -5 "$OUT/fbench_fwd2_1.txt"
+    rm -f "$OUT"/fbench_*.txt "$OUT"/bbench_*.txt
     echo "total $(( $(date +%s) - start ))s" ;;
   san)
     start=$(date +%s)
