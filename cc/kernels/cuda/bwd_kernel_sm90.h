@@ -1,16 +1,17 @@
 // Hopper (sm_90a) dK/dV kernel of the backward (kernel 2 of bwd_kernel.h's three; the preprocess and the
 // dQ conversion are shared with the sm_80 family, and so is the scratch layout, bwd_launch.h). One CTA per
 // (key tile of 128, kv head, batch) runs three warpgroups: the producer (one thread) brings K and V once
-// and, for every query tile of 64 rows of every query head of the GQA group, Q and dO through a two-stage
-// TMA ring (cutlass::PipelineTmaAsync); each of the two consumer warpgroups owns 64 keys and keeps their
-// dK, dV accumulators in registers. With the deterministic dQ, the CTA of split i of (kv head, batch) runs key
-// tiles i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per query tile, with wgmma:
+// and, for every query tile of 64 rows of every query head of the GQA group, Q and dO (and the rows' lse2 and
+// D, bulk copies) through a two-stage TMA ring (cutlass::PipelineTmaAsync); each of the two consumer warpgroups
+// owns 64 keys and keeps their dK, dV accumulators in registers. With the deterministic dQ, the CTA of split i
+// of (kv head, batch) runs key tiles i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per
+// query tile, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
 //   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
-//   dV += P^T dO and dK += dS^T Q (P^T, dS^T from registers),
-//   dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split the head dim), which each
-//   warpgroup stages in shared memory and adds to the fp32 dQ accumulator with one TMA reduce-add (the
-//   copy engine does the atomics; the consumers go on to the next tile).
+//   dV += P^T dO (P^T from registers), dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split
+//   the head dim) and dK += dS^T Q (dS^T from registers); while dK's GEMM runs, each warpgroup stages its
+//   dQ in shared memory and adds it to the fp32 dQ accumulator with one TMA reduce-add (the copy engine
+//   does the atomics; the consumers go on to the next tile).
 // The general variant adds soft-capping (the forward's tanh; P, dS and the tanh's derivative in one pass),
 // dropout (the forward's Philox draws, philox.h, taken for the transposed tile:
 // dropout_keep_bits_transposed) and the skipping of False blocks; the masked variant (kAttnMask) also
@@ -55,6 +56,7 @@ struct BwdTraitsSm90 {
   // b16 s1k h12 d64 0.823 / 0.855 (benchmarks/results/tf_gpu_round11/bwd_sm90/).
   static constexpr bool kDropoutDrawAhead = kHeadDim <= 64;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
+  static_assert(kScratchRowPad % kBlockM == 0, "whole query tiles of lse2 and D in the scratch (bulk copies)");
 
   using WarpGroupsM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;  // each owns 64 keys
   using WarpGroupsN = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;  // each owns half the head dim
@@ -335,7 +337,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           BarrierType& full = *pipeline_q.producer_get_barrier(write);
           copy(args.tma_q.with(full), get<0>(q_parts), get<1>(q_parts)(_, write.index()));
           copy(args.tma_do.with(full), get<0>(do_parts), get<1>(do_parts)(_, write.index()));
-          // Rows of the scratch are padded to whole tiles (kScratchRowPad), 512-byte aligned.
+          // The scratch's rows are padded to whole tiles (kScratchRowPad): the copies stay inside it, 16-byte
+          // aligned as bulk copies need (the scratch is, and so are its lse2 and D offsets).
           const int64_t row0 = (int64_t(b) * p.num_heads + h) * s.sq_pad + int64_t(m_tile) * kBlockM;
           SM90_BULK_COPY_G2S::copy(s.lse2 + row0, reinterpret_cast<uint64_t*>(&full), shared.lse2[write.index()],
                                    kBlockM * sizeof(float));
