@@ -12,6 +12,7 @@
 #                 two consumers and two P buffers (-DTF_FLASH_SM90_D64_CONSUMERS=2) against three with one; the
 #                 backward reading lse2 into registers while S^T and dP^T run (-DTF_FLASH_SM90_BWD_LSE_AHEAD=1). Both
 #                 lost (exp/summary_*.txt); the switches were local edits, not committed
+#   round.sh fp16 the fp16 backward benchmarks, round 16's tree (build/oldtree) against this one
 #   round.sh san  this tree's backward under compute-sanitizer: memcheck and racecheck on subsets of the test cases
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -142,6 +143,17 @@ for prefix, kinds, title in (("fbench", ("fwd3", "fwd2"), "forward d64: three co
 PY
     head -5 "$OUT/fbench_fwd2_1.txt"
     rm -f "$OUT"/fbench_*.txt "$OUT"/bbench_*.txt
+    echo "total $(( $(date +%s) - start ))s" ;;
+  fp16)
+    start=$(date +%s)
+    build_bwd build/bwd_old 8 "-DTF_FLASH_CUDA_REDUCED" build/oldtree & build_bwd build/bwd_new 8 "-DTF_FLASH_CUDA_REDUCED" & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    for r in 1 2 3; do
+      for kind in new old; do
+        BWD_BENCH_DTYPE=fp16 timeout 60 build/bwd_$kind/bwd_harness bench 64 128 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    bwd_summary "round 16 | (unused) | round 17" | sed 's/| 0 |/|/'
     echo "total $(( $(date +%s) - start ))s" ;;
   san)
     start=$(date +%s)
