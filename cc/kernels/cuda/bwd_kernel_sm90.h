@@ -286,7 +286,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(shared.v.begin()), typename Traits::SmemLayoutK{});
   Tensor sKt = make_tensor(make_smem_ptr(shared.k.begin()), typename Traits::SmemLayoutKt{});
   Tensor sdS = make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdS{});
-  Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdSt{});
+  // dS^T and the dQ staging are written from registers through views with the swizzle in their layouts (position
+  // independent), not in the pointer: a swizzled pointer is computed as an integer, which loses the shared address
+  // space, and the stores were generic (ST.E with 64-bit addresses, dQ's 8-byte stores split in two).
+  Tensor sdSt = as_position_independent_swizzle_tensor(
+      make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdSt{}));
 
   const int warp_group = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
@@ -373,10 +377,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
     constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
     static_assert(kRows * kCols <= 32, "one visibility bit per element");
-    // The register-to-shared stores of dS^T and of dQ see the swizzle in their layouts (position independent), not
-    // in the pointer: a swizzled pointer is computed as an integer, which loses the shared address space, and the
-    // stores were generic (ST.E with 64-bit addresses, dQ's 8-byte stores split in two).
-    Tensor sdSt_stores = as_position_independent_swizzle_tensor(sdSt);
     auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
     auto thr_copy_ds = copy_ds.get_thread_slice(mma_tidx);
     // dQ staging: this consumer's half of the head dim, reduce-added by its first thread.
@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
           warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
           Tensor rdS = convert_fragment<Element>(acc_dp);
-          copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt_stores(_, _, buffer)));
+          copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
           cutlass::arch::fence_view_async_shared();
           if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
           named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
