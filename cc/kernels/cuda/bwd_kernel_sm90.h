@@ -1,17 +1,18 @@
 // Hopper (sm_90a) dK/dV kernel of the backward (kernel 2 of bwd_kernel.h's three; the preprocess and the
 // dQ conversion are shared with the sm_80 family, and so is the scratch layout, bwd_launch.h). One CTA per
 // (key tile of 128, kv head, batch) runs three warpgroups: the producer (one thread) brings K and V once
-// and, for every query tile of 64 rows of every query head of the GQA group, Q and dO (and the rows' lse2 and
-// D, bulk copies) through a two-stage TMA ring (cutlass::PipelineTmaAsync); each of the two consumer warpgroups
-// owns 64 keys and keeps their dK, dV accumulators in registers. With the deterministic dQ, the CTA of split i
+// and, for every query tile (64 rows; 128 in the plain variant at head dim 64) of every query head of the
+// GQA group, Q and dO (and the rows' lse2 and D, bulk copies) through a two-stage TMA ring
+// (cutlass::PipelineTmaAsync); each of the two consumer warpgroups owns 64 keys and keeps their dK, dV
+// accumulators in registers. With the deterministic dQ, the CTA of split i
 // of (kv head, batch) runs key tiles i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per
 // query tile, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
 //   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
 //   dV += P^T dO (P^T from registers), dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split
 //   the head dim) and dK += dS^T Q (dS^T from registers); while dK's GEMM runs, each warpgroup stages its
-//   dQ in shared memory and adds it to the fp32 dQ accumulator with one TMA reduce-add (the copy engine
-//   does the atomics; the consumers go on to the next tile).
+//   dQ in shared memory, and the next step, once its first GEMMs are issued, adds it to the fp32 dQ
+//   accumulator with one TMA reduce-add (the copy engine does the atomics).
 // The general variant adds soft-capping (the forward's tanh; P, dS and the tanh's derivative in one pass),
 // dropout (the forward's Philox draws, philox.h, taken for the transposed tile:
 // dropout_keep_bits_transposed) and the skipping of False blocks; the masked variant (kAttnMask) also
@@ -45,10 +46,10 @@
 namespace tf_flash {
 namespace cuda {
 
-template <int kHeadDim_, class Element_>
+template <int kHeadDim_, class Element_, int kBlockM_ = 64>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 128, kStages = 2;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = 128, kStages = 2;
   static constexpr int kMmaThreads = 256, kNThreads = 384;
   static constexpr int kProducerRegs = 24, kMmaRegs = 240;
   // Dropout masks drawn one tile ahead (see the consumer loop) at head dim 64; at 128 the extra live
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // (the check cost it 1-2% at head dim 64, bf16 and fp16).
   // attn_mask (the masked variant): its packing (packed_mask.h, in the scratch), whose summaries are per (64
   // queries, 128 keys): this kernel's tiles.
-  static_assert(kBlockM == kMaskRowGroup && kBlockN == kMaskChunkKeys, "a summary per tile");
+  static_assert(!kAttnMask || (kBlockM == kMaskRowGroup && kBlockN == kMaskChunkKeys), "a summary per tile");
   const bool has_attn_mask = kAttnMask && p.attn_mask.data != nullptr;
   const PackedMaskLayout mask_layout(p, MaskPacking::kBackward);
   auto mask_summary = [&](int h, int m_tile, int n_block) {
@@ -376,7 +377,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor cS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
     Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
     constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
-    static_assert(kRows * kCols <= 32, "one visibility bit per element");
+    static_assert(kRows * kCols <= 64, "one visibility bit per element");
+    using TileBits = std::conditional_t<kRows * kCols <= 32, uint32_t, uint64_t>;  // bit mi * kCols + ni
     auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
     auto thr_copy_ds = copy_ds.get_thread_slice(mma_tidx);
     // dQ staging: this consumer's half of the head dim, reduce-added by its first thread.
@@ -437,9 +439,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // one tile ahead, during the previous tile's dV, dK and dQ GEMMs (kDropoutDrawAhead), or during the
         // tile's own dP GEMM.
         constexpr bool kDrawAhead = Traits::kDropoutDrawAhead;
-        auto draw_keep = [&](int it) {
-          const int h = h_kv * group + it / t.n_m, m0 = (t.m_begin + it % t.n_m) * kBlockM;
-          return dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
+        auto draw_keep = [&](int it) -> uint32_t {
+          if constexpr (kGeneral) {  // 64-query tiles: a bit per entry in 32
+            const int h = h_kv * group + it / t.n_m, m0 = (t.m_begin + it % t.n_m) * kBlockM;
+            return dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
+          }
+          return 0u;
+        };
+        // The dQ tile staged at the end of a step is reduce-added in the next one, after its S^T and dP^T GEMMs
+        // are issued: by then its st.shared have completed, and the fence no longer waits for them behind the dK
+        // GEMM's shared-memory reads (+5-13% at head dim 128, +4-6% at 64; round 18).
+        int staged_h = -1, staged_m0 = 0;  // staged_h < 0: nothing staged
+        auto reduce_add_staged_dq = [&] {
+          cutlass::arch::fence_view_async_shared();
+          named_sync(128, BwdSm90Barrier::kdQStaged, consumer);
+          if (dq_issuer) {
+            Tensor gdQ = local_tile(mdQ(_, _, dq_plane0 + b * p.num_heads + staged_h),
+                                    Shape<Int<kBlockM>, Int<kHeadDim / 2>>{}, make_coord(staged_m0 / kBlockM, consumer));
+            auto dq_parts = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ_half),
+                                          group_modes<0, 2>(gdQ));
+            copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
+            tma_store_arrive();
+          }
+          staged_h = -1;
         };
         int it = next_visible(t, 0);
         uint32_t keep_next = kDrawAhead && has_dropout && it < t.n_iter ? draw_keep(it) : 0u;
@@ -451,16 +473,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           // read key 0, hidden by their range), loaded now, used after the S^T GEMM.
           const bool element_masked = has_attn_mask && !(mask_summary(h, m0 / kBlockM, n_block) & kMaskAllVisible);
           uint32_t mask_bits = 0;  // bit mi * kCols + ni
-          if (element_masked) {
+          if constexpr (kAttnMask) {
             static_assert(kRows == 2 && kCols == 16, "two 16-bit words per thread");
-            const uint16_t* words = reinterpret_cast<const uint16_t*>(s.mask);
-            const int64_t plane = mask_layout.plane(b, h);
-            CUTE_UNROLL
-            for (int mi = 0; mi < kRows; ++mi) {
-              const int64_t key = n0 + get<0>(cS_rc(mi, 0));
-              mask_bits |= uint32_t(words[mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0, m0 / kBlockM,
-                                                                    mma_tidx % 4)])
-                           << (mi * kCols);
+            if (element_masked) {
+              const uint16_t* words = reinterpret_cast<const uint16_t*>(s.mask);
+              const int64_t plane = mask_layout.plane(b, h);
+              CUTE_UNROLL
+              for (int mi = 0; mi < kRows; ++mi) {
+                const int64_t key = n0 + get<0>(cS_rc(mi, 0));
+                mask_bits |= uint32_t(words[mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0,
+                                                                      m0 / kBlockM, mma_tidx % 4)])
+                             << (mi * kCols);
+              }
             }
           }
           const int stage = read.index();
@@ -482,13 +506,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
           warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
           warpgroup_gemm<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+          if (staged_h >= 0) reduce_add_staged_dq();  // the previous step's dQ
           warpgroup_wait<1>();  // S^T done
 
           // Invisible entries (tiles across a boundary only) become P = dS = 0 by replacement.
           Tensor S = make_tensor(acc_s.data(), gmma_acc_rowcol(acc_s.layout()));
           Tensor dP = make_tensor(acc_dp.data(), gmma_acc_rowcol(acc_dp.layout()));
           const bool need_mask = !tile_fully_visible(p, m0, m0 + kBlockM, n0, int64_t(n0) + kBlockN, q_len, kv_len);
-          uint32_t hidden = 0;  // bit mi * kCols + ni
+          TileBits hidden = 0;
           if (need_mask) {
             CUTE_UNROLL
             for (int ni = 0; ni < kCols; ++ni) {
@@ -496,11 +521,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 const int key = get<0>(cS_rc(mi, 0));
-                if (key < span.lo || key >= span.hi) hidden |= 1u << (mi * kCols + ni);
+                if (key < span.lo || key >= span.hi) hidden |= TileBits(1) << (mi * kCols + ni);
               }
             }
           }
-          if (element_masked) hidden |= ~mask_bits;
+          if (element_masked) hidden |= TileBits(~mask_bits);
           if constexpr (!kGeneral) {
             CUTE_UNROLL
             for (int mi = 0; mi < kRows; ++mi) {
@@ -577,21 +602,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           }
           warpgroup_wait<1>();  // dV and dQ done (dK still running)
           copy(copy_dq, thr_copy_dq.retile_S(acc_dq), tdQsdQ);
-          cutlass::arch::fence_view_async_shared();
-          named_sync(128, BwdSm90Barrier::kdQStaged, consumer);
-          if (dq_issuer) {
-            Tensor gdQ = local_tile(mdQ(_, _, dq_plane0 + b * p.num_heads + h),
-                                    Shape<Int<kBlockM>, Int<kHeadDim / 2>>{}, make_coord(m0 / kBlockM, consumer));
-            auto dq_parts = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ_half),
-                                          group_modes<0, 2>(gdQ));
-            copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
-            tma_store_arrive();
-          }
+          staged_h = h, staged_m0 = m0;
           warpgroup_wait<0>();  // dK done: this stage of Q and dO is free
           pipeline_q.consumer_release(read);
           ++read;
           it = next_visible(t, it + 1);
         }
+        if (staged_h >= 0) reduce_add_staged_dq();
         // The staging buffer must outlive the last reduce-add's read; deterministic, the next key tile's
         // reduce-adds into this accumulator must follow this tile's: wait for their writes too.
         if (dq_issuer) {
@@ -626,28 +643,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #endif
 }
 
-// Kernel 2 of run_flash_bwd on the Hopper family: cudaErrorNoKernelImageForDevice (nothing launched) when
-// the library holds no sm_90a code for it.
-template <class Element, int kHeadDim>
-cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
+// One instantiation of kernel 2: the TMA descriptors of its tiles, then the grid.
+template <class Traits, bool kGeneral, bool kAttnMask>
+cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
   using namespace cute;
-  using Traits = BwdTraitsSm90<kHeadDim, Element>;
-  static const bool has_code = has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false, true>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true, true>);
-  if (!has_code) return cudaErrorNoKernelImageForDevice;
-  const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
-  auto kernel = general ? &bwd_dkdv_kernel_sm90<Traits, true> : &bwd_dkdv_kernel_sm90<Traits, false>;
-  if (p.attn_mask.data != nullptr) {
-    // Packed into the scratch first; without room for it (bwd_mask_bytes) the sm_80 family runs.
-    const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kBackward), s.mask,
-                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream);
-    if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
-    if (err != cudaSuccess) return err;
-    kernel = general ? &bwd_dkdv_kernel_sm90<Traits, true, true> : &bwd_dkdv_kernel_sm90<Traits, false, true>;
-  }
-
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  auto kernel = &bwd_dkdv_kernel_sm90<Traits, kGeneral, kAttnMask>;
   BwdArgsSm90<Traits> args;
   args.p = p;
   args.s = s;
@@ -688,6 +690,35 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   const dim3 grid(bwd_dkdv_ctas(s, num_key_tiles), p.num_heads_kv, p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
+}
+
+// Kernel 2 of run_flash_bwd on the Hopper family: cudaErrorNoKernelImageForDevice (nothing launched) when
+// the library holds no sm_90a code for it.
+template <class Element, int kHeadDim>
+cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
+  using Traits = BwdTraitsSm90<kHeadDim, Element>;
+  // The plain variant takes 128 query rows per tile at head dim 64: its GEMMs of 64 x 64 x 64 per warpgroup
+  // were too short to cover a tile's barriers, softmax and dQ staging (+9-19% from 1k; round 18). The others
+  // keep 64 (their dropout,
+  // attn_mask and visibility bits are 32 per thread; the mask summaries are per 64 query rows).
+  using PlainTraits = BwdTraitsSm90<kHeadDim, Element, kHeadDim == 64 ? 128 : 64>;
+  static const bool has_code = has_sm90a_code(&bwd_dkdv_kernel_sm90<PlainTraits, false>) &&
+                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>) &&
+                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false, true>) &&
+                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true, true>);
+  if (!has_code) return cudaErrorNoKernelImageForDevice;
+  const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
+  if (p.attn_mask.data != nullptr) {
+    // Packed into the scratch first; without room for it (bwd_mask_bytes) the sm_80 family runs.
+    const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kBackward), s.mask,
+                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream);
+    if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
+    if (err != cudaSuccess) return err;
+    return general ? launch_bwd_dkdv_sm90<Traits, true, true>(p, s, stream)
+                   : launch_bwd_dkdv_sm90<Traits, false, true>(p, s, stream);
+  }
+  return general ? launch_bwd_dkdv_sm90<Traits, true, false>(p, s, stream)
+                 : launch_bwd_dkdv_sm90<PlainTraits, false, false>(p, s, stream);
 }
 
 }  // namespace cuda
