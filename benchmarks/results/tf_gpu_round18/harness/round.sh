@@ -4,6 +4,10 @@
 #                 (the plain variant at head dim 64 on 128-query tiles) and this tree with the dQ reduce-add
 #                 deferred to the next step (-DTF_FLASH_SM90_BWD_DQ_DEFER=1): builds, this tree's full test,
 #                 benchmarks interleaved, ncu of this tree's d64 kernel (per-instruction stall samples)
+#   round.sh v    this tree (e82cf9e: both kept, the switch removed): full build, the full test, the deterministic
+#                 cases twice more, compute-sanitizer on subsets (odd lengths, deterministic d64, MQA causal)
+#   round.sh vb   after v: fp16 benchmarks against the session's start (build/basetree, rebuilt reduced), the
+#                 general variant (dropout 0.1), ncu of the d128 and d64 kernels
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -48,7 +52,41 @@ PY
   rm -f "$OUT"/bwdbench_*.txt
   cat "$OUT/summary_bwd.txt"
 }
-case "${1:?w}" in
+case "${1:?w, v or vb}" in
+  v)
+    start=$(date +%s)
+    build_bwd build/bwd_new 11 "-lineinfo" & build_bwd build/bwd_base 5 "-DTF_FLASH_CUDA_REDUCED" build/basetree & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    grep -h "bwd_dkdv_kernel_sm90" -A2 "$OUT/bwd_new_build.log" | grep -E "spill" | sort | uniq -c
+    timeout 200 build/bwd_new/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -n 1 "$OUT/bwd_test.log")"
+    grep -E "FAIL|NOT REP" "$OUT/bwd_test.log" | head -5
+    for i in 1 2; do
+      echo "deterministic cases, run $i: $(BWD_TEST_FILTER=deterministic timeout 100 build/bwd_new/bwd_harness test 2>&1 |
+        tee "$OUT/det_$i.log" | grep -cE "FAIL|NOT REP") failing; $(tail -n 1 "$OUT/det_$i.log")"
+    done
+    for run in "racecheck:odd lengths" "memcheck:deterministic d64" "racecheck:deterministic d64" "racecheck:MQA 8/1 causal" "memcheck:q/kv lengths, NaN"; do
+      [ $(( $(date +%s) - start )) -gt 520 ] && { echo "no time left for $run"; continue; }
+      tool=${run%%:*} filter=${run#*:}
+      BWD_TEST_FILTER="$filter" timeout 90 compute-sanitizer --tool $tool build/bwd_new/bwd_harness test > "$OUT/san_$tool.log" 2>&1
+      echo "$tool [$filter]: $(grep -E "cases failed" "$OUT/san_$tool.log" | tail -n 1); $(tail -n 1 "$OUT/san_$tool.log")"
+    done
+    echo "total $(( $(date +%s) - start ))s" ;;
+  vb)
+    start=$(date +%s)
+    for r in 1 2 3; do
+      for kind in new base; do
+        BWD_BENCH_DTYPE=fp16 timeout 60 build/bwd_$kind/bwd_harness bench 64 128 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    bwd_summary "base new" "b9968d2 | this tree" | grep -v "^fp16 [0-9]* yes 512"
+    for kind in new base new base; do  # dropout 0.1: the general variant (64-query tiles)
+      echo "$kind general d128 b4 s4k: $(timeout 60 build/bwd_$kind/bwd_harness bench1 bf16 128 4 4096 16 0 0.1 20 2>&1 | tail -n 1)"
+      echo "$kind general d64 b4 s4k: $(timeout 60 build/bwd_$kind/bwd_harness bench1 bf16 64 4 4096 32 0 0.1 20 2>&1 | tail -n 1)"
+    done
+    ncu_bwd build/bwd_new/bwd_harness d128 bf16 128 4 4096 16 0
+    ncu_bwd build/bwd_new/bwd_harness d64 bf16 64 4 4096 32 0
+    grep -E "Duration|pipe_tensor_cycles|inst_executed.sum|Issue Slots" "$OUT"/ncu_d*.txt
+    echo "total $(( $(date +%s) - start ))s" ;;
   w)
     start=$(date +%s)
     build_bwd build/bwd_new 6 "-lineinfo" & build_bwd build/bwd_base 5 "-DTF_FLASH_CUDA_REDUCED" build/basetree &
