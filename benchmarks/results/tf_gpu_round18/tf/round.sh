@@ -20,7 +20,7 @@ case "${1:?a, bc or d}" in
        mkdir -p "$OUT/model_$r"
        timeout 200 python3 benchmarks/bench_model.py --out-dir "$OUT/model_$r" --modes flash_mha_auto \
          --lengths 1024,4096 --xla-autotune-cache /tmp/xla_cache --time-limit 180 > "$OUT/model_$r.log" 2>&1
-       echo "== Keras step, run $r"; grep -E "^\| flash_mha_auto" "$OUT/model_$r.log" | tail -2
+       echo "== Keras step, run $r"; grep -E "flash_mha_auto .*ms/step" "$OUT/model_$r.log"
      done ;;
   d) with_tf
      timeout 290 python3 benchmarks/bench_gpu.py --torch --impls tf_flash --dtypes bf16 --dims 128 --skip-memory --skip-extras \
