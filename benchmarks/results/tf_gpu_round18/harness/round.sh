@@ -8,6 +8,11 @@
 #                 cases twice more, compute-sanitizer on subsets (odd lengths, deterministic d64, MQA causal)
 #   round.sh vb   after v: fp16 benchmarks against the session's start (build/basetree, rebuilt reduced), the
 #                 general variant (dropout 0.1), ncu of the d128 and d64 kernels
+#   round.sh p    each warp reduce-adds its own dQ rows (no barrier across the warpgroup) against 59b39f1
+#                 (build/basetree): builds (this tree full, for its test), test, benchmarks interleaved; and the
+#                 forward (reduced, -lineinfo): ncu of d128 and d64 with per-instruction stall samples
+#   round.sh g    the backward's grid as one linear index with the key tiles slowest (the longest causal CTAs
+#                 first) against 59b39f1 (build/basetree): builds, full test, benchmarks (also deterministic)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -69,6 +74,51 @@ case "${1:?w, v or vb}" in
       tool=${run%%:*} filter=${run#*:}
       BWD_TEST_FILTER="$filter" timeout 90 compute-sanitizer --tool $tool build/bwd_new/bwd_harness test > "$OUT/san_$tool.log" 2>&1
       echo "$tool [$filter]: $(grep -E "cases failed" "$OUT/san_$tool.log" | tail -n 1); $(tail -n 1 "$OUT/san_$tool.log")"
+    done
+    echo "total $(( $(date +%s) - start ))s" ;;
+  p)
+    start=$(date +%s)
+    build_bwd build/bwd_new 8 "" & build_bwd build/bwd_base 4 "-DTF_FLASH_CUDA_REDUCED" build/basetree &
+    (REDUCED=1 ARCHS=90a VARIANTS=0 JOBS=4 tests/cuda_harness/build.sh build/fwd_prof > "$OUT/fwd_build.log" 2>&1 ||
+      echo "forward build failed") & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    timeout 200 build/bwd_new/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -n 1 "$OUT/bwd_test.log")"
+    grep -E "FAIL|NOT REP" "$OUT/bwd_test.log" | head -5
+    echo "deterministic: $(BWD_TEST_FILTER=deterministic timeout 100 build/bwd_new/bwd_harness test 2>&1 | tail -n 1)"
+    for r in 1 2 3; do
+      for kind in new base; do
+        BWD_BENCH_DTYPE=bf16 timeout 60 build/bwd_$kind/bwd_harness bench 64 128 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    bwd_summary "base new" "59b39f1 | per-warp dQ reduce-adds" | grep -v " yes 512"
+    for d in 128 64; do  # the forward: b4 s4k (d128 h16, d64 h32), bf16, non-causal
+      timeout 120 ncu --clock-control none --kernel-name regex:flash_fwd_kernel_sm90 --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+        --metrics regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
+        --import-source yes -o /tmp/ncu_fwd$d -f build/fwd_prof/fwd_harness one $d 0 4096 > /tmp/ncu_fwd${d}_run.log 2>&1 || echo "ncu fwd $d rc $?"
+      ncu -i /tmp/ncu_fwd$d.ncu-rep 2>&1 | grep -E "Duration|pipe_tensor_cycles|inst_executed|Issue Slots|Warp Cycles Per|Registers" |
+        awk '{$1=$1; print}' | cut -c1-140 > "$OUT/ncu_fwd$d.txt"
+      ncu -i /tmp/ncu_fwd$d.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/ncu_fwd${d}_sass.csv.gz"
+    done
+    grep -E "Duration|pipe_tensor_cycles_active|inst_executed.sum" "$OUT"/ncu_fwd*.txt
+    echo "total $(( $(date +%s) - start ))s" ;;
+  g)
+    start=$(date +%s)
+    build_bwd build/bwd_new 10 "" & build_bwd build/bwd_base 6 "-DTF_FLASH_CUDA_REDUCED" build/basetree & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    timeout 200 build/bwd_new/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -n 1 "$OUT/bwd_test.log")"
+    grep -E "FAIL|NOT REP" "$OUT/bwd_test.log" | head -5
+    echo "deterministic: $(BWD_TEST_FILTER=deterministic timeout 100 build/bwd_new/bwd_harness test 2>&1 | tail -n 1)"
+    for r in 1 2 3; do
+      for kind in new base; do
+        BWD_BENCH_DTYPE=bf16 timeout 60 build/bwd_$kind/bwd_harness bench 64 128 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    bwd_summary "base new" "59b39f1 | key tiles slowest in the grid" | grep -v " yes 512"
+    for kind in new base new base; do
+      for c in 0 1; do
+        echo "$kind deterministic d128 b4 s4k causal=$c: $(BWD_BENCH_DETERMINISTIC=1 timeout 60 build/bwd_$kind/bwd_harness bench1 bf16 128 4 4096 16 $c 2>&1 | tail -n 1)"
+      done
     done
     echo "total $(( $(date +%s) - start ))s" ;;
   vb)
