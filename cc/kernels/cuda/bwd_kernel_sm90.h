@@ -10,9 +10,9 @@
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
 //   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
 //   dV += P^T dO (P^T from registers), dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split
-//   the head dim) and dK += dS^T Q (dS^T from registers); while dK's GEMM runs, each warpgroup stages its
-//   dQ in shared memory, and the next step, once its first GEMMs are issued, adds it to the fp32 dQ
-//   accumulator with one TMA reduce-add (the copy engine does the atomics).
+//   the head dim, or 128 query rows) and dK += dS^T Q (dS^T from registers); while dK's GEMM runs, each
+//   warpgroup stages its dQ in shared memory, and the next step, once its first GEMMs are issued, adds it to
+//   the fp32 dQ accumulator with one TMA reduce-add (the copy engine does the atomics).
 // The general variant adds soft-capping (the forward's tanh; P, dS and the tanh's derivative in one pass),
 // dropout (the forward's Philox draws, philox.h, taken for the transposed tile:
 // dropout_keep_bits_transposed) and the skipping of False blocks; the masked variant (kAttnMask) also
@@ -72,12 +72,15 @@ struct BwdTraitsSm90 {
                                  cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       WarpGroupsM{}));
-  // dQ = dS K: (queries, head dim / 2 per warpgroup, keys); dS query-major, K head-dim-major.
+  // dQ = dS K: (queries, head dim, keys); dS query-major, K head-dim-major. The warpgroups split 128 query rows
+  // (64 each, the whole head dim: GEMMs of N = 64 rather than 32 at d64, +4-7%; round 18), or else the head dim.
+  static constexpr bool kdQSplitRows = kBlockM == 128;
+  static constexpr int kdQPartRows = kdQSplitRows ? 64 : kBlockM, kdQPartCols = kdQSplitRows ? kHeadDim : kHeadDim / 2;
   using TiledMmadQ = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>, cute::Int<kBlockN>>,
+                                 cute::Shape<cute::Int<kBlockM>, cute::Int<kdQPartCols>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
-      WarpGroupsN{}));
+      std::conditional_t<kdQSplitRows, WarpGroupsM, WarpGroupsN>{}));
 
   // Q and dO: (queries, head dim, stage), loaded by TMA; the same bytes seen as (head dim, queries, stage).
   using SmemLayoutQ = decltype(cute::tile_to_shape(
@@ -102,15 +105,15 @@ struct BwdTraitsSm90 {
                                         cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
 
   // dQ of one query tile, fp32, staged for the TMA reduce-add: (queries, head dim), 128-byte swizzled rows of
-  // 32 floats (conflict-free stores of the accumulator's column pairs), atoms down the rows first so that
-  // each warpgroup's half of the head dim is one contiguous (queries, head dim / 2) block.
-  using SmemLayoutdQHalf = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
-                                                        cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>>{},
+  // 32 floats (conflict-free stores of the accumulator's column pairs), atoms down the rows first, in one
+  // contiguous block per warpgroup (its part: half the head dim, or 64 query rows).
+  using SmemLayoutdQPart = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
+                                                        cute::Shape<cute::Int<kdQPartRows>, cute::Int<kdQPartCols>>{},
                                                         cute::Step<cute::_1, cute::_2>{}));
-  using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{},
+  using SmemLayoutdQ = decltype(cute::tile_to_shape(SmemLayoutdQPart{},
                                                     cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{},
                                                     cute::Step<cute::_1, cute::_2>{}));
-  static_assert(kHeadDim / 2 % 32 == 0, "whole 32-float swizzle atoms per warpgroup");
+  static_assert(kdQPartCols % 32 == 0, "whole 32-float swizzle atoms per warpgroup");
 
   using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;  // (rows, head dim, heads, batch)
   using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
@@ -124,8 +127,9 @@ struct BwdTraitsSm90 {
   using GmemTensordQ = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<float*>(nullptr)),
                                                   cute::Shape<int32_t, int32_t, int32_t>{},
                                                   cute::Stride<int64_t, cute::_1, int64_t>{}));
-  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensordQ{}, SmemLayoutdQHalf{},
-                                             cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / 2>>{}, cute::_1{}));
+  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensordQ{}, SmemLayoutdQPart{},
+                                             cute::Shape<cute::Int<kdQPartRows>, cute::Int<kdQPartCols>>{},
+                                             cute::_1{}));
   // One stage: Q and dO, and lse2 and D of their rows (bulk copies, so that the consumers read them from shared
   // memory when they need them instead of holding 2 kCols registers across the GEMMs, or waiting on global loads).
   static constexpr uint32_t kTmaBytesQdO = 2 * kBlockM * kHeadDim * sizeof(Element) + 2 * kBlockM * sizeof(float);
@@ -169,7 +173,7 @@ struct BwdArgsSm90 {
 enum class BwdSm90Barrier : uint32_t {
   kRowsZeroed = 0,  // both consumers zeroed the unseen rows of a tile in shared memory
   kDsReady = 1,     // both consumers wrote their dS^T rows (and the previous dQ reduce-adds read theirs)
-  kdQStaged = 2,    // a consumer's dQ half is in shared memory; kdQStaged + i for consumer i
+  kdQStaged = 2,    // a consumer's dQ part is in shared memory; kdQStaged + i for consumer i
 };
 
 // Zeroes rows [lo, hi) of a (rows, head dim) shared-memory tile, cooperatively over `threads` threads; the
@@ -381,15 +385,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     using TileBits = std::conditional_t<kRows * kCols <= 32, uint32_t, uint64_t>;  // bit mi * kCols + ni
     auto copy_ds = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_sdp);
     auto thr_copy_ds = copy_ds.get_thread_slice(mma_tidx);
-    // dQ staging: this consumer's half of the head dim, reduce-added by its first thread.
+    // dQ staging: this consumer's part, reduce-added by its first thread.
     const int consumer = warp_group - 1;
     const bool dq_issuer = mma_tidx % 128 == 0;
     auto copy_dq = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint64_t>, float>{}, mma_dq);
     auto thr_copy_dq = copy_dq.get_thread_slice(mma_tidx);
     Tensor tdQsdQ = thr_copy_dq.partition_D(as_position_independent_swizzle_tensor(
         make_tensor(make_smem_ptr(shared.dq.begin()), typename Traits::SmemLayoutdQ{})));
-    Tensor sdQ_half = make_tensor(make_smem_ptr(shared.dq.begin() + consumer * cosize_v<typename Traits::SmemLayoutdQHalf>),
-                                  typename Traits::SmemLayoutdQHalf{});
+    using SmemLayoutdQPart = typename Traits::SmemLayoutdQPart;
+    Tensor sdQ_part =
+        make_tensor(make_smem_ptr(shared.dq.begin() + consumer * cosize_v<SmemLayoutdQPart>), SmemLayoutdQPart{});
     // (query rows, head dim, (split, batch, head)): this CTA's dQ accumulator is its split's (bwd_launch.h).
     Tensor mdQ = args.tma_dq.get_tma_tensor(
         make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), s.dq_splits * p.batch * p.num_heads));
@@ -454,9 +459,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           cutlass::arch::fence_view_async_shared();
           named_sync(128, BwdSm90Barrier::kdQStaged, consumer);
           if (dq_issuer) {
+            constexpr int kPartRows = Traits::kdQPartRows;
             Tensor gdQ = local_tile(mdQ(_, _, dq_plane0 + b * p.num_heads + staged_h),
-                                    Shape<Int<kBlockM>, Int<kHeadDim / 2>>{}, make_coord(staged_m0 / kBlockM, consumer));
-            auto dq_parts = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ_half),
+                                    Shape<Int<kPartRows>, Int<Traits::kdQPartCols>>{},
+                                    Traits::kdQSplitRows ? make_coord(staged_m0 / kPartRows + consumer, 0)
+                                                         : make_coord(staged_m0 / kPartRows, consumer));
+            auto dq_parts = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ_part),
                                           group_modes<0, 2>(gdQ));
             copy(args.tma_dq, get<1>(dq_parts), get<0>(dq_parts));  // (gmem, smem) parts: smem -> gmem
             tma_store_arrive();
@@ -682,7 +690,7 @@ cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, c
       make_tensor(make_gmem_ptr(s.dq_accum),
                   make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), s.dq_splits * int32_t(p.batch) * p.num_heads),
                   make_stride(int64_t(kHeadDim), _1{}, s.sq_pad * kHeadDim)),
-      typename Traits::SmemLayoutdQHalf{}, Shape<Int<Traits::kBlockM>, Int<kHeadDim / 2>>{}, _1{});
+      typename Traits::SmemLayoutdQPart{}, Shape<Int<Traits::kdQPartRows>, Int<Traits::kdQPartCols>>{}, _1{});
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;

@@ -13,6 +13,8 @@
 #                 forward (reduced, -lineinfo): ncu of d128 and d64 with per-instruction stall samples
 #   round.sh g    the backward's grid as one linear index with the key tiles slowest (the longest causal CTAs
 #                 first) against 59b39f1 (build/basetree): builds, full test, benchmarks (also deterministic)
+#   round.sh q    d64 (128-query tiles): the dQ GEMM split by query rows between the warpgroups (N = 64) instead of
+#                 by head dim (N = 32), against the README commit (build/basetree): builds, full test, d64 benchmarks
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -120,6 +122,20 @@ case "${1:?w, v or vb}" in
         echo "$kind deterministic d128 b4 s4k causal=$c: $(BWD_BENCH_DETERMINISTIC=1 timeout 60 build/bwd_$kind/bwd_harness bench1 bf16 128 4 4096 16 $c 2>&1 | tail -n 1)"
       done
     done
+    echo "total $(( $(date +%s) - start ))s" ;;
+  q)
+    start=$(date +%s)
+    build_bwd build/bwd_new 10 "" & build_bwd build/bwd_base 6 "-DTF_FLASH_CUDA_REDUCED" build/basetree & wait
+    echo "built in $(( $(date +%s) - start ))s"
+    timeout 200 build/bwd_new/bwd_harness test > "$OUT/bwd_test.log" 2>&1; echo "backward test rc $?: $(tail -n 1 "$OUT/bwd_test.log")"
+    grep -E "FAIL|NOT REP" "$OUT/bwd_test.log" | head -5
+    echo "deterministic: $(BWD_TEST_FILTER=deterministic timeout 100 build/bwd_new/bwd_harness test 2>&1 | tail -n 1)"
+    for r in 1 2 3 4; do
+      for kind in new base; do
+        BWD_BENCH_DTYPE=bf16 timeout 60 build/bwd_$kind/bwd_harness bench 64 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    bwd_summary "base new" "README commit | dQ split by query rows" | grep -v " yes 512"
     echo "total $(( $(date +%s) - start ))s" ;;
   vb)
     start=$(date +%s)
