@@ -272,13 +272,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return s.mask[mask_layout.summary_offset + mask_layout.summary_index(mask_layout.plane(b, h), m_tile, n_block)];
   };
   auto next_visible = [&](const KeyTile& t, int it) {
-    const bool has_block_mask = kGeneral && p.block_mask.data != nullptr;
-    if (!has_block_mask && !has_attn_mask) return it;
-    for (; it < t.n_iter; ++it) {
-      const int h = h_kv * group + it / t.n_m, m_tile = t.m_begin + it % t.n_m;
-      if (has_block_mask && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, t.n0 / p.block_k)) continue;
-      if (has_attn_mask && !(mask_summary(h, m_tile, t.n_block) & kMaskSomeVisible)) continue;
-      break;
+    if constexpr (kGeneral || kAttnMask) {
+      const bool has_block_mask = kGeneral && p.block_mask.data != nullptr;
+      if (!has_block_mask && !has_attn_mask) return it;
+      for (; it < t.n_iter; ++it) {
+        const int h = h_kv * group + it / t.n_m, m_tile = t.m_begin + it % t.n_m;
+        if (has_block_mask && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, t.n0 / p.block_k)) continue;
+        if (has_attn_mask && !(mask_summary(h, m_tile, t.n_block) & kMaskSomeVisible)) continue;
+        break;
+      }
     }
     return it;
   };
