@@ -4,9 +4,8 @@
 // and, for every query tile (64 rows; 128 in the plain variant at head dim 64) of every query head of the
 // GQA group, Q and dO (and the rows' lse2 and D, bulk copies) through a two-stage TMA ring
 // (cutlass::PipelineTmaAsync); each of the two consumer warpgroups owns 64 keys and keeps their dK, dV
-// accumulators in registers. With the deterministic dQ, the CTA of split i
-// of (kv head, batch) runs key tiles i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per
-// query tile, with wgmma:
+// accumulators in registers. With the deterministic dQ, the CTA of split i of (kv head, batch) runs key tiles
+// i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per query tile, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
 //   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
 //   dV += P^T dO (P^T from registers), dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split
@@ -447,7 +446,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // tile's own dP GEMM.
         constexpr bool kDrawAhead = Traits::kDropoutDrawAhead;
         auto draw_keep = [&](int it) -> uint32_t {
-          if constexpr (kGeneral) {  // 64-query tiles: a bit per entry in 32
+          if constexpr (kGeneral) {  // only the general variant drops (64-query tiles: 32 entries a thread)
             const int h = h_kv * group + it / t.n_m, m0 = (t.m_begin + it % t.n_m) * kBlockM;
             return dropout_keep_bits_transposed<kCols>(cS_rc, seed, uint64_t(b) * p.num_heads + h, m0, n0, threshold2);
           }
@@ -618,7 +617,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           ++read;
           it = next_visible(t, it + 1);
         }
-        if (staged_h >= 0) reduce_add_staged_dq();
+        if (staged_h >= 0) reduce_add_staged_dq();  // the key tile's last dQ
         // The staging buffer must outlive the last reduce-add's read; deterministic, the next key tile's
         // reduce-adds into this accumulator must follow this tile's: wait for their writes too.
         if (dq_issuer) {
