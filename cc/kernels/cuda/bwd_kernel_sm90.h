@@ -708,8 +708,8 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   using Traits = BwdTraitsSm90<kHeadDim, Element>;
   // The plain variant takes 128 query rows per tile at head dim 64: its GEMMs of 64 x 64 x 64 per warpgroup
   // were too short to cover a tile's barriers, softmax and dQ staging (+9-19% from 1k; round 18). The others
-  // keep 64 (their dropout,
-  // attn_mask and visibility bits are 32 per thread; the mask summaries are per 64 query rows).
+  // keep 64 (their dropout, attn_mask and visibility bits are 32 per thread; the mask summaries are per 64
+  // query rows).
   using PlainTraits = BwdTraitsSm90<kHeadDim, Element, kHeadDim == 64 ? 128 : 64>;
   static const bool has_code = has_sm90a_code(&bwd_dkdv_kernel_sm90<PlainTraits, false>) &&
                                has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>) &&
