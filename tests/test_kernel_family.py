@@ -176,8 +176,7 @@ def test_forward_schedules_give_identical_results(case, per_tile_schedule_result
 @pytest.mark.parametrize("features", [dict(dropout_rate=0.2), dict(softcap=5.0),
                                       dict(dropout_rate=0.3, softcap=3.0, causal=True, kv_lengths=[300, 170])])
 def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, features, rng):
-    """Dropout and soft-capping run in the Hopper forward and, at head dims 64 and 128, in the Hopper
-    backward; the dropout draws of every kernel must be the CPU kernels': output, lse and gradients against
+    """Dropout and soft-capping run in the Hopper forward and backward; the dropout draws of every kernel must be the CPU kernels': output, lse and gradients against
     float64 attention with the Philox reference's keep mask."""
     b, s, h, hkv = 2, 300, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
@@ -187,7 +186,7 @@ def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, featu
     (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, seed=[11, 2], return_lse=True, **features)
     family = "forward_sm90" if _hopper_expected() else "forward_sm80"
     assert ran[family] == 1, ran
-    backward = "backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"
+    backward = "backward_sm90" if _hopper_expected() else "backward_sm80"
     assert ran[backward] == 1, ran
     _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, features, seed=[11, 2])
 
@@ -211,8 +210,7 @@ def _attention_mask(kind, rng, b, h, s):
                                       dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4]),
                                       dict(causal=True, deterministic=True)])
 def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rng):
-    """attn_mask runs in the Hopper kernels (packed to a bit per entry first): the forward at head dims 64,
-    128 and 256, the backward at 64 and 128 (256 in the sm_80 family). Output, lse and gradients against
+    """attn_mask runs in the Hopper kernels (packed to a bit per entry first) at head dims 64, 128 and 256. Output, lse and gradients against
     float64, with causal, lengths, dropout, soft-capping, the deterministic dQ and GQA at odd lengths."""
     b, s, h, hkv = 2, 300, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
@@ -222,7 +220,7 @@ def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rn
     q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
     (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, attention_mask=mask, return_lse=True, **features)
     forward = "forward_sm90" if _hopper_expected() else "forward_sm80"
-    backward = "backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"
+    backward = "backward_sm90" if _hopper_expected() else "backward_sm80"
     assert ran[forward] == 1 and ran[backward] == 1, ran
     _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16, dict(features, attention_mask=mask))
 
@@ -243,7 +241,7 @@ def test_attention_mask_keeps_hidden_nan_out(head_dim, rng):
     tk, tv = (tf.constant(x, tf.bfloat16) for x in (k_nan, v_nan))
     (out, _), grads, ran = _forward_backward([tq, tk, tv], dout, attention_mask=mask, return_lse=True)
     assert ran["forward_sm90" if _hopper_expected() else "forward_sm80"] == 1, ran
-    assert ran["backward_sm90" if _hopper_expected() and head_dim in (64, 128) else "backward_sm80"] == 1, ran
+    assert ran["backward_sm90" if _hopper_expected() else "backward_sm80"] == 1, ran
     ref_out, _ = reference_attention(q, k, v, attention_mask=mask)
     np.testing.assert_allclose(tf.cast(out, tf.float64).numpy(), ref_out, atol=6e-2, rtol=0)
     grads = [tf.cast(g, tf.float64).numpy() for g in grads]
@@ -261,14 +259,15 @@ def test_head_dim_32_runs_sm80(rng):
 @pytest.mark.parametrize("features", [dict(causal=True), dict(), dict(window=(70, 20)), dict(dropout_rate=0.1, seed=5),
                                       dict(deterministic=True)])
 def test_backward_family_and_gradients(dtype, head_dim, features, rng):
-    """The backward takes the Hopper dK/dV kernel for head dims 64 and 128 (dropout and the deterministic dQ
-    included), the sm_80 one otherwise; gradients against float64 either way (GQA, odd lengths)."""
+    """On sm_90 the backward takes the Hopper dK/dV kernel at head dims 64, 128 and 256 (dropout and the
+    deterministic dQ included), elsewhere the sm_80 one; gradients against float64 either way (GQA, odd
+    lengths)."""
     b, sq, sk, h, hkv = 2, 200, 333, 4, 2
     q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
     tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
     _, grads, ran = _forward_backward([tq, tk, tv], dout, **features)
-    hopper = _hopper_expected() and head_dim in (64, 128)
+    hopper = _hopper_expected()
     family = "backward_sm90" if hopper else "backward_sm80"
     assert ran[family] == 1, (features, ran)
     if "dropout_rate" in features:
@@ -279,12 +278,12 @@ def test_backward_family_and_gradients(dtype, head_dim, features, rng):
 
 def _hopper_takes_block_size(direction, head_dim, block_size):
     """Whether the Hopper kernel of `direction` takes blocks of block_size = (bq, bk): blocks that hold whole
-    tiles (forward: 128 query rows x 128 keys, 64 at head dim 256; backward: 64 x 128 at head dims 64 and
-    128), so that each tile is shown or skipped whole."""
+    tiles (forward: 128 query rows x 128 keys, 64 at head dim 256; backward: 64 x 128, 64 x 64 at head dim
+    256), so that each tile is shown or skipped whole."""
     bq, bk = block_size
     if direction == "forward":
         return bq % 128 == 0 and bk % (64 if head_dim == 256 else 128) == 0
-    return head_dim in (64, 128) and bq % 64 == 0 and bk % 128 == 0
+    return bq % 64 == 0 and bk % (64 if head_dim == 256 else 128) == 0
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

@@ -497,7 +497,7 @@ static int run_tests() {
     c.causal = false, c.dropout = 0.2f;
     add(c, "key mask dropout GQA pad");
   }
-  for (int d : {64, 128}) {  // attn_mask in the Hopper backward (packed_mask.h) at both of its head dims
+  for (int d : {64, 128, 256}) {  // attn_mask in the Hopper backward (packed_mask.h) at each of its head dims
     Case c;
     c.d = d, c.sq = 450, c.sk = 333, c.attn_mask = true, c.b = 3, c.h = 4, c.hkv = 2;
     add(c, (std::string("attn_mask GQA d") + std::to_string(d)).c_str());
@@ -572,7 +572,9 @@ static int run_tests() {
     c.d = 8, c.dv = 16, c.h = 2, c.hkv = 2;
     add(c, "head dims 8/16");
   }
-  {  // head dim 256: 64 x 64 tiles, one Q/dO buffer (the loads of the next tile overlap the dQ GEMM)
+  {  // head dim 256: on sm_90 the Hopper kernel's 64 x 64 tiles with the head dim split between its warpgroups
+     // (P^T and dS^T through shared memory, dQ by atomics); TF_FLASH_CUDA_FAMILY=sm80 runs these on the sm_80
+     // kernel (64 x 64 tiles, one Q/dO buffer)
     Case c;
     c.d = 256;
     for (auto [sq, sk] : {std::pair{1, 1}, {17, 300}, {300, 17}, {129, 1000}, {1023, 1023}})
@@ -611,12 +613,14 @@ static int run_tests() {
     add(c, "d256 head dims 64/256");
     c.d = 136, c.dv = 192;
     add(c, "d256 head dims 136/192");
+    c.d = c.dv = 256, c.sq = 300, c.sk = 333, c.softcap = 2.f, c.causal = true;
+    add(c, "d256 softcap 2 causal");
   }
   {  // The deterministic dQ (bwd_dq_splits): with 64+ (batch, kv head) units on the H100's 132 SMs, splits
      // below the key tiles, so that each CTA runs several key tiles in turn.
     Case c;
     c.deterministic = true;
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 256}) {
       c.d = d, c.b = 2, c.h = c.hkv = 33, c.sq = 300, c.sk = 600;
       add(c, (std::string("deterministic d") + std::to_string(d)).c_str());
       c.causal = true, c.h = 66, c.sq = 600, c.sk = 700;
@@ -633,7 +637,7 @@ static int run_tests() {
     }
     c.d = 128, c.b = 1, c.h = c.hkv = 2, c.sq = 1023, c.sk = 1000;  // splits = key tiles: one tile per CTA
     add(c, "deterministic few units");
-    c.d = 256, c.b = 2, c.h = c.hkv = 33, c.sq = 300, c.sk = 600, c.causal = true;  // the sm_80 kernel
+    c.d = 256, c.b = 2, c.h = c.hkv = 33, c.sq = 300, c.sk = 600, c.causal = true;
     add(c, "deterministic causal d256");
   }
   {

@@ -48,7 +48,12 @@ namespace cuda {
 template <int kHeadDim_, class Element_, int kBlockM_ = 64>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = 128, kStages = 2;
+  // Head dim 256: 64 keys x 256 of dK and dV would take 256 accumulator registers a thread, so the warpgroups
+  // split the head dim of dK, dV and dQ (and the query columns of S^T and dP^T) over 64-key tiles; P^T and
+  // dS^T then go through shared memory (each warpgroup's GEMMs read both halves), and dQ goes to the
+  // accumulator by 8-byte atomics from registers (its 64 KB fp32 staging does not fit beside two Q/dO stages).
+  static constexpr bool kSplitHeadDim = kHeadDim_ == 256;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kSplitHeadDim ? 64 : 128, kStages = 2;
   static constexpr int kMmaThreads = 256, kNThreads = 384;
   static constexpr int kProducerRegs = 24, kMmaRegs = 240;
   // Dropout masks drawn one tile ahead (see the consumer loop) at head dim 64; at 128 the extra live
@@ -57,20 +62,30 @@ struct BwdTraitsSm90 {
   static constexpr bool kDropoutDrawAhead = kHeadDim <= 64;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
   static_assert(kScratchRowPad % kBlockM == 0, "whole query tiles of lse2 and D in the scratch (bulk copies)");
+  static_assert(!kSplitHeadDim || kBlockM == 64, "P^T and dS^T: one 128-byte swizzle row per key");
 
   using WarpGroupsM = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;  // each owns 64 keys
   using WarpGroupsN = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;  // each owns half the head dim
-  // S^T = K Q^T, dP^T = V dO^T: (keys, queries, head dim), both operands K-major.
+  using WarpGroupsKV = std::conditional_t<kSplitHeadDim, WarpGroupsN, WarpGroupsM>;
+  // S^T = K Q^T, dP^T = V dO^T: (keys, queries, head dim), both operands K-major; each warpgroup's part.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kHeadDim>>>(),
-      WarpGroupsM{}));
-  // dV += P^T dO, dK += dS^T Q: (keys, head dim, queries), A from registers, B head-dim-major.
+                                 std::conditional_t<kSplitHeadDim,
+                                                    cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM / 2>, cute::Int<kHeadDim>>,
+                                                    cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kHeadDim>>>>(),
+      WarpGroupsKV{}));
+  // dV += P^T dO, dK += dS^T Q: (keys, head dim, queries), B head-dim-major; A from registers, or (kSplitHeadDim)
+  // from shared memory, query-major.
+  using TileShapedKV = std::conditional_t<kSplitHeadDim,
+                                          cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim / 2>, cute::Int<kBlockM>>,
+                                          cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kBlockM>>>;
   using TiledMmadKV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float,
-                                 cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
-      WarpGroupsM{}));
+      std::conditional_t<kSplitHeadDim,
+                         decltype(cute::GMMA::ss_op_selector<Element, Element, float, TileShapedKV,
+                                                             cute::GMMA::Major::K, cute::GMMA::Major::MN>()),
+                         decltype(cute::GMMA::rs_op_selector<Element, Element, float, TileShapedKV,
+                                                             cute::GMMA::Major::K, cute::GMMA::Major::MN>())>{},
+      WarpGroupsKV{}));
   // dQ = dS K: (queries, head dim, keys); dS query-major, K head-dim-major. The warpgroups split 128 query rows
   // (64 each, the whole head dim: GEMMs of N = 64 rather than 32 at d64, +4-7%; round 18), or else the head dim.
   static constexpr bool kdQSplitRows = kBlockM == 128;
@@ -102,6 +117,10 @@ struct BwdTraitsSm90 {
   using SmemLayoutdSt = decltype(cute::composition(
       SmemLayoutdS{}, cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{},
                                         cute::Stride<cute::Int<kBlockM>, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
+  // kSplitHeadDim: dS^T and P^T (keys, queries, buffer) as the A operand of dK's and dV's GEMMs, query-major. With
+  // 64 queries a key's row is one 128-byte swizzle row, so for dS^T these are SmemLayoutdS's bytes.
+  using SmemLayoutPdSt = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::_2>{}));
 
   // dQ of one query tile, fp32, staged for the TMA reduce-add: (queries, head dim), 128-byte swizzled rows of
   // 32 floats (conflict-free stores of the accumulator's column pairs), atoms down the rows first, in one
@@ -142,7 +161,9 @@ struct BwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> v;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutdS>> ds;
-    alignas(1024) cute::ArrayEngine<float, cute::cosize_v<SmemLayoutdQ>> dq;
+    // The dQ staging, or with kSplitHeadDim (dQ by atomics) P^T's two buffers.
+    alignas(1024) cute::ArrayEngine<float, kSplitHeadDim ? cute::cosize_v<SmemLayoutPdSt> * sizeof(Element) / sizeof(float)
+                                                         : cute::cosize_v<SmemLayoutdQ>> dq;
     alignas(16) float lse2[kStages][kBlockM];  // bwd_launch.h's lse2 and D of the stage's query rows
     alignas(16) float dvec[kStages][kBlockM];
     typename PipelineKV::SharedStorage pipeline_kv;
@@ -263,12 +284,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // of False blocks are skipped by the producer and the consumers alike. The plain variant visits every tile
   // (the check cost it 1-2% at head dim 64, bf16 and fp16).
   // attn_mask (the masked variant): its packing (packed_mask.h, in the scratch), whose summaries are per (64
-  // queries, 128 keys): this kernel's tiles.
-  static_assert(!kAttnMask || (kBlockM == kMaskRowGroup && kBlockN == kMaskChunkKeys), "a summary per tile");
+  // queries, 128 keys): this kernel's tiles, or (kSplitHeadDim) two of them, which then share one.
+  static_assert(!kAttnMask || (kBlockM == kMaskRowGroup && kMaskChunkKeys % kBlockN == 0), "a summary per tile");
   const bool has_attn_mask = kAttnMask && p.attn_mask.data != nullptr;
   const PackedMaskLayout mask_layout(p, MaskPacking::kBackward);
-  auto mask_summary = [&](int h, int m_tile, int n_block) {
-    return s.mask[mask_layout.summary_offset + mask_layout.summary_index(mask_layout.plane(b, h), m_tile, n_block)];
+  auto mask_summary = [&](int h, int m_tile, int n0) {
+    return s.mask[mask_layout.summary_offset +
+                  mask_layout.summary_index(mask_layout.plane(b, h), m_tile, n0 / kMaskChunkKeys)];
   };
   auto next_visible = [&](const KeyTile& t, int it) {
     if constexpr (kGeneral || kAttnMask) {
@@ -277,7 +299,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       for (; it < t.n_iter; ++it) {
         const int h = h_kv * group + it / t.n_m, m_tile = t.m_begin + it % t.n_m;
         if (has_block_mask && !block_visible(p, b, h, m_tile * kBlockM / p.block_q, t.n0 / p.block_k)) continue;
-        if (has_attn_mask && !(mask_summary(h, m_tile, t.n_block) & kMaskSomeVisible)) continue;
+        if (has_attn_mask && !(mask_summary(h, m_tile, t.n0) & kMaskSomeVisible)) continue;
         break;
       }
     }
@@ -297,6 +319,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // space, and the stores were generic (ST.E with 64-bit addresses, dQ's 8-byte stores split in two).
   Tensor sdSt = as_position_independent_swizzle_tensor(
       make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdSt{}));
+  // kSplitHeadDim: P^T, written like dS^T, and both read by dV's and dK's GEMMs.
+  constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
+  Element* const p_smem = reinterpret_cast<Element*>(shared.dq.begin());
+  Tensor sPtW = as_position_independent_swizzle_tensor(
+      make_tensor(make_smem_ptr(p_smem), typename Traits::SmemLayoutPdSt{}));
+  Tensor sPt = make_tensor(make_smem_ptr(p_smem), typename Traits::SmemLayoutPdSt{});
+  Tensor sdStA = make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutPdSt{});
 
   const int warp_group = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
@@ -376,6 +405,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_K, buffer)
     Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+    // kSplitHeadDim: A of dV's and dK's GEMMs from shared memory, (MMA, MMA_M, MMA_K, buffer).
+    auto tdVsP = [&] {
+      if constexpr (kSplitHeadDim) return thr_dkv.partition_fragment_A(sPt);
+      else return 0;
+    }();
+    auto tdKsdS = [&] {
+      if constexpr (kSplitHeadDim) return thr_dkv.partition_fragment_A(sdStA);
+      else return 0;
+    }();
     Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
     Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
     // (key row, query column) inside the S^T tile of each accumulator element.
@@ -480,19 +518,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           uint32_t keep = keep_next;
           // attn_mask over part of the tile: this thread's packed words (keys r and r + 8; keys past the tensor
           // read key 0, hidden by their range), loaded now, used after the S^T GEMM.
-          const bool element_masked = has_attn_mask && !(mask_summary(h, m0 / kBlockM, n_block) & kMaskAllVisible);
+          const bool element_masked = has_attn_mask && !(mask_summary(h, m0 / kBlockM, n0) & kMaskAllVisible);
           uint32_t mask_bits = 0;  // bit mi * kCols + ni
           if constexpr (kAttnMask) {
-            static_assert(kRows == 2 && kCols == 16, "two 16-bit words per thread");
+            // A word holds the thread's columns of all 64 queries (packed_mask.h), two bits per n8 group; with
+            // kSplitHeadDim the warpgroup's 32 queries are one byte of it.
+            static_assert(kRows == 2 && (kCols == 16 || kCols == 8), "a 16-bit word or a byte per row");
             if (element_masked) {
               const uint16_t* words = reinterpret_cast<const uint16_t*>(s.mask);
               const int64_t plane = mask_layout.plane(b, h);
+              const int first_bit = 2 * (get<1>(cS_rc(0, 0)) / 8);
               CUTE_UNROLL
               for (int mi = 0; mi < kRows; ++mi) {
                 const int64_t key = n0 + get<0>(cS_rc(mi, 0));
-                mask_bits |= uint32_t(words[mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0,
-                                                                      m0 / kBlockM, mma_tidx % 4)])
-                             << (mi * kCols);
+                const uint32_t word = words[mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0,
+                                                                     m0 / kBlockM, mma_tidx % 4)];
+                mask_bits |= ((word >> first_bit) & ((1u << kCols) - 1u)) << (mi * kCols);
               }
             }
           }
@@ -589,29 +630,54 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
           }
 
-          // dV += P^T dO (P^T from registers); dS^T to shared memory for dQ = dS K; then dK += dS^T Q, issued after
-          // the dQ GEMM so that it runs while dQ is staged for its reduce-add.
           Tensor rP = convert_fragment<Element>(acc_s);
-          Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
-          warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
-          Tensor rdS = convert_fragment<Element>(acc_dp);
-          copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
-          cutlass::arch::fence_view_async_shared();
-          if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
-          named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
+          if constexpr (kSplitHeadDim) {
+            // P^T and dS^T to shared memory (each warpgroup its query columns); once both are there, dQ = dS K
+            // (issued first, so that its atomics run under the others), dV += P^T dO and dK += dS^T Q.
+            Tensor rdS = convert_fragment<Element>(acc_dp);
+            copy(copy_ds, thr_copy_ds.retile_S(rP), thr_copy_ds.partition_D(sPtW(_, _, buffer)));
+            copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
+            cutlass::arch::fence_view_async_shared();
+            named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
+            Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+            warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
+            warpgroup_gemm<false>(mma_dkv, tdVsP(_, _, _, buffer), tdVrdO(_, _, _, stage), acc_dv);
+            warpgroup_gemm<false>(mma_dkv, tdKsdS(_, _, _, buffer), tdKrQ(_, _, _, stage), acc_dk);
+            if (kDrawAhead && has_dropout) {
+              const int ahead = next_visible(t, it + 1);
+              if (ahead < t.n_iter) keep_next = draw_keep(ahead);
+            }
+            warpgroup_wait<2>();  // dQ done
+            // Rows past seqlen_q land in the scratch's padding (kScratchRowPad), which nothing reads.
+            Tensor gdQ = make_tensor(
+                make_gmem_ptr(s.dq_accum + (int64_t(dq_plane0 + b * p.num_heads + h) * s.sq_pad + m0) * kHeadDim),
+                Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
+            Tensor tdQgdQ = thr_dq.partition_C(gdQ);
+            atomic_add_dq(acc_dq, tdQgdQ);
+          } else {
+            // dV += P^T dO (P^T from registers); dS^T to shared memory for dQ = dS K; then dK += dS^T Q, issued
+            // after the dQ GEMM so that it runs while dQ is staged for its reduce-add.
+            Tensor tdVrP = make_tensor(rP.data(), gmma_acc_as_a_operand(rP.layout()));
+            warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
+            Tensor rdS = convert_fragment<Element>(acc_dp);
+            copy(copy_ds, thr_copy_ds.retile_S(rdS), thr_copy_ds.partition_D(sdSt(_, _, buffer)));
+            cutlass::arch::fence_view_async_shared();
+            if (dq_issuer) tma_store_wait<0>();  // the previous tile's dQ reduce-add has read the staging buffer
+            named_sync(kMmaThreads, BwdSm90Barrier::kDsReady);
 
-          // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
-          Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-          warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
-          Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
-          warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
-          if (kDrawAhead && has_dropout) {
-            const int ahead = next_visible(t, it + 1);
-            if (ahead < t.n_iter) keep_next = draw_keep(ahead);
+            // dQ_tile = dS K (unscaled: the conversion kernel applies the scale), then into the accumulator.
+            Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+            warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
+            Tensor tdKrdS = make_tensor(rdS.data(), gmma_acc_as_a_operand(rdS.layout()));
+            warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
+            if (kDrawAhead && has_dropout) {
+              const int ahead = next_visible(t, it + 1);
+              if (ahead < t.n_iter) keep_next = draw_keep(ahead);
+            }
+            warpgroup_wait<1>();  // dV and dQ done (dK still running)
+            copy(copy_dq, thr_copy_dq.retile_S(acc_dq), tdQsdQ);
+            staged_h = h, staged_m0 = m0;
           }
-          warpgroup_wait<1>();  // dV and dQ done (dK still running)
-          copy(copy_dq, thr_copy_dq.retile_S(acc_dq), tdQsdQ);
-          staged_h = h, staged_m0 = m0;
           warpgroup_wait<0>();  // dK done: this stage of Q and dO is free
           pipeline_q.consumer_release(read);
           ++read;

@@ -63,9 +63,8 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
   return int(best);
 }
 
-// The head dims of the Hopper backward (bwd_kernel_sm90.h; d256's tiles do not fit its shared memory with two
-// Q/dO stages).
-constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128; }
+// The head dims of the Hopper backward (bwd_kernel_sm90.h).
+constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128 || d == 256; }
 
 // The packed attn_mask of the Hopper backward (packed_mask.h), where that kernel may run with one: its family on
 // this device, its head dims. Else 0.

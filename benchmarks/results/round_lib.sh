@@ -1,0 +1,43 @@
+# Helpers shared by the device rounds' scripts (from round 19 on; rounds 15-18 keep their own copies as run):
+# source it from a round script after setting root (the repository) and OUT.
+#   build_bwd DIR JOBS "FLAGS" [TREE]   the backward harness (sm_90a only) of TREE (default: this one) into DIR
+#   ncu_bwd BIN NAME SHAPE...           ncu of one Hopper backward (bench1 SHAPE): summary and per-instruction samples
+#   bwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/bwdbench_KIND_RUN.txt, ratios to the first kind
+mkdir -p /tmp/cutlass && tar -xzf "$root/.gpu_build/cutlass_include.tgz" -C /tmp/cutlass && export CUTLASS_INCLUDE=/tmp/cutlass/include
+build_bwd() {
+  (NVCC_ARCHS=90a JOBS=$2 BUILD_ONLY=1 EXTRA_FLAGS="$3" BWD_BUILD=$root/$1 ${4:-$root}/tests/cuda_harness/run_bwd_harness.sh \
+    > "$OUT/$(basename $1)_build.log" 2>&1) || { echo "backward build $1 failed"; grep -E "error" "$OUT/$(basename $1)_build.log" | head; }
+}
+ncu_bwd() {
+  local bin=$1 name=$2; shift 2
+  timeout 150 ncu --clock-control none --kernel-name regex:bwd_dkdv_kernel_sm90 --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \
+    --metrics regex:sm__pipe_tensor.*cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
+    --import-source yes -o /tmp/ncu_$name -f $bin bench1 "$@" > /tmp/ncu_${name}_run.log 2>&1 || echo "ncu $name rc $?"
+  ncu -i /tmp/ncu_$name.ncu-rep 2>&1 | grep -E "Duration|Throughput|pipe_tensor|inst_executed|Issue|Stall|Warp Cycles Per|Executed Ipc|SM Busy|Registers|Local" |
+    awk '{$1=$1; print}' | cut -c1-140 > "$OUT/ncu_$name.txt"
+  ncu -i /tmp/ncu_$name.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/ncu_${name}_sass.csv.gz"
+}
+bwd_summary() {
+  python3 - "$OUT" "$1" "$2" <<'PY'
+import collections, glob, re, sys
+out, kinds, title = sys.argv[1], sys.argv[2].split(), sys.argv[3]
+rows = collections.defaultdict(dict)
+for path in glob.glob(f"{out}/bwdbench_*.txt"):
+    kind = re.match(r".*bwdbench_([a-z0-9]+)_\d\.txt", path).group(1)
+    for line in open(path):
+        f = [x.strip() for x in line.split("|")]
+        if len(f) > 9 and f[1] in ("bf16", "fp16"):
+            key = (f[1], int(f[2]), f[3], int(f[5]))
+            rows[key][kind] = max(rows[key].get(kind, 0.0), float(f[9]))
+with open(f"{out}/summary_bwd.txt", "w") as fh:
+    print("dtype d causal seqlen | backward TFLOP/s (max of runs):", title, "| each / first", file=fh)
+    for key in sorted(rows):
+        v = rows[key]
+        ref = v.get(kinds[0], 0) or 1
+        print(*key, "|", " | ".join(f"{v.get(k, 0):.0f}" for k in kinds), "|",
+              " ".join(f"{v.get(k, 0) / ref:.3f}" for k in kinds[1:]), file=fh)
+PY
+  rm -f "$OUT"/bwdbench_*.txt
+  cat "$OUT/summary_bwd.txt"
+}
