@@ -1,12 +1,19 @@
 # Helpers shared by the device rounds' scripts (from round 19 on; rounds 15-18 keep their own copies as run):
 # source it from a round script after setting root (the repository) and OUT.
 #   build_bwd DIR JOBS "FLAGS" [TREE]   the backward harness (sm_90a only) of TREE (default: this one) into DIR
+#   variant_bwd FROM TO "FLAGS" "FILES"  a copy of build FROM with FILES (instantiation .cu names) recompiled with FLAGS
 #   ncu_bwd BIN NAME SHAPE...           ncu of one Hopper backward (bench1 SHAPE): summary and per-instruction samples
 #   bwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/bwdbench_KIND_RUN.txt, ratios to the first kind
 mkdir -p /tmp/cutlass && tar -xzf "$root/.gpu_build/cutlass_include.tgz" -C /tmp/cutlass && export CUTLASS_INCLUDE=/tmp/cutlass/include
 build_bwd() {
   (NVCC_ARCHS=90a JOBS=$2 BUILD_ONLY=1 EXTRA_FLAGS="$3" BWD_BUILD=$root/$1 ${4:-$root}/tests/cuda_harness/run_bwd_harness.sh \
     > "$OUT/$(basename $1)_build.log" 2>&1) || { echo "backward build $1 failed"; grep -E "error" "$OUT/$(basename $1)_build.log" | head; }
+}
+variant_bwd() {
+  rm -rf "$root/$2" && cp -r "$root/$1" "$root/$2"
+  (NVCC_ARCHS=90a JOBS=8 BUILD_ONLY=1 EXTRA_FLAGS="$3" RECOMPILE="$4" BWD_BUILD=$root/$2 \
+    $root/tests/cuda_harness/run_bwd_harness.sh > "$OUT/$(basename $2)_build.log" 2>&1) ||
+    { echo "backward variant $2 failed"; grep -E "error" "$OUT/$(basename $2)_build.log" | head; }
 }
 ncu_bwd() {
   local bin=$1 name=$2; shift 2

@@ -2,7 +2,9 @@
 # Builds the CUDA backward (cc/kernels/cuda/flash_bwd_*.cu) with tests/cuda_harness/bwd_harness.cu, then runs
 # the harness:   tests/cuda_harness/run_bwd_harness.sh [test | bench [head_dim ...]]   (default: test)
 # Env: EXTRA_FLAGS (e.g. -DTF_FLASH_CUDA_REDUCED), CUTLASS_INCLUDE (default: the pip nvidia-cutlass headers), NVCC_ARCHS (default "80 90a"),
-#      BWD_BUILD (default build/bwd_harness), JOBS (default nproc), BUILD_ONLY=1 to skip the run.
+#      BWD_BUILD (default build/bwd_harness), JOBS (default nproc), BUILD_ONLY=1 to skip the run,
+#      RECOMPILE="a.cu b.cu" to compile only those sources (names under cc/kernels/cuda/ or tests/cuda_harness/)
+#      and link with the other objects already in BWD_BUILD (a variant of a few instantiation files).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cutlass=${CUTLASS_INCLUDE:-$(python3 -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source/include}
@@ -12,8 +14,12 @@ gencode=""
 for a in ${NVCC_ARCHS:-80 90a}; do gencode+=" -gencode=arch=compute_$a,code=sm_$a"; done
 export BWD_FLAGS="-std=c++17 --expt-relaxed-constexpr -O3 -I$root -I$cutlass $gencode -Xcompiler -fopenmp ${EXTRA_FLAGS:-}"
 export BWD_OUT=$out
-ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/cc/kernels/cuda/{support,family,float32_kernels,packed_mask}.cu "$root"/tests/cuda_harness/bwd_harness.cu |
-  xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
+sources=$(ls "$root"/cc/kernels/cuda/flash_bwd_*.cu "$root"/cc/kernels/cuda/{support,family,float32_kernels,packed_mask}.cu \
+  "$root"/tests/cuda_harness/bwd_harness.cu)
+if [ -n "${RECOMPILE:-}" ]; then
+  sources=$(for f in $sources; do if [[ " $RECOMPILE " == *" $(basename "$f") "* ]]; then echo "$f"; fi; done)
+fi
+echo "$sources" | xargs -P "${JOBS:-$(nproc)}" -I{} sh -c \
     'f={}; o=$BWD_OUT/$(basename $f .cu).o; nvcc $BWD_FLAGS -Xptxas -v -c $f -o $o > $o.log 2>&1 || { cat $o.log; exit 1; }'
 # Resource report of the dK/dV kernels: spills per (head dim, variant, arch).
 grep -h -A2 "Compiling entry function.*bwd_dkdv" "$out"/*.o.log | grep -E "entry|spill" |

@@ -3,13 +3,34 @@
 #   round.sh a   the Hopper backward at head dim 256 (the head dim split between the warpgroups): full build of
 #                this tree, the full test, the d256 cases once more on the sm_80 family (TF_FLASH_CUDA_FAMILY=sm80),
 #                benchmarks of d256 on both families (bf16, fp16), interleaved
+#   round.sh b   d256: dQ's atomics as 16-byte reductions (TF_FLASH_SM90_BWD_DQ_V4=1, the d256 files rebuilt) against
+#                8-byte ones (42085e4): the d256 cases on both, benchmarks interleaved, ncu of both
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
 cd "$root"
 export OUT="${OUT:-/tmp/out}"
 source benchmarks/results/round_lib.sh
-case "${1:?a}" in
+case "${1:?a or b}" in
+  b)
+    start=$(date +%s)
+    build_bwd build/bwd_new 16 ""
+    variant_bwd build/bwd_new build/bwd_v4 "-DTF_FLASH_SM90_BWD_DQ_V4=1" "flash_bwd_bf16_hdim256.cu flash_bwd_fp16_hdim256.cu"
+    echo "built in $(( $(date +%s) - start ))s"
+    for kind in new v4; do
+      BWD_TEST_FILTER=d256 timeout 100 build/bwd_$kind/bwd_harness test > "$OUT/test_$kind.log" 2>&1
+      echo "$kind d256 cases rc $?: $(tail -n 1 "$OUT/test_$kind.log")"; grep -E "FAIL|NOT REP" "$OUT/test_$kind.log" | head -5
+    done
+    for r in 1 2 3; do
+      for kind in new v4; do
+        BWD_BENCH_DTYPE=bf16 timeout 60 build/bwd_$kind/bwd_harness bench 256 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    bwd_summary "new v4" "8-byte dQ reductions | 16-byte"
+    ncu_bwd build/bwd_new/bwd_harness d256 bf16 256 4 4096 8 0
+    ncu_bwd build/bwd_v4/bwd_harness d256v4 bf16 256 4 4096 8 0
+    grep -E "Duration|pipe_tensor_cycles|inst_executed.sum|Issue Slots|Throughput" "$OUT"/ncu_d256*.txt
+    echo "total $(( $(date +%s) - start ))s" ;;
   a)
     start=$(date +%s)
     build_bwd build/bwd_new 16 ""
