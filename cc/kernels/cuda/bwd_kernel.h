@@ -10,7 +10,7 @@
 //      sm_90), dK += dS^T Q. Q/dO/lse/D of the next tile are fetched with cp.async while the current one is
 //      computed (with a single buffer, d256: while dQ is).
 //   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
-// On sm_90 GPUs kernel 2 is the Hopper family's (bwd_kernel_sm90.h) for head dims 64 and 128 without
+// On sm_90 GPUs kernel 2 is the Hopper family's (bwd_kernel_sm90.h) for head dims 64, 128 and 256 without
 // block masks finer than its tiles (run_flash_bwd chooses).
 // Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
 // visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask / an

@@ -1,17 +1,21 @@
 // Hopper (sm_90a) dK/dV kernel of the backward (kernel 2 of bwd_kernel.h's three; the preprocess and the
 // dQ conversion are shared with the sm_80 family, and so is the scratch layout, bwd_launch.h). One CTA per
-// (key tile of 128, kv head, batch) runs three warpgroups: the producer (one thread) brings K and V once
-// and, for every query tile (64 rows; 128 in the plain variant at head dim 64) of every query head of the
-// GQA group, Q and dO (and the rows' lse2 and D, bulk copies) through a two-stage TMA ring
-// (cutlass::PipelineTmaAsync); each of the two consumer warpgroups owns 64 keys and keeps their dK, dV
-// accumulators in registers. With the deterministic dQ, the CTA of split i of (kv head, batch) runs key tiles
-// i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per query tile, with wgmma:
+// (key tile of 128, 64 at head dim 256; kv head, batch) runs three warpgroups: the producer (one thread) brings
+// K and V once and, for every query tile (64 rows; 128 in the plain variant at head dim 64) of every query head
+// of the GQA group, Q and dO (and the rows' lse2 and D, bulk copies) through a two-stage TMA ring
+// (cutlass::PipelineTmaAsync); each of the two consumer warpgroups owns 64 keys (at d256 half the head dim) and
+// keeps their dK, dV accumulators in registers. With the deterministic dQ, the CTA of split i of (kv head,
+// batch) runs key tiles i, i + splits, ... (bwd_dq_splits) in turn, into dQ accumulator i. Per query tile,
+// with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory),
 //   P^T = exp2(S^T scale_log2 - lse2), dS^T = P^T (dP^T - D) (lse2, D from the preprocess),
 //   dV += P^T dO (P^T from registers), dS^T to shared memory, then dQ_tile = dS K (the two warpgroups split
 //   the head dim, or 128 query rows) and dK += dS^T Q (dS^T from registers); while dK's GEMM runs, each
 //   warpgroup stages its dQ in shared memory, and the next step, once its first GEMMs are issued, adds it to
 //   the fp32 dQ accumulator with one TMA reduce-add (the copy engine does the atomics).
+// Head dim 256 (BwdTraitsSm90::kSplitHeadDim) takes 64-key tiles whose warpgroups split the head dim instead of
+// the keys: each computes S^T and dP^T for half the query columns, P^T and dS^T go to shared memory, and each
+// runs dQ, dV and dK over its half of the head dim from there; dQ goes by atomics from registers.
 // The general variant adds soft-capping (the forward's tanh; P, dS and the tanh's derivative in one pass),
 // dropout (the forward's Philox draws, philox.h, taken for the transposed tile:
 // dropout_keep_bits_transposed) and the skipping of False blocks; the masked variant (kAttnMask) also
@@ -68,17 +72,15 @@ struct BwdTraitsSm90 {
   using WarpGroupsN = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;  // each owns half the head dim
   using WarpGroupsKV = std::conditional_t<kSplitHeadDim, WarpGroupsN, WarpGroupsM>;
   // S^T = K Q^T, dP^T = V dO^T: (keys, queries, head dim), both operands K-major; each warpgroup's part.
+  static constexpr int kSdPQueries = kSplitHeadDim ? kBlockM / 2 : kBlockM;
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 std::conditional_t<kSplitHeadDim,
-                                                    cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM / 2>, cute::Int<kHeadDim>>,
-                                                    cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kHeadDim>>>>(),
+                                 cute::Shape<cute::Int<kBlockN>, cute::Int<kSdPQueries>, cute::Int<kHeadDim>>>(),
       WarpGroupsKV{}));
   // dV += P^T dO, dK += dS^T Q: (keys, head dim, queries), B head-dim-major; A from registers, or (kSplitHeadDim)
   // from shared memory, query-major.
-  using TileShapedKV = std::conditional_t<kSplitHeadDim,
-                                          cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim / 2>, cute::Int<kBlockM>>,
-                                          cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kBlockM>>>;
+  static constexpr int kdKVCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;
+  using TileShapedKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kdKVCols>, cute::Int<kBlockM>>;
   using TiledMmadKV = decltype(cute::make_tiled_mma(
       std::conditional_t<kSplitHeadDim,
                          decltype(cute::GMMA::ss_op_selector<Element, Element, float, TileShapedKV,
@@ -162,8 +164,9 @@ struct BwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> v;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutdS>> ds;
     // The dQ staging, or with kSplitHeadDim (dQ by atomics) P^T's two buffers.
-    alignas(1024) cute::ArrayEngine<float, kSplitHeadDim ? cute::cosize_v<SmemLayoutPdSt> * sizeof(Element) / sizeof(float)
-                                                         : cute::cosize_v<SmemLayoutdQ>> dq;
+    static constexpr int kdQFloats = kSplitHeadDim ? cute::cosize_v<SmemLayoutPdSt> * sizeof(Element) / sizeof(float)
+                                                   : cute::cosize_v<SmemLayoutdQ>;
+    alignas(1024) cute::ArrayEngine<float, kdQFloats> dq;
     alignas(16) float lse2[kStages][kBlockM];  // bwd_launch.h's lse2 and D of the stage's query rows
     alignas(16) float dvec[kStages][kBlockM];
     typename PipelineKV::SharedStorage pipeline_kv;
