@@ -94,8 +94,8 @@ def test_deterministic_backward_bit_identical(request, device, use_function, sha
 @pytest.mark.parametrize("masks", ["documents", "blocks"])
 def test_deterministic_backward_with_masks_bit_identical(request, head_dim, masks):
     """The deterministic dQ where the backward's kernel loops over several key tiles per CTA (many (batch,
-    kv head) units), with an attention mask (the Hopper kernel's packed path at head dims 64 and 128) or a
-    block mask of whole tiles, GQA and odd lengths: bit-identical runs, the gradients of float64 attention."""
+    kv head) units), with an attention mask (the Hopper kernel's packed path) or a block mask of whole tiles,
+    GQA and odd lengths: bit-identical runs, the gradients of float64 attention."""
     if not _GPUS:
         pytest.skip("no GPU")
     rng = _rng(request)
