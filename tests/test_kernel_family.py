@@ -176,8 +176,9 @@ def test_forward_schedules_give_identical_results(case, per_tile_schedule_result
 @pytest.mark.parametrize("features", [dict(dropout_rate=0.2), dict(softcap=5.0),
                                       dict(dropout_rate=0.3, softcap=3.0, causal=True, kv_lengths=[300, 170])])
 def test_dropout_and_softcap_forward_family_and_gradients(dtype, head_dim, features, rng):
-    """Dropout and soft-capping run in the Hopper forward and backward; the dropout draws of every kernel must be the CPU kernels': output, lse and gradients against
-    float64 attention with the Philox reference's keep mask."""
+    """Dropout and soft-capping run in the Hopper forward and backward; the dropout draws of every kernel must
+    be the CPU kernels': output, lse and gradients against float64 attention with the Philox reference's keep
+    mask."""
     b, s, h, hkv = 2, 300, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
@@ -210,8 +211,9 @@ def _attention_mask(kind, rng, b, h, s):
                                       dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4]),
                                       dict(causal=True, deterministic=True)])
 def test_attention_mask_family_output_and_gradients(head_dim, kind, features, rng):
-    """attn_mask runs in the Hopper kernels (packed to a bit per entry first) at head dims 64, 128 and 256. Output, lse and gradients against
-    float64, with causal, lengths, dropout, soft-capping, the deterministic dQ and GQA at odd lengths."""
+    """attn_mask runs in the Hopper kernels (packed to a bit per entry first) at head dims 64, 128 and 256.
+    Output, lse and gradients against float64, with causal, lengths, dropout, soft-capping, the deterministic dQ
+    and GQA at odd lengths."""
     b, s, h, hkv = 2, 300, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
