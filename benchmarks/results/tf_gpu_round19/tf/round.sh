@@ -24,6 +24,6 @@ case "${1:?a, bc or d}" in
        echo "== Keras step, run $r"; grep -E "flash_mha_auto .*ms/step" "$OUT/model_$r.log"
      done ;;
   d) with_tf
-     timeout 450 python3 benchmarks/bench_gpu.py --torch --impls tf_flash --dtypes bf16 --dims 128 256 --skip-memory \
-       --skip-extras --time-limit 400 --out-dir "$OUT/bench_gpu" > "$OUT/bench_gpu.log" 2>&1; tail -60 "$OUT/bench_gpu.log" ;;
+     timeout 330 python3 benchmarks/bench_gpu.py --torch --impls tf_flash --dtypes bf16 --dims 128 256 --skip-memory \
+       --skip-extras --time-limit 290 --out-dir "$OUT/bench_gpu" > "$OUT/bench_gpu.log" 2>&1; tail -60 "$OUT/bench_gpu.log" ;;
 esac
