@@ -64,6 +64,7 @@ struct BwdTraitsSm90 {
   // registers spill. H100, bf16, ms per backward, ahead against in the tile: b4 s4k h16 d128 7.19 / 6.75,
   // b16 s1k h12 d64 0.823 / 0.855 (benchmarks/results/tf_gpu_round11/bwd_sm90/).
   static constexpr bool kDropoutDrawAhead = kHeadDim <= 64;
+  static_assert(!kSplitHeadDim || !kDropoutDrawAhead, "the kSplitHeadDim branch draws in the tile only");
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
   static_assert(kScratchRowPad % kBlockM == 0, "whole query tiles of lse2 and D in the scratch (bulk copies)");
   static_assert(!kSplitHeadDim || kBlockM == 64, "P^T and dS^T: one 128-byte swizzle row per key");
@@ -646,10 +647,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK, acc_dq);
             warpgroup_gemm<false>(mma_dkv, tdVsP(_, _, _, buffer), tdVrdO(_, _, _, stage), acc_dv);
             warpgroup_gemm<false>(mma_dkv, tdKsdS(_, _, _, buffer), tdKrQ(_, _, _, stage), acc_dk);
-            if (kDrawAhead && has_dropout) {
-              const int ahead = next_visible(t, it + 1);
-              if (ahead < t.n_iter) keep_next = draw_keep(ahead);
-            }
             warpgroup_wait<2>();  // dQ done
             // Rows past seqlen_q land in the scratch's padding (kScratchRowPad), which nothing reads.
             Tensor gdQ = make_tensor(
