@@ -4,12 +4,23 @@
 #   variant_bwd FROM TO "FLAGS" "FILES"  a copy of build FROM with FILES (instantiation .cu names) recompiled with FLAGS
 #   ncu_bwd BIN NAME SHAPE...           ncu of one Hopper backward (bench1 SHAPE): summary and per-instruction samples
 #   bwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/bwdbench_KIND_RUN.txt, ratios to the first kind
-mkdir -p /tmp/cutlass && tar -xzf "$root/.gpu_build/cutlass_include.tgz" -C /tmp/cutlass && export CUTLASS_INCLUDE=/tmp/cutlass/include
+#   with_tf                             (TF rounds, after the stash) the library built, TensorFlow's environment set
+cutlass_headers() {  # the CUTLASS headers the harness builds need, unpacked once per machine
+  [ -d /tmp/cutlass/include ] || { mkdir -p /tmp/cutlass && tar -xzf "$root/.gpu_build/cutlass_include.tgz" -C /tmp/cutlass; }
+  export CUTLASS_INCLUDE=/tmp/cutlass/include
+}
+with_tf() {
+  bash "$root/scripts/gpu_round.sh" device none > /dev/null 2>&1
+  source "$root/.gpu/env/env.sh" > /dev/null 2>&1
+  export TF_FLASH_LIBRARY=$root/build/gpu/_flash_attention_ops.so PYTHONPATH=$root:${PYTHONPATH:-}
+}
 build_bwd() {
+  cutlass_headers
   (NVCC_ARCHS=90a JOBS=$2 BUILD_ONLY=1 EXTRA_FLAGS="$3" BWD_BUILD=$root/$1 ${4:-$root}/tests/cuda_harness/run_bwd_harness.sh \
     > "$OUT/$(basename $1)_build.log" 2>&1) || { echo "backward build $1 failed"; grep -E "error" "$OUT/$(basename $1)_build.log" | head; }
 }
 variant_bwd() {
+  cutlass_headers
   rm -rf "$root/$2" && cp -r "$root/$1" "$root/$2"
   (NVCC_ARCHS=90a JOBS=8 BUILD_ONLY=1 EXTRA_FLAGS="$3" RECOMPILE="$4" BWD_BUILD=$root/$2 \
     $root/tests/cuda_harness/run_bwd_harness.sh > "$OUT/$(basename $2)_build.log" 2>&1) ||

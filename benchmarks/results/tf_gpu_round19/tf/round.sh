@@ -9,10 +9,9 @@
 #                torch's flash and cuDNN backends in the same run
 set -uo pipefail
 cd "$(dirname "$0")/../../../.."
+root=$PWD
 export OUT="${OUT:-/tmp/out}"
-with_tf() { bash scripts/gpu_round.sh device none > /dev/null 2>&1
-  source .gpu/env/env.sh > /dev/null 2>&1
-  export TF_FLASH_LIBRARY=$PWD/build/gpu/_flash_attention_ops.so PYTHONPATH=$PWD:${PYTHONPATH:-}; }
+source benchmarks/results/round_lib.sh  # with_tf
 case "${1:?a, bc or d}" in
   a) bash scripts/gpu_round.sh device family test 2>&1 | grep -E "gpu_round|passed|failed|FAILED|Error" | head -30 ;;
   bc) bash scripts/gpu_round.sh device xla layers 2>&1 | grep -E "passed|failed|FAILED|Error|skipped" | head -30
