@@ -58,6 +58,7 @@ struct BwdTraits : TileConfig<kHeadDim_, kBlockM_, kBlockN_, kNWarps_, Element_>
   static constexpr int kStages = kStages_;
   static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
   static_assert(kBlockM <= kScratchRowPad && kScratchRowPad % kBlockM == 0, "scratch padding");
+  static_assert(kBlockN == bwd_key_tile(kHeadDim), "bwd_dq_splits counts tiles of bwd_key_tile keys");
 
   using Atom = typename Base::MmaAtom;
   // The N permutation of 16 per warp lets one ldmatrix.x4 feed two n8 MMAs.

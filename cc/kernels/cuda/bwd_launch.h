@@ -31,12 +31,16 @@ inline int64_t padded_rows(int64_t seqlen_q) {
 // scratch, unless one accumulator alone is larger.
 constexpr int64_t kMaxDeterministicDqBytes = int64_t(1) << 30;
 
+// Keys per tile of kernel 2, the same in both families (their traits assert it): 64 at head dim 256, where a
+// thread's dK and dV accumulators would not fit in registers over 128 keys, else 128.
+constexpr int bwd_key_tile(int kernel_headdim) { return kernel_headdim == 256 ? 64 : 128; }
+
 // dQ accumulators: 1 (atomics from every key tile's CTA into one), or, deterministic, one per CTA, each CTA
 // of a (kv head, batch) looping over every splits-th key tile into its own accumulator (both families' kernel 2:
 // bwd_kernel.h, bwd_kernel_sm90.h; bwd_dkdv_ctas).
 // The split count minimizes the estimated time, waves x key tiles per CTA (one CTA per SM: the kernel's
 // launch bounds), smallest on ties: with 32 (kv head, batch) units on 132 SMs, 4 splits run 128 CTAs in
-// one wave where 5 would run 160 in two. Bounded by the key tiles (of 128) and by
+// one wave where 5 would run 160 in two. Bounded by the key tiles (bwd_key_tile) and by
 // kMaxDeterministicDqBytes. A function of the shapes and the device only, so that equal inputs on one
 // device are summed in the same order.
 inline int bwd_dq_splits(const FlashBwdParams& p) {
@@ -47,7 +51,8 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
     sms = 1;
   }
   const int64_t units = int64_t(p.batch) * p.num_heads_kv;
-  const int64_t key_tiles = (int64_t(p.seqlen_k) + 127) / 128;
+  const int key_tile = bwd_key_tile(tf_flash_kernel_headdim(p));
+  const int64_t key_tiles = (int64_t(p.seqlen_k) + key_tile - 1) / key_tile;
   const int64_t accum_bytes =
       int64_t(p.batch) * p.num_heads * padded_rows(p.seqlen_q) * tf_flash_kernel_headdim(p) * int64_t(sizeof(float));
   int64_t max_splits = key_tiles < 2 * int64_t(sms) ? key_tiles : 2 * int64_t(sms);
