@@ -49,24 +49,6 @@
 namespace tf_flash {
 namespace cuda {
 
-// dQ accumulator (global, fp32) += this thread's part of a wgmma accumulator, by 16-byte reductions: in each n8
-// group lanes t and t ^ 1 of a quad hold four adjacent columns of rows r and r + 8; they swap halves so that the
-// even lane adds row r's four and the odd lane row r + 8's (half the instructions of atomic_add_dq).
-template <class AccDq, class GmemDq>
-__device__ __forceinline__ void atomic_add_dq_v4(AccDq const& acc_dq, GmemDq& tdQgdQ) {
-  using namespace cute;
-  const bool odd = threadIdx.x & 1;
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); i += 4) {  // (col 2t, 2t + 1) x (row r, r + 8) of one n8 group
-    const float give0 = odd ? acc_dq(i) : acc_dq(i + 2), give1 = odd ? acc_dq(i + 1) : acc_dq(i + 3);
-    const float got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-    const float4 sum = odd ? make_float4(got0, got1, acc_dq(i + 2), acc_dq(i + 3))
-                           : make_float4(acc_dq(i), acc_dq(i + 1), got0, got1);
-    float* dst = odd ? &tdQgdQ(i + 2) - 2 : &tdQgdQ(i);
-    atomicAdd(reinterpret_cast<float4*>(dst), sum);
-  }
-}
-
 template <int kHeadDim_, class Element_, int kBlockM_ = 64>
 struct BwdTraitsSm90 {
   using Element = Element_;
@@ -672,11 +654,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 make_gmem_ptr(s.dq_accum + (int64_t(dq_plane0 + b * p.num_heads + h) * s.sq_pad + m0) * kHeadDim),
                 Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
             Tensor tdQgdQ = thr_dq.partition_C(gdQ);
-#ifdef TF_FLASH_SM90_BWD_DQ_V4
-            atomic_add_dq_v4(acc_dq, tdQgdQ);
-#else
             atomic_add_dq(acc_dq, tdQgdQ);
-#endif
           } else {
             // dV += P^T dO (P^T from registers); dS^T to shared memory for dQ = dS K; then dK += dS^T Q, issued
             // after the dQ GEMM so that it runs while dQ is staged for its reduce-add.
