@@ -6,6 +6,8 @@
 #                in the same run: new, old, keras, new, old, one process each; then the GPU determinism tests
 #                (bwd_dq_splits now counts the d256 kernels' 64-key tiles) and, as time allows, 1024 x 16 (new,
 #                keras).
+#   round.sh tail  what `ab` left for want of time (its library build took 169 s), run as the next device command on
+#                the same machine: FlashMHA at 1024 x 16 (this tree's library), then the GPU determinism tests.
 #                Needs .gpu_build/old/cc/kernels: `git archive 95e3708 cc/kernels | tar -x -C .gpu_build/old`.
 set -uo pipefail
 cd "$(dirname "$0")/../../../.."
@@ -55,4 +57,12 @@ case "${1:?ab}" in
     (( $(elapsed) < 450 )) && step new_1024 flash_mha_auto 1024
     (( $(elapsed) < 500 )) && step keras_1024 keras_mha_xla 1024
     echo "total $(elapsed)s" ;;
+  tail)
+    with_tf
+    mkdir -p /tmp/m
+    timeout 100 python3 benchmarks/bench_model.py --out-dir /tmp/m --modes flash_mha_auto --lengths 1024 \
+      --xla-autotune-cache /tmp/xla_cache --time-limit 90 > "$OUT/model_new_1024.log" 2>&1
+    grep ms/step "$OUT/model_new_1024.log" | cut -c1-150
+    timeout 80 python3 -m pytest -q tests/test_determinism.py -m gpu -p no:cacheprovider > "$OUT/pytest_gpu_determinism.log" 2>&1
+    tail -n 2 "$OUT/pytest_gpu_determinism.log" ;;
 esac
