@@ -15,8 +15,9 @@
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
 # the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a; TF_FLASH_CUDA_ARCHS="80;90a"
 # at the host step gives both (a release wheel: scripts/build_wheel.sh --library build/gpu/...so).
-# `device none` only builds the library. A carry holds 64 MiB with the work tree: the tree is ~5 MB, so
-# pack with parts of ~52 MB (PART_BYTES=52000000, six stash calls) where the default 62 MB part is refused.
+# `device none` only builds the library. A carry holds 64 MiB with the work tree: the tree is ~10 MB, so
+# pack with parts of ~52 MB (PART_BYTES=52000000 ../shared/gpu/pack.sh, six stash calls): the default 62 MB
+# part is refused. PART_BYTES counts on pack.sh's first run only: it caches the split parts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:?host or device}"; shift || true
