@@ -5,6 +5,9 @@
 #   ncu_bwd BIN NAME SHAPE...           ncu of one Hopper backward (bench1 SHAPE): summary and per-instruction samples
 #   bwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/bwdbench_KIND_RUN.txt, ratios to the first kind
 #   with_tf                             (TF rounds, after the stash) the library built, TensorFlow's environment set
+#   variant_fwd FROM TO "FLAGS" "FILES"  a copy of a forward harness build (tests/cuda_harness/build.sh, sm_90a) with
+#                                       FILES (instantiation .cu names) recompiled with FLAGS, relinked
+#   fwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/fwdbench_KIND_RUN.txt, ratios to the first kind
 cutlass_headers() {  # the CUTLASS headers the harness builds need, unpacked once per machine
   [ -d /tmp/cutlass/include ] || { mkdir -p /tmp/cutlass && tar -xzf "$root/.gpu_build/cutlass_include.tgz" -C /tmp/cutlass; }
   export CUTLASS_INCLUDE=/tmp/cutlass/include
@@ -58,4 +61,41 @@ with open(f"{out}/summary_bwd.txt", "w") as fh:
 PY
   rm -f "$OUT"/bwdbench_*.txt
   cat "$OUT/summary_bwd.txt"
+}
+variant_fwd() {
+  cutlass_headers
+  rm -rf "$root/$2" && cp -r "$root/$1" "$root/$2"
+  local f
+  for f in $4; do
+    nvcc -std=c++17 --expt-relaxed-constexpr -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -I"$root" \
+      -I"$CUTLASS_INCLUDE" $3 -Xptxas -warn-spills -c "$root/cc/kernels/cuda/$f" -o "$root/$2/$(basename "$f" .cu).o" \
+      > "/tmp/$(basename $2)_$(basename "$f" .cu).log" 2>&1 &
+  done
+  wait
+  for f in $4; do cat "/tmp/$(basename $2)_$(basename "$f" .cu).log"; done > "$OUT/$(basename $2)_build.log"
+  nvcc -gencode=arch=compute_90a,code=sm_90a "$root/$2"/*.o -o "$root/$2/fwd_harness" ||
+    echo "forward variant $2 failed"
+}
+fwd_summary() {
+  python3 - "$OUT" "$1" "$2" <<'PY'
+import collections, glob, re, sys
+out, kinds, title = sys.argv[1], sys.argv[2].split(), sys.argv[3]
+rows = collections.defaultdict(dict)
+for path in glob.glob(f"{out}/fwdbench_*.txt"):
+    kind = re.match(r".*fwdbench_([a-z0-9]+)_\d\.txt", path).group(1)
+    for line in open(path):
+        f = line.split()
+        if len(f) == 10 and f[0] in ("bf16", "fp16"):
+            key = (f[0], int(f[1]), f[2], int(f[4]))
+            rows[key][kind] = max(rows[key].get(kind, 0.0), float(f[8]))
+with open(f"{out}/summary_fwd.txt", "w") as fh:
+    print("dtype d causal seqlen | forward TFLOP/s (max of runs):", title, "| each / first", file=fh)
+    for key in sorted(rows):
+        v = rows[key]
+        ref = v.get(kinds[0], 0) or 1
+        print(*key, "|", " | ".join(f"{v.get(k, 0):.0f}" for k in kinds), "|",
+              " ".join(f"{v.get(k, 0) / ref:.3f}" for k in kinds[1:]), file=fh)
+PY
+  rm -f "$OUT"/fwdbench_*.txt
+  cat "$OUT/summary_fwd.txt"
 }
