@@ -39,29 +39,37 @@ ncu_bwd() {
     awk '{$1=$1; print}' | cut -c1-140 > "$OUT/ncu_$name.txt"
   ncu -i /tmp/ncu_$name.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/ncu_${name}_sass.csv.gz"
 }
-bwd_summary() {
-  python3 - "$OUT" "$1" "$2" <<'PY'
+bench_summary() {  # bench_summary fwd|bwd "KINDS" "TITLE": the two harnesses' tables, one parser each
+  python3 - "$OUT" "$1" "$2" "$3" <<'PY'
 import collections, glob, re, sys
-out, kinds, title = sys.argv[1], sys.argv[2].split(), sys.argv[3]
+out, which, kinds, title = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4]
 rows = collections.defaultdict(dict)
-for path in glob.glob(f"{out}/bwdbench_*.txt"):
-    kind = re.match(r".*bwdbench_([a-z0-9]+)_\d\.txt", path).group(1)
+for path in glob.glob(f"{out}/{which}bench_*.txt"):
+    kind = re.match(rf".*{which}bench_([a-z0-9]+)_\d\.txt", path).group(1)
     for line in open(path):
-        f = [x.strip() for x in line.split("|")]
-        if len(f) > 9 and f[1] in ("bf16", "fp16"):
-            key = (f[1], int(f[2]), f[3], int(f[5]))
-            rows[key][kind] = max(rows[key].get(kind, 0.0), float(f[9]))
-with open(f"{out}/summary_bwd.txt", "w") as fh:
-    print("dtype d causal seqlen | backward TFLOP/s (max of runs):", title, "| each / first", file=fh)
+        if which == "bwd":  # | dtype | d | causal | ... | seqlen | ... | TFLOP/s |
+            f = [x.strip() for x in line.split("|")]
+            ok, key, value = len(f) > 9 and f[1] in ("bf16", "fp16"), (1, 2, 3, 5), 9
+        else:  # dtype d causal batch seqlen med_ms min_ms max_ms TFLOP/s kernel
+            f = line.split()
+            ok, key, value = len(f) == 10 and f[0] in ("bf16", "fp16"), (0, 1, 2, 4), 8
+        if ok:
+            k = (f[key[0]], int(f[key[1]]), f[key[2]], int(f[key[3]]))
+            rows[k][kind] = max(rows[k].get(kind, 0.0), float(f[value]))
+name = {"fwd": "forward", "bwd": "backward"}[which]
+with open(f"{out}/summary_{which}.txt", "w") as fh:
+    print(f"dtype d causal seqlen | {name} TFLOP/s (max of runs):", title, "| each / first", file=fh)
     for key in sorted(rows):
         v = rows[key]
         ref = v.get(kinds[0], 0) or 1
         print(*key, "|", " | ".join(f"{v.get(k, 0):.0f}" for k in kinds), "|",
               " ".join(f"{v.get(k, 0) / ref:.3f}" for k in kinds[1:]), file=fh)
 PY
-  rm -f "$OUT"/bwdbench_*.txt
-  cat "$OUT/summary_bwd.txt"
+  rm -f "$OUT"/"$1"bench_*.txt
+  cat "$OUT/summary_$1.txt"
 }
+bwd_summary() { bench_summary bwd "$1" "$2"; }
+fwd_summary() { bench_summary fwd "$1" "$2"; }
 variant_fwd() {
   cutlass_headers
   rm -rf "$root/$2" && cp -r "$root/$1" "$root/$2"
@@ -75,27 +83,4 @@ variant_fwd() {
   for f in $4; do cat "/tmp/$(basename $2)_$(basename "$f" .cu).log"; done > "$OUT/$(basename $2)_build.log"
   nvcc -gencode=arch=compute_90a,code=sm_90a "$root/$2"/*.o -o "$root/$2/fwd_harness" ||
     echo "forward variant $2 failed"
-}
-fwd_summary() {
-  python3 - "$OUT" "$1" "$2" <<'PY'
-import collections, glob, re, sys
-out, kinds, title = sys.argv[1], sys.argv[2].split(), sys.argv[3]
-rows = collections.defaultdict(dict)
-for path in glob.glob(f"{out}/fwdbench_*.txt"):
-    kind = re.match(r".*fwdbench_([a-z0-9]+)_\d\.txt", path).group(1)
-    for line in open(path):
-        f = line.split()
-        if len(f) == 10 and f[0] in ("bf16", "fp16"):
-            key = (f[0], int(f[1]), f[2], int(f[4]))
-            rows[key][kind] = max(rows[key].get(kind, 0.0), float(f[8]))
-with open(f"{out}/summary_fwd.txt", "w") as fh:
-    print("dtype d causal seqlen | forward TFLOP/s (max of runs):", title, "| each / first", file=fh)
-    for key in sorted(rows):
-        v = rows[key]
-        ref = v.get(kinds[0], 0) or 1
-        print(*key, "|", " | ".join(f"{v.get(k, 0):.0f}" for k in kinds), "|",
-              " ".join(f"{v.get(k, 0) / ref:.3f}" for k in kinds[1:]), file=fh)
-PY
-  rm -f "$OUT"/fwdbench_*.txt
-  cat "$OUT/summary_fwd.txt"
 }
