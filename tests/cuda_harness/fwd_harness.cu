@@ -11,6 +11,7 @@
 //   fwd_harness tiles          tile-shape variants of fwd_variants.cu (bf16, 2k and 8k)
 //   fwd_harness feat           dropout / masks / block-sparse / window cost (bf16, d128)
 //   fwd_harness one d c s      five calls of one shape, for a profiler
+//   fwd_harness one d c s dtype seconds   that shape in bf16 or fp16 back to back for so long: rate and time window
 //
 // Pass criterion (style.md): max |kernel - ref| <= 2 * max |std - ref| + 1e-3, where std is standard
 // attention computed in the input dtype (scores and probabilities rounded to it, fp32 accumulation);
@@ -750,7 +751,10 @@ int run_tiles() {
 }
 
 // `one d causal seqlen`: five calls of one bench shape (bf16), for a profiler.
-int run_one(int d, bool causal, int s) {
+// `one d c s`: five calls of one shape (bf16), for a profiler. `one d c s dtype seconds`: calls of that dtype back
+// to back for that long (synchronizing every 20), then the rate and the wall-clock window in ms since the epoch,
+// so that clocks and power sampled beside it (nvidia-smi) can be matched to each dtype's run.
+int run_one(int d, bool causal, int s, DType dt, double seconds) {
   const int tokens = 16384, hidden = 2048;
   const size_t n = size_t(tokens) * hidden;
   uint16_t *q, *k, *v, *o;
@@ -760,9 +764,10 @@ int run_one(int d, bool causal, int s) {
   CHECK_CUDA(cudaMalloc(&v, n * 2));
   CHECK_CUDA(cudaMalloc(&o, n * 2));
   CHECK_CUDA(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
-  fill_normalish<<<1024, 256>>>(q, n, 1, false);
-  fill_normalish<<<1024, 256>>>(k, n, 2, false);
-  fill_normalish<<<1024, 256>>>(v, n, 3, false);
+  const bool fp16 = dt == DType::kFloat16;
+  fill_normalish<<<1024, 256>>>(q, n, 1, fp16);
+  fill_normalish<<<1024, 256>>>(k, n, 2, fp16);
+  fill_normalish<<<1024, 256>>>(v, n, 3, fp16);
   const int b = tokens / s, h = hidden / d;
   FlashFwdParams p;
   p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
@@ -773,8 +778,31 @@ int run_one(int d, bool causal, int s) {
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
   p.scale = 1.f / std::sqrt(float(d));
   p.causal = causal;
-  for (int i = 0; i < 5; ++i) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr)));
+  const int warm_up = seconds > 0 ? 3 : 5;
+  for (int i = 0; i < warm_up; ++i) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, dt, nullptr)));
   CHECK_CUDA(cudaDeviceSynchronize());
+  if (seconds > 0) {
+    using Clock = std::chrono::steady_clock;
+    const auto epoch_ms = [] {
+      return int64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count());
+    };
+    const int64_t begin_ms = epoch_ms();
+    const auto start = Clock::now();
+    int64_t calls = 0;
+    double elapsed = 0;
+    while (elapsed < seconds) {
+      for (int i = 0; i < 20; ++i) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, dt, nullptr)));
+      CHECK_CUDA(cudaDeviceSynchronize());
+      calls += 20;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    const double flops = 4.0 * b * double(s) * s * h * d / (causal ? 2 : 1);
+    std::printf("sustained %s d=%d causal=%d s=%d: %lld calls in %.2f s, %.1f TFLOP/s, window_ms %lld %lld\n",
+                fp16 ? "fp16" : "bf16", d, int(causal), s, (long long)calls, elapsed, flops * calls / elapsed / 1e12,
+                (long long)begin_ms, (long long)epoch_ms());
+  }
+  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse);
   return 0;
 }
 
@@ -980,13 +1008,17 @@ int main(int argc, char** argv) {
   if (mode == "fp32") return run_fp32_path();
   if (mode == "tiles") return run_tiles();
   if (mode == "feat") return run_feat();
-  if (mode == "one" && argc == 5) return run_one(std::atoi(argv[2]), std::atoi(argv[3]) != 0, std::atoi(argv[4]));
+  if (mode == "one" && (argc == 5 || argc == 7)) {
+    const DType dt = argc == 7 && std::string(argv[5]) == "fp16" ? DType::kFloat16 : DType::kBFloat16;
+    return run_one(std::atoi(argv[2]), std::atoi(argv[3]) != 0, std::atoi(argv[4]), dt, argc == 7 ? std::atof(argv[6]) : 0);
+  }
   if (mode == "bench") {
     std::vector<int> dims;
     for (int i = 2; i < argc; ++i) dims.push_back(std::atoi(argv[i]));
     if (dims.empty()) dims = {64, 128};
     return run_bench(dims);
   }
-  std::fprintf(stderr, "usage: %s test [quick] | bigoffset | bench [d ...]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s test [quick] | bigoffset | fp32 | bench [d ...] | tiles | feat | one d c s [dtype seconds]\n",
+               argv[0]);
   return 2;
 }
