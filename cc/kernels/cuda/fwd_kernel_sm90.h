@@ -51,9 +51,14 @@
 #ifndef TF_FLASH_SM90_D128_UNMASKED_BLOCK_N
 #define TF_FLASH_SM90_D128_UNMASKED_BLOCK_N 128
 #endif
+// 1: the wgmma descriptors of Q, which stays put in shared memory across the forward's loops, are rebuilt at each
+// GEMM (loop_operand) instead of held in registers across them; an A/B switch for measurements, 0 unless set.
+#ifndef TF_FLASH_SM90_REBUILD_DESCRIPTORS
+#define TF_FLASH_SM90_REBUILD_DESCRIPTORS 0
+#endif
 #if !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 static_assert(TF_FLASH_SM90_D128_UNMASKED_BLOCK_N % 64 == 0,
-              "key tiles that are no multiple of 64 need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (one wgmma per k-slice)");
+              "key tiles that are no multiple of 64 need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (one wgmma a k-slice)");
 #endif
 
 namespace tf_flash {
@@ -259,6 +264,17 @@ __host__ __device__ constexpr auto gmma_acc_as_mma_atoms(Layout layout) {
   static_assert(decltype(cute::size<2>(layout))::value == 1, "one wgmma atom along N");
   return cute::make_layout(cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 1>(layout)), cute::get<1>(layout),
                            cute::get<0, 2>(layout));
+}
+
+// A shared-memory tensor that a loop's GEMMs read at every step (its buffer and layout, as the kernel makes it),
+// behind a pointer the compiler cannot see through: the wgmma descriptors made from it at each GEMM are rebuilt
+// there (a few integer instructions) rather than held live across the loop, 64 bits per k-slice, which ptxas
+// otherwise does and, where registers run short, spills and reloads (benchmarks/results/tf_gpu_round20/). Used
+// under TF_FLASH_SM90_REBUILD_DESCRIPTORS.
+template <class Element, class SmemLayout>
+__device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
+  asm volatile("" : "+l"(ptr));
+  return cute::make_tensor(cute::make_smem_ptr(ptr), layout);
 }
 
 // Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
@@ -527,7 +543,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
     auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
+    // Q, S's A operand, stays put across the loops (TF_FLASH_SM90_REBUILD_DESCRIPTORS: descriptors rebuilt per GEMM).
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    auto q_operand = [&]() -> decltype(auto) {
+      if constexpr (TF_FLASH_SM90_REBUILD_DESCRIPTORS)
+        return thr_qk.partition_fragment_A(loop_operand(shared.q.begin(), typename Traits::SmemLayoutQ{}));
+      else
+        return (tSrQ);
+    };
     Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stage)
     // (row, column) inside the score tile of each accumulator element.
@@ -719,7 +742,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (element_masked(state)) load_mask_bits(n, bits);
         // First tile: S, softmax, P (no P V yet).
         pipeline_k.consumer_wait(read);
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+        warpgroup_gemm<true>(mma_qk, q_operand(), tSrK(_, _, _, read.index()), tSrS);
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
         softmax_of_tile(n, true, state, bits);
@@ -737,7 +760,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           if (element_masked(state)) load_mask_bits(tile, bits);
           pipeline_k.consumer_wait(read);
           named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
-          warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
+          warpgroup_gemm<true>(mma_qk, q_operand(), tSrK(_, _, _, read.index()), tSrS);
         };
         if constexpr (kDoubleBufferP) {
           // P of tile n goes to the register buffer that the P V in flight does not read, so a step never waits

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Prepared in round 20 and NOT RUN (no device time was left). Two device commands, on one machine:
+# Prepared in round 20 and NOT RUN (no device time was left). Three device commands, on one machine:
 #   next_round.sh wide    the d128 forward's plain variant over unmasked, non-causal attention with wider key tiles
 #                         (TF_FLASH_SM90_D128_UNMASKED_BLOCK_N, fwd_kernel_sm90.h; one register buffer of P, since two
 #                         do not fit beside a wider S) against the kept 128-key tiles with two P buffers (about 8
 #                         minutes by the parts' earlier timings): the forward harness (sm_90a), variants of the two d128
 #                         Hopper objects at 176 and 160 keys with CuTe's extended wgmma shapes (one wgmma of N = 176 /
-#                         160 per k-slice) and 192 (a base shape), the forward tests on each (in parallel: correctness,
+#                         160 per k-slice), 192 (a base shape) and 176 with `rebuild`'s switch (244 bytes of spills
+#                         instead of 300), the forward tests on each (in parallel: correctness,
 #                         not time), then the d128 benchmark interleaved twice over the four binaries, and the summary.
 #                         ptxas here (nvcc 13.0, bf16): 176 keys spill 300 bytes (seven 8-byte reloads before each S
 #                         GEMM, behind the ping-pong barrier; the rest on the masked edge tiles' path), 160 148 bytes,
@@ -15,6 +16,11 @@
 #                         nvidia-smi sampling the SM clock, power and throttle reasons every 100 ms: the mean of each per
 #                         run. Both harnesses' benchmarks run every bf16 shape before any fp16 one, so until now fp16 was
 #                         always measured on a card that had run longer. Reuses `wide`'s build if there (about 3 minutes).
+#   next_round.sh rebuild TF_FLASH_SM90_REBUILD_DESCRIPTORS=1 (fwd_kernel_sm90.h's loop_operand: Q's wgmma
+#                         descriptors rebuilt at each GEMM instead of held across the loop) against the kept forward:
+#                         the six Hopper forward objects rebuilt, the forward tests, `bench 64 128 256` interleaved
+#                         twice. ptxas here (bf16 d128): every variant spill-free (kept: 20 / 12 / 40 / 44 bytes for
+#                         plain / general / attn_mask / both).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
@@ -28,7 +34,7 @@ build_base() {
   ARCHS=90a VARIANTS=0 JOBS=16 tests/cuda_harness/build.sh build/fwd_base > "$OUT/fwd_base_build.log" 2>&1 ||
     { tail -20 "$OUT/fwd_base_build.log"; exit 1; }
 }
-case "${1:?wide or clocks}" in
+case "${1:?wide, clocks or rebuild}" in
   wide)
     build_base
     files="flash_fwd_sm90_bf16_hdim128.cu flash_fwd_sm90_fp16_hdim128.cu"
@@ -36,23 +42,25 @@ case "${1:?wide or clocks}" in
     variant_fwd build/fwd_base build/fwd_w176 "-DTF_FLASH_SM90_D128_UNMASKED_BLOCK_N=176 $ext" "$files" &
     variant_fwd build/fwd_base build/fwd_w160 "-DTF_FLASH_SM90_D128_UNMASKED_BLOCK_N=160 $ext" "$files" &
     variant_fwd build/fwd_base build/fwd_w192 "-DTF_FLASH_SM90_D128_UNMASKED_BLOCK_N=192" "$files" &
+    variant_fwd build/fwd_base build/fwd_w176rb \
+      "-DTF_FLASH_SM90_D128_UNMASKED_BLOCK_N=176 $ext -DTF_FLASH_SM90_REBUILD_DESCRIPTORS=1" "$files" &
     wait
     echo "built in $(( $(date +%s) - start ))s"
     grep -H "spill" "$OUT"/fwd_w*_build.log | sort | uniq -c | cut -c1-160
-    for kind in w176 w160 w192; do
+    for kind in w176 w160 w192 w176rb; do
       timeout 200 build/fwd_$kind/fwd_harness test > "/tmp/test_$kind.log" 2>&1 &
     done
     wait
-    for kind in w176 w160 w192; do  # $OUT takes 8 files: one log of the three
+    for kind in w176 w160 w192 w176rb; do  # $OUT takes 8 files: one log of the four
       echo "$kind tests: $(tail -n 1 "/tmp/test_$kind.log")"; grep -E "FAIL" "/tmp/test_$kind.log" | head -5
       { echo "=== $kind"; cat "/tmp/test_$kind.log"; } >> "$OUT/test_variants.log"
     done
     for r in 1 2; do
-      for kind in base w176 w160 w192; do
+      for kind in base w176 w160 w192 w176rb; do
         timeout 60 build/fwd_$kind/fwd_harness bench 128 > "$OUT/fwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
       done
     done
-    fwd_summary "base w176 w160 w192" "128 keys, two P buffers (kept) | 176 | 160 | 192" ;;
+    fwd_summary "base w176 w160 w192 w176rb" "128 keys, two P buffers (kept) | 176 | 160 | 192 | 176, Q rebuilt" ;;
   clocks)
     build_base
     reasons=clocks_event_reasons.active  # the older drivers' name: clocks_throttle_reasons.active
@@ -107,5 +115,18 @@ for line in open(sys.argv[2]):
         print(f"{m.group(1)} | {m.group(2)} | {mean(1):.0f} | {mean(2):.0f} | {mean(3):.0f} | {sorted(set(x[4] for x in w))}")
 PY
     ;;
+  rebuild)
+    build_base
+    files=$(cd cc/kernels/cuda && ls flash_fwd_sm90_*.cu | tr '\n' ' ')
+    variant_fwd build/fwd_base build/fwd_rb "-DTF_FLASH_SM90_REBUILD_DESCRIPTORS=1" "$files"
+    grep -H "spill" "$OUT"/fwd_rb_build.log | sort | uniq -c | cut -c1-160
+    timeout 200 build/fwd_rb/fwd_harness test > "$OUT/test_fwd_rb.log" 2>&1
+    echo "tests rc $?: $(tail -n 1 "$OUT/test_fwd_rb.log")"; grep -E "FAIL" "$OUT/test_fwd_rb.log" | head -5
+    for r in 1 2; do
+      for kind in base rb; do
+        timeout 100 build/fwd_$kind/fwd_harness bench 64 128 256 > "$OUT/fwdbench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+      done
+    done
+    fwd_summary "base rb" "kept | descriptors rebuilt" ;;
 esac
 echo "total $(( $(date +%s) - start ))s"
