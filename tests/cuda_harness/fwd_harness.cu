@@ -686,6 +686,44 @@ __attribute__((weak)) const char* const* fwd_variant_names() {
 __attribute__((weak)) int run_fwd_variant(const char*, const tf_flash::FlashFwdParams&) { return -1; }
 namespace {
 
+// The timing modes' tensors: q, k, v and o of `rows` rows of `hidden` 16-bit elements (heads packed in a row),
+// filled with normal-ish data of the dtype, and lse; params() describes one shape over them.
+struct GridTensors {
+  uint16_t *q, *k, *v, *o;
+  float* lse;
+  size_t n;
+  GridTensors(size_t rows, int hidden, size_t lse_floats, bool fp16) : n(rows * hidden) {
+    CHECK_CUDA(cudaMalloc(&q, n * 2));
+    CHECK_CUDA(cudaMalloc(&k, n * 2));
+    CHECK_CUDA(cudaMalloc(&v, n * 2));
+    CHECK_CUDA(cudaMalloc(&o, n * 2));
+    CHECK_CUDA(cudaMalloc(&lse, lse_floats * 4));
+    fill(fp16);
+  }
+  GridTensors(const GridTensors&) = delete;
+  GridTensors& operator=(const GridTensors&) = delete;
+  ~GridTensors() { cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse); }
+  void fill(bool fp16) const {
+    fill_normalish<<<1024, 256>>>(q, n, 1, fp16);
+    fill_normalish<<<1024, 256>>>(k, n, 2, fp16);
+    fill_normalish<<<1024, 256>>>(v, n, 3, fp16);
+    CHECK_CUDA(cudaGetLastError());
+  }
+  // b sequences of s tokens, h heads of d (rows of h d elements), scale 1/sqrt(d), not causal.
+  FlashFwdParams params(int b, int s, int h, int d) const {
+    const int hidden = h * d;
+    FlashFwdParams p;
+    p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
+    p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
+    p.head_dim = p.head_dim_v = d;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+    p.scale = 1.f / std::sqrt(float(d));
+    return p;
+  }
+};
+
 // Times one configuration: 3 warm-up calls, then the median of 30 event-timed calls (ms).
 template <class Launch>
 std::vector<float> time_calls(Launch launch) {
@@ -712,17 +750,7 @@ std::vector<float> time_calls(Launch launch) {
 // `tiles`: each compiled tile variant (bf16) on the 8k and 2k shapes, causal and not.
 int run_tiles() {
   const int tokens = 16384, hidden = 2048;
-  const size_t n = size_t(tokens) * hidden;
-  uint16_t *q, *k, *v, *o;
-  float* lse;
-  CHECK_CUDA(cudaMalloc(&q, n * 2));
-  CHECK_CUDA(cudaMalloc(&k, n * 2));
-  CHECK_CUDA(cudaMalloc(&v, n * 2));
-  CHECK_CUDA(cudaMalloc(&o, n * 2));
-  CHECK_CUDA(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
-  fill_normalish<<<1024, 256>>>(q, n, 1, false);
-  fill_normalish<<<1024, 256>>>(k, n, 2, false);
-  fill_normalish<<<1024, 256>>>(v, n, 3, false);
+  const GridTensors t(tokens, hidden, size_t(tokens) * 256, false);
   std::printf("%-16s %6s %6s %9s %8s\n", "variant", "causal", "seqlen", "med_ms", "TFLOP/s");
   const char* const* kFwdVariants = fwd_variant_names();
   for (int i = 0; kFwdVariants[i]; ++i) {
@@ -730,14 +758,7 @@ int run_tiles() {
     for (int causal = 0; causal < 2; ++causal) {
       for (int s : {2048, 8192}) {
         const int b = tokens / s, h = hidden / d;
-        FlashFwdParams p;
-        p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
-        p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
-        p.head_dim = p.head_dim_v = d;
-        p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
-        p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
-        p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
-        p.scale = 1.f / std::sqrt(float(d));
+        FlashFwdParams p = t.params(b, s, h, d);
         p.causal = causal;
         const std::vector<float> ms = time_calls([&] { return run_fwd_variant(kFwdVariants[i], p); });
         const double med = ms[ms.size() / 2];
@@ -746,7 +767,6 @@ int run_tiles() {
       }
     }
   }
-  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse);
   return 0;
 }
 
@@ -756,27 +776,10 @@ int run_tiles() {
 // so that clocks and power sampled beside it (nvidia-smi) can be matched to each dtype's run.
 int run_one(int d, bool causal, int s, DType dt, double seconds) {
   const int tokens = 16384, hidden = 2048;
-  const size_t n = size_t(tokens) * hidden;
-  uint16_t *q, *k, *v, *o;
-  float* lse;
-  CHECK_CUDA(cudaMalloc(&q, n * 2));
-  CHECK_CUDA(cudaMalloc(&k, n * 2));
-  CHECK_CUDA(cudaMalloc(&v, n * 2));
-  CHECK_CUDA(cudaMalloc(&o, n * 2));
-  CHECK_CUDA(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
   const bool fp16 = dt == DType::kFloat16;
-  fill_normalish<<<1024, 256>>>(q, n, 1, fp16);
-  fill_normalish<<<1024, 256>>>(k, n, 2, fp16);
-  fill_normalish<<<1024, 256>>>(v, n, 3, fp16);
+  const GridTensors t(tokens, hidden, size_t(tokens) * 256, fp16);
   const int b = tokens / s, h = hidden / d;
-  FlashFwdParams p;
-  p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
-  p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
-  p.head_dim = p.head_dim_v = d;
-  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
-  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
-  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
-  p.scale = 1.f / std::sqrt(float(d));
+  FlashFwdParams p = t.params(b, s, h, d);
   p.causal = causal;
   const int warm_up = seconds > 0 ? 3 : 5;
   for (int i = 0; i < warm_up; ++i) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, dt, nullptr)));
@@ -802,7 +805,6 @@ int run_one(int d, bool causal, int s, DType dt, double seconds) {
                 fp16 ? "fp16" : "bf16", d, int(causal), s, (long long)calls, elapsed, flops * calls / elapsed / 1e12,
                 (long long)begin_ms, (long long)epoch_ms());
   }
-  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse);
   return 0;
 }
 
@@ -811,33 +813,13 @@ int run_one(int d, bool causal, int s, DType dt, double seconds) {
 int run_feat() {
   const int d = 128, h = 16, hidden = h * d;
   const int smax = 16384;
-  const size_t n = size_t(smax) * hidden;
-  uint16_t *q, *k, *v, *o;
-  float* lse;
-  CHECK_CUDA(cudaMalloc(&q, n * 2));
-  CHECK_CUDA(cudaMalloc(&k, n * 2));
-  CHECK_CUDA(cudaMalloc(&v, n * 2));
-  CHECK_CUDA(cudaMalloc(&o, n * 2));
-  CHECK_CUDA(cudaMalloc(&lse, size_t(smax) * h * 4));
-  fill_normalish<<<1024, 256>>>(q, n, 1, false);
-  fill_normalish<<<1024, 256>>>(k, n, 2, false);
-  fill_normalish<<<1024, 256>>>(v, n, 3, false);
+  const GridTensors t(smax, hidden, size_t(smax) * h, false);
   uint8_t* mask;  // element mask [S, S] for s = 8k, broadcast over batch and heads: all true
   const int sm = 8192;
   CHECK_CUDA(cudaMalloc(&mask, size_t(sm) * sm));
   CHECK_CUDA(cudaMemset(mask, 1, size_t(sm) * sm));
   std::mt19937 rng(3);
-  auto base = [&](int b, int s) {
-    FlashFwdParams p;
-    p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
-    p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
-    p.head_dim = p.head_dim_v = d;
-    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
-    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
-    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
-    p.scale = 1.f / std::sqrt(float(d));
-    return p;
-  };
+  auto base = [&](int b, int s) { return t.params(b, s, h, d); };
   std::printf("%-34s %5s %6s %9s %8s\n", "feature (bf16 d128 h16)", "batch", "seqlen", "med_ms", "TFLOP/s*");
   auto report = [&](const char* name, FlashFwdParams p, double density) {
     const int64_t workspace = tf_flash::flash_fwd_cuda_workspace_bytes(p, DType::kBFloat16);
@@ -930,20 +912,13 @@ int run_feat() {
     p.window_left = p.window_right = 512;
     report("window (512, 512)", p, 1025.0 / s);
   }
-  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(mask), cudaFree(bm);
+  cudaFree(mask), cudaFree(bm);
   return 0;
 }
 
 int run_bench(const std::vector<int>& dims) {
   const int tokens = 16384, hidden = 2048;
-  const size_t n = size_t(tokens) * hidden;
-  uint16_t *q, *k, *v, *o;
-  float* lse;
-  CHECK_CUDA(cudaMalloc(&q, n * 2));
-  CHECK_CUDA(cudaMalloc(&k, n * 2));
-  CHECK_CUDA(cudaMalloc(&v, n * 2));
-  CHECK_CUDA(cudaMalloc(&o, n * 2));
-  CHECK_CUDA(cudaMalloc(&lse, size_t(tokens) * 256 * 4));
+  const GridTensors t(tokens, hidden, size_t(tokens) * 256, false);
   const int seqlens[] = {512, 1024, 2048, 4096, 8192, 16384};
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
@@ -952,22 +927,12 @@ int run_bench(const std::vector<int>& dims) {
               "min_ms", "max_ms", "TFLOP/s", "kernel");
   for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
     const bool fp16 = dt == DType::kFloat16;
-    fill_normalish<<<1024, 256>>>(q, n, 1, fp16);
-    fill_normalish<<<1024, 256>>>(k, n, 2, fp16);
-    fill_normalish<<<1024, 256>>>(v, n, 3, fp16);
-    CHECK_CUDA(cudaGetLastError());
+    t.fill(fp16);
     for (int d : dims) {
       for (int causal = 0; causal < 2; ++causal) {
         for (int s : seqlens) {
           const int b = tokens / s, h = hidden / d;
-          FlashFwdParams p;
-          p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
-          p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
-          p.head_dim = p.head_dim_v = d;
-          p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
-          p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = hidden;
-          p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
-          p.scale = 1.f / std::sqrt(float(d));
+          FlashFwdParams p = t.params(b, s, h, d);
           p.causal = causal;
           const tf_flash::CudaKernelCounts counts = tf_flash::flash_cuda_kernel_counts();
           for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, dt, nullptr)));
@@ -992,7 +957,6 @@ int run_bench(const std::vector<int>& dims) {
       }
     }
   }
-  cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse);
   return 0;
 }
 
