@@ -44,21 +44,12 @@
 #ifndef TF_FLASH_SM90_DOUBLE_BUFFER_P
 #define TF_FLASH_SM90_DOUBLE_BUFFER_P 1
 #endif
-// Keys per tile of the d128 forward's plain variant over unmasked, non-causal attention (FwdConfigSm90's
-// UnmaskedTraits): an A/B switch for measurements, 128 (the measured choice) unless set. FlashAttention-3 takes 176
-// there; a width that is no multiple of 64 needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED too, else CuTe splits each
-// GEMM into wgmma atoms of N = 16 or 32 (see FwdConfigSm90).
-#ifndef TF_FLASH_SM90_D128_UNMASKED_BLOCK_N
-#define TF_FLASH_SM90_D128_UNMASKED_BLOCK_N 128
-#endif
-// 1: the wgmma descriptors of Q, which stays put in shared memory across the forward's loops, are rebuilt at each
-// GEMM (loop_operand) instead of held in registers across them; an A/B switch for measurements, 0 unless set.
+// Q's wgmma descriptors: rebuilt at each GEMM (loop_operand) or held in registers across the forward's loops.
+// -1 (default): rebuilt from head dim 128 on, where holding them spilled (d128 20-44 bytes a variant, d256 72-124;
+// rebuilt: none) and rebuilding measured 1-4% faster at d128; held at d64, where rebuilding was 1-3% slower
+// (benchmarks/results/tf_gpu_round21/). 0 or 1: held or rebuilt everywhere, for measurements.
 #ifndef TF_FLASH_SM90_REBUILD_DESCRIPTORS
-#define TF_FLASH_SM90_REBUILD_DESCRIPTORS 0
-#endif
-#if !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
-static_assert(TF_FLASH_SM90_D128_UNMASKED_BLOCK_N % 64 == 0,
-              "key tiles that are no multiple of 64 need CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (one wgmma a k-slice)");
+#define TF_FLASH_SM90_REBUILD_DESCRIPTORS -1
 #endif
 
 namespace tf_flash {
@@ -76,6 +67,8 @@ struct FwdTraitsSm90 {
   static constexpr int kProducerRegs = 24, kMmaRegs = kMmaWarpGroups == 2 ? 240 : 160;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
   static_assert(kBlockN % 16 == 0, "key tile: whole k-slices of P V");
+  static constexpr bool kRebuildQDescriptors =
+      TF_FLASH_SM90_REBUILD_DESCRIPTORS < 0 ? kHeadDim >= 128 : TF_FLASH_SM90_REBUILD_DESCRIPTORS != 0;
 
   using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
@@ -144,15 +137,12 @@ struct FwdTraitsSm90 {
 
 // Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V): Traits, and
 // BandedTraits for windowed attention and causal attention over fewer than 4k keys
-// (run_flash_fwd_sm90), whose diagonal tiles waste more in larger query tiles; UnmaskedTraits, where given, for
-// the plain variant over non-causal, unwindowed attention without masks (key tiles of any multiple of 16: the
-// general and masked variants' dropout and mask words assume multiples of 32 or 128).
+// (run_flash_fwd_sm90), whose diagonal tiles waste more in larger query tiles.
 // Measured on the H100 (benchmarks/results/tf_gpu_round5/, tf_gpu_round7/): wider key tiles (d128: 160)
-// spill registers and were slower at 1k-4k tokens (d128 non-causal 4k: 497 against 594 TFLOP/s). Built without
-// CuTe's extended wgmma shapes, such tiles run five wgmma of N = 32 per k-slice (today's plain kernel at 160 keys
-// so: 228 bytes of spills; with one wgmma of N = 160: 148): TF_FLASH_SM90_D128_UNMASKED_BLOCK_N measures them
-// again (benchmarks/results/tf_gpu_round20/).
-// Head dim 64 non-causal runs three consumers (192 query rows): with two, each K/V tile fed too few GEMM rows
+// spill registers and were slower at 1k-4k tokens (d128 non-causal 4k: 497 against 594 TFLOP/s); again in round 21
+// with one wgmma of N = 160 or 176 a k-slice (CuTe's extended shapes) and with 192, for unmasked non-causal work:
+// 0.69-0.93x at 512-4k, 0.98-1.00x at 8k-16k (tf_gpu_round21/). Head dim
+// 64 non-causal runs three consumers (192 query rows): with two, each K/V tile fed too few GEMM rows
 // (bf16 16k: 420 against 350 TFLOP/s, 2k: 356 against 305; key tiles of 96 or 64 were slower). Causal
 // keeps two below 4k keys (three: 1k 164 against 197 TFLOP/s) and takes three from 4k on (8k: 366 against
 // 315).
@@ -160,17 +150,14 @@ template <int kHeadDim, class Element> struct FwdConfigSm90;
 template <class E> struct FwdConfigSm90<64, E> {
   using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
   using BandedTraits = FwdTraitsSm90<64, 128, 2, E, 2>;
-  using UnmaskedTraits = Traits;
 };
 template <class E> struct FwdConfigSm90<128, E> {
   using Traits = FwdTraitsSm90<128, 128, 2, E>;
   using BandedTraits = Traits;
-  using UnmaskedTraits = FwdTraitsSm90<128, TF_FLASH_SM90_D128_UNMASKED_BLOCK_N, 2, E>;
 };
 template <class E> struct FwdConfigSm90<256, E> {
   using Traits = FwdTraitsSm90<256, 64, 2, E>;
   using BandedTraits = Traits;
-  using UnmaskedTraits = Traits;
 };
 
 // Which query tiles each CTA of the Hopper forward runs. Tiles go in the order (group of heads, query tile from
@@ -270,7 +257,7 @@ __host__ __device__ constexpr auto gmma_acc_as_mma_atoms(Layout layout) {
 // behind a pointer the compiler cannot see through: the wgmma descriptors made from it at each GEMM are rebuilt
 // there (a few integer instructions) rather than held live across the loop, 64 bits per k-slice, which ptxas
 // otherwise does and, where registers run short, spills and reloads (benchmarks/results/tf_gpu_round20/). Used
-// under TF_FLASH_SM90_REBUILD_DESCRIPTORS.
+// for Q where Traits::kRebuildQDescriptors.
 template <class Element, class SmemLayout>
 __device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
   asm volatile("" : "+l"(ptr));
@@ -368,7 +355,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // head dims up to 128, in the plain variant (bytes of spills with two buffers: d256 plain 192, d128 with dropout
   // or masks more than with one).
   constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
-                                  kHeadDim <= 128 && kBlockN <= 128 && !kGeneral && !kAttnMask;
+                                  kHeadDim <= 128 && !kGeneral && !kAttnMask;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -543,10 +530,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
     auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
-    // Q, S's A operand, stays put across the loops (TF_FLASH_SM90_REBUILD_DESCRIPTORS: descriptors rebuilt per GEMM).
+    // Q, S's A operand, stays put across the loops (kRebuildQDescriptors: its descriptors rebuilt per GEMM).
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     auto q_operand = [&]() -> decltype(auto) {
-      if constexpr (TF_FLASH_SM90_REBUILD_DESCRIPTORS)
+      if constexpr (Traits::kRebuildQDescriptors)
         return thr_qk.partition_fragment_A(loop_operand(shared.q.begin(), typename Traits::SmemLayoutQ{}));
       else
         return (tSrQ);
@@ -627,7 +614,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         auto zero_values_no_row_sees = [&](int n, PipelineState stage) {
           pipeline_v.consumer_wait(stage);
           named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);  // every warp published its rows' keys
-          static_assert(!kAttnMask || kMmaThreads % kBlockN == 0, "whole threads per key");
+          static_assert(kMmaThreads % kBlockN == 0, "whole threads per key");
           constexpr int kThreadsPerKey = kMmaThreads / kBlockN, kDimsPerThread = kHeadDim / kThreadsPerKey;
           const int key = mma_tidx / kThreadsPerKey, part = mma_tidx % kThreadsPerKey;
           const int word = key % 8 / 2, bit = key / 8 * 2 + key % 2;  // packed_mask.h's column order
@@ -720,11 +707,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
         auto probabilities_to_operand = [&](int n, auto& rP) __attribute__((always_inline)) {
           convert_fragment_into(tSrS, rP);
-          if constexpr (kGeneral) {
-            if (has_dropout) {
-              Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(tSrS.layout()));
-              apply_dropout<kBlockN>(rP_atoms, cS_rc, p, batch_head, m0, int64_t(n) * kBlockN, drop_threshold);
-            }
+          if (has_dropout) {
+            Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(tSrS.layout()));
+            apply_dropout<kBlockN>(rP_atoms, cS_rc, p, batch_head, m0, int64_t(n) * kBlockN, drop_threshold);
           }
         };
         auto rescale_output = [&]() __attribute__((always_inline)) {

@@ -34,32 +34,17 @@ FwdScheduleSm90 make_fwd_schedule(const FlashFwdParams& p, bool by_l2) {
   return s;
 }
 
-// Whether a call needs the Hopper forward's general variant (kGeneral: soft-capping, dropout, block masks).
-inline bool fwd_needs_general_variant(const FlashFwdParams& p) {
-  return p.softcap > 0.f || p.dropout_rate > 0.f || p.block_mask.data != nullptr;
-}
-
-// kPlainOnly: only the plain variant is instantiated (UnmaskedTraits; run_flash_fwd_sm90 sends it plain params).
-template <class Traits, bool kPlainOnly = false>
+template <class Traits>
 cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
-  const bool general = fwd_needs_general_variant(p);
-  auto kernel = &flash_fwd_kernel_sm90<Traits, false>;
-  bool has_code = false;
-  if constexpr (kPlainOnly) {
-    if (general || p.attn_mask.data != nullptr) return cudaErrorInvalidValue;
-    static const bool has_plain_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false>);
-    has_code = has_plain_code;
-  } else {
-    if (general) kernel = &flash_fwd_kernel_sm90<Traits, true>;
-    static const bool has_both_codes = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false>) &&
-                                       has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true>);
-    has_code = has_both_codes;
-  }
+  const bool general = p.softcap > 0.f || p.dropout_rate > 0.f || p.block_mask.data != nullptr;
+  auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
+  static const bool has_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false>) &&
+                               has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true>);
   if (p.attn_mask.data != nullptr) {
-    if constexpr (Traits::kBlockM == 128 && !kPlainOnly) {
+    if constexpr (Traits::kBlockM == 128) {
       static const bool has_masked_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false, true>) &&
                                           has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true, true>);
       if (!has_masked_code) return cudaErrorNoKernelImageForDevice;
@@ -156,11 +141,6 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     const bool short_causal = p.causal && p.seqlen_k < kMinCausalKeysOnTraits;
     if (windowed || short_causal || p.block_mask.data != nullptr || p.attn_mask.data != nullptr)
       return launch_flash_fwd_sm90<typename Config::BandedTraits>(p, stream);
-  }
-  if constexpr (!std::is_same_v<typename Config::Traits, typename Config::UnmaskedTraits>) {
-    const bool unmasked = !p.causal && p.window_left < 0 && p.window_right < 0 && p.attn_mask.data == nullptr &&
-                          !fwd_needs_general_variant(p);
-    if (unmasked) return launch_flash_fwd_sm90<typename Config::UnmaskedTraits, /*kPlainOnly=*/true>(p, stream);
   }
   return launch_flash_fwd_sm90<typename Config::Traits>(p, stream);
 }

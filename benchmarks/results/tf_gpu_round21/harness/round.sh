@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Prepared in round 20 and NOT RUN (no device time was left). Three device commands, on one machine:
-#   next_round.sh wide    the d128 forward's plain variant over unmasked, non-causal attention with wider key tiles
+# Round 21 in the CUDA harness (prepared in round 20 as next_round.sh; ran on one H100, 2026-11-26, in the order
+# wide, rebuild, clocks, each a device command: `OUT=/tmp/out bash round.sh MODE; tar -czf $OUT/MODE.tgz -C /tmp/out .`,
+# since $OUT takes 8 files). `wide` ran at a2ada8a: its switch, TF_FLASH_SM90_D128_UNMASKED_BLOCK_N, was removed
+# afterwards (measured slower); `rebuild` forces the rebuilt descriptors at every head dim (the kept default
+# rebuilds them from head dim 128 on). Results and reading: ../README.md.
+#   round.sh wide    the d128 forward's plain variant over unmasked, non-causal attention with wider key tiles
 #                         (TF_FLASH_SM90_D128_UNMASKED_BLOCK_N, fwd_kernel_sm90.h; one register buffer of P, since two
 #                         do not fit beside a wider S) against the kept 128-key tiles with two P buffers (about 8
 #                         minutes by the parts' earlier timings): the forward harness (sm_90a), variants of the two d128
@@ -11,12 +15,12 @@
 #                         ptxas here (nvcc 13.0, bf16): 176 keys spill 300 bytes (seven 8-byte reloads before each S
 #                         GEMM, behind the ping-pong barrier; the rest on the masked edge tiles' path), 160 148 bytes,
 #                         192 416; the kept kernel 20.
-#   next_round.sh clocks  why fp16 runs below bf16 (round 20's README): the d128 forward (8k, non-causal) and torch's
+#   round.sh clocks  why fp16 runs below bf16 (round 20's README): the d128 forward (8k, non-causal) and torch's
 #                         cuDNN, each bf16, fp16, bf16, fp16 in turn for 15 s (`fwd_harness one ... dtype seconds`), with
 #                         nvidia-smi sampling the SM clock, power and throttle reasons every 100 ms: the mean of each per
 #                         run. Both harnesses' benchmarks run every bf16 shape before any fp16 one, so until now fp16 was
 #                         always measured on a card that had run longer. Reuses `wide`'s build if there (about 3 minutes).
-#   next_round.sh rebuild TF_FLASH_SM90_REBUILD_DESCRIPTORS=1 (fwd_kernel_sm90.h's loop_operand: Q's wgmma
+#   round.sh rebuild TF_FLASH_SM90_REBUILD_DESCRIPTORS=1 (fwd_kernel_sm90.h's loop_operand: Q's wgmma
 #                         descriptors rebuilt at each GEMM instead of held across the loop) against the kept forward:
 #                         the six Hopper forward objects rebuilt, the forward tests, `bench 64 128 256` interleaved
 #                         twice. ptxas here (bf16 d128): every variant spill-free (kept: 20 / 12 / 40 / 44 bytes for
