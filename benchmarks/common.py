@@ -99,11 +99,13 @@ def make_fns(impl, causal, extra=None):
         return attn(q, k, v)
 
     def fwd_bwd(q, k, v, dout):
+        # dout enters as the output's gradient, as torch's out.backward(dout) does: a loss over the output
+        # (sum(out * dout) in float32, before 2026-11-26) adds memory-bound passes over [b, s, h, d] in float32
+        # to every call that are no part of attention and that torch's peer does not run.
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             out = attn(q, k, v)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(dout, tf.float32))
-        return tape.gradient(loss, [q, k, v])
+        return tape.gradient(out, [q, k, v], output_gradients=dout)
 
     return tf.function(fwd, jit_compile=jit), tf.function(fwd_bwd, jit_compile=jit)
 

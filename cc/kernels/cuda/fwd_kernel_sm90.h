@@ -44,12 +44,12 @@
 #ifndef TF_FLASH_SM90_DOUBLE_BUFFER_P
 #define TF_FLASH_SM90_DOUBLE_BUFFER_P 1
 #endif
-// Q's wgmma descriptors: rebuilt at each GEMM (loop_operand) or held in registers across the forward's loops.
-// -1 (default): rebuilt from head dim 128 on, where holding them spilled (d128 20-44 bytes a variant, d256 72-124;
-// rebuilt: none) and rebuilding measured 1-4% faster at d128; held at d64, where rebuilding was 1-3% slower
-// (benchmarks/results/tf_gpu_round21/). 0 or 1: held or rebuilt everywhere, for measurements.
+// 1: the wgmma descriptors of Q, which stays put in shared memory across the forward's loops, are rebuilt at each
+// GEMM (loop_operand) instead of held in registers across them; an A/B switch for measurements, 0 unless set.
+// Rebuilt, the d128 and d256 variants do not spill (held: 20-44 and 72-124 bytes), yet through TF the d128 forward
+// was not faster (4k even, 8k and 16k 1-2% slower; harness +1-4%; d64 1-3% slower): benchmarks/results/tf_gpu_round21/.
 #ifndef TF_FLASH_SM90_REBUILD_DESCRIPTORS
-#define TF_FLASH_SM90_REBUILD_DESCRIPTORS -1
+#define TF_FLASH_SM90_REBUILD_DESCRIPTORS 0
 #endif
 
 namespace tf_flash {
@@ -67,8 +67,6 @@ struct FwdTraitsSm90 {
   static constexpr int kProducerRegs = 24, kMmaRegs = kMmaWarpGroups == 2 ? 240 : 160;
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
   static_assert(kBlockN % 16 == 0, "key tile: whole k-slices of P V");
-  static constexpr bool kRebuildQDescriptors =
-      TF_FLASH_SM90_REBUILD_DESCRIPTORS < 0 ? kHeadDim >= 128 : TF_FLASH_SM90_REBUILD_DESCRIPTORS != 0;
 
   using TileQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TilePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
@@ -257,7 +255,7 @@ __host__ __device__ constexpr auto gmma_acc_as_mma_atoms(Layout layout) {
 // behind a pointer the compiler cannot see through: the wgmma descriptors made from it at each GEMM are rebuilt
 // there (a few integer instructions) rather than held live across the loop, 64 bits per k-slice, which ptxas
 // otherwise does and, where registers run short, spills and reloads (benchmarks/results/tf_gpu_round20/). Used
-// for Q where Traits::kRebuildQDescriptors.
+// for Q under TF_FLASH_SM90_REBUILD_DESCRIPTORS.
 template <class Element, class SmemLayout>
 __device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
   asm volatile("" : "+l"(ptr));
@@ -530,13 +528,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
     auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
-    // Q, S's A operand, stays put across the loops (kRebuildQDescriptors: its descriptors rebuilt per GEMM).
+    // Q, S's A operand, stays put across the loops (TF_FLASH_SM90_REBUILD_DESCRIPTORS: descriptors rebuilt per GEMM).
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
     auto q_operand = [&]() -> decltype(auto) {
-      if constexpr (Traits::kRebuildQDescriptors)
+      if constexpr (TF_FLASH_SM90_REBUILD_DESCRIPTORS)
         return thr_qk.partition_fragment_A(loop_operand(shared.q.begin(), typename Traits::SmemLayoutQ{}));
       else
-        return (tSrQ);
+        return static_cast<decltype(tSrQ)&>(tSrQ);  // a reference (EDG warns on `return (tSrQ);` in a lambda)
     };
     Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stage)
