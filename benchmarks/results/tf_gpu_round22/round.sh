@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Round 22 through TensorFlow, prepared in round 21 and NOT RUN yet (after the six stash calls; device commands back
-# to back, each well inside 10 minutes by round 19-21's timings):
+# to back, each well inside 10 minutes by round 19-21's timings; harness.sh beside it needs no stash: run it first):
 #   round.sh a  build the library; bench_gpu.py --torch at d128 and d256, bf16: forward+backward now takes dO as the
 #               output's gradient, as torch's peer does (round 21's README: the old loss added float32 passes to every
 #               TF call); then bench_overhead.py at d128 (a tf.function per attention against ten chained in one
 #               graph, and under XLA): whether round 21's gap between the harness (585-633 TFLOP/s at 4k) and
 #               bench_gpu.py (512-535) is TF's per-call cost, which a model's graph does not pay per attention
-#   round.sh b  the XLA suite; layers, saving, Keras' switch, KerasHub (wheels in .whl/) -- last run in round 19
-#   round.sh c  the Keras training step (bench_model.py, 4 blocks, d64, mixed bf16): FlashMHA with compile()'s
+#   round.sh b  kernel family (with the dynamic schedule's test: TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic in a child
+#               process, bit-identical to a CTA per tile), robustness, determinism, softcap, validation, float32
+#               range; the op, dropout and sparsity tests
+#   round.sh c  the XLA suite; layers, saving, Keras' switch, KerasHub (wheels in .whl/) -- last run in round 19
+#   round.sh d  the Keras training step (bench_model.py, 4 blocks, d64, mixed bf16): FlashMHA with compile()'s
 #               default and Keras' MultiHeadAttention + XLA at 4096 x 4 and 1024 x 16, one process each
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -16,7 +19,7 @@ export OUT="${OUT:-/tmp/out}"
 source benchmarks/results/round_lib.sh  # with_tf
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
-case "${1:?a, b or c}" in
+case "${1:?a, b, c or d}" in
   a) with_tf
      echo "library ready [$(elapsed)s]"
      timeout 330 python3 benchmarks/bench_gpu.py --torch --impls tf_flash --dtypes bf16 --dims 128 256 --skip-memory \
@@ -27,9 +30,11 @@ case "${1:?a, b or c}" in
      timeout 200 python3 benchmarks/bench_overhead.py --shapes 16x1024 4x4096 2x8192 --dim 128 \
        --json "$OUT/overhead.json" 2>&1 | grep -v -E "^(I|W|E)0000" | tee "$OUT/overhead.txt"
      echo "total $(elapsed)s" ;;
-  b) bash scripts/gpu_round.sh device xla layers 2>&1 | grep -E "gpu_round|passed|failed|FAILED|Error|skipped" | head -30
+  b) bash scripts/gpu_round.sh device family test 2>&1 | grep -E "gpu_round|passed|failed|FAILED|Error" | head -30
      echo "total $(elapsed)s" ;;
-  c) with_tf
+  c) bash scripts/gpu_round.sh device xla layers 2>&1 | grep -E "gpu_round|passed|failed|FAILED|Error|skipped" | head -30
+     echo "total $(elapsed)s" ;;
+  d) with_tf
      step() {  # step NAME MODE LENGTH: one bench_model.py process
        mkdir -p "/tmp/models/$1"
        timeout 110 python3 benchmarks/bench_model.py --out-dir "/tmp/models/$1" --modes "$2" --lengths "$3" \
