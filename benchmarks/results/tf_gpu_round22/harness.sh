@@ -2,10 +2,10 @@
 # Round 22 in the CUDA harness, prepared in round 21 and NOT RUN yet (one device command, no TensorFlow):
 # the dynamic schedule of the Hopper forward (TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic: causal attention over more
 # than 4k keys on persistent CTAs that take their query tiles from a counter, where the default runs a CTA per
-# tile). One build serves both (the variable is read at run time): the forward tests under each (the new case
-# causal-4k-waves has more query tiles than SMs), compute-sanitizer memcheck and racecheck of that case under
-# the dynamic schedule, then `bench 64 128 256` interleaved twice (the causal rows over 4k keys are the ones
-# that differ). ptxas here (nvcc 13.0): the dynamic kernels' consumers spill as the default ones; their loading
+# tile). One build serves both (the variable is read at run time): the forward tests under each (the new cases
+# causal-4k-waves and window-4k-waves have more query tiles than SMs), compute-sanitizer memcheck and racecheck
+# of those cases under the dynamic schedule, then `bench 64 128 256` interleaved twice (the causal rows over 4k
+# keys are the ones that differ). ptxas here (nvcc 13.0): the dynamic kernels' consumers spill as the default ones; their loading
 # thread (24 registers) spills where the default keeps the tile's coordinates in uniform registers (d128 plain
 # 108 bytes in all, against 20).
 #   OUT=/tmp/out bash harness.sh; tar -czf $OUT/harness.tgz -C /tmp/out .   ($OUT takes 8 files)
@@ -30,7 +30,7 @@ for kind in default dynamic; do
   echo "$kind tests: $(tail -n 1 "$OUT/test_$kind.log")"; grep -E "FAIL" "$OUT/test_$kind.log" | head -5
 done
 for tool in memcheck racecheck; do
-  TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic FWD_HARNESS_CASES=causal-4k-waves timeout 150 \
+  TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic FWD_HARNESS_CASES=4k-waves timeout 200 \
     compute-sanitizer --tool $tool $bin test > "/tmp/san_$tool.log" 2>&1
   echo "$tool rc $?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "/tmp/san_$tool.log" | tail -1)"
 done

@@ -280,6 +280,10 @@ __device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
   return cute::make_tensor(cute::make_smem_ptr(ptr), layout);
 }
 
+// Orders the compiler's memory accesses around inline asm that declares no memory effects (CUTLASS's mbarrier
+// arrive and wait); the mbarrier's own release / acquire semantics order them in the hardware.
+__device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
+
 // Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
 // waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
 template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
@@ -411,7 +415,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if constexpr (kDynamicSchedule) {
       if (wave == 0) return cta;
       shared.tile_full.wait((wave - 1) % 2);
+      compiler_fence();  // CUTLASS's barrier asm declares no memory effects: keep the load after the wait
       const int64_t i = shared.tile_index;
+      compiler_fence();
       shared.tile_empty.arrive();
       return i;
     } else {
@@ -505,7 +511,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int handoff = 0;; ++handoff) {
           if (handoff > 0) shared.tile_empty.wait((handoff - 1) % 2);
           const int64_t i = int64_t(ctas) + int64_t(atomicAdd(schedule.tile_counter, 1ull));
+          compiler_fence();
           shared.tile_index = i;
+          compiler_fence();
           shared.tile_full.arrive();  // release: the index is visible to whoever waits on this phase
           if (i >= schedule.tiles) return;
         }
