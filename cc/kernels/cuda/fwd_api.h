@@ -34,9 +34,9 @@ inline bool hopper_forward_takes_block_mask(const FlashFwdParams& p, int head_di
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& params, cudaStream_t stream);
 // Causal attention over more keys than this runs a CTA per query tile (its tiles differ too much for the
-// static persistent schedule), or with hopper_forward_dynamic() persistent CTAs fed by a tile counter, 8 bytes
-// of params.workspace that the launcher zeroes before the kernel (flash_fwd_cuda_workspace_bytes asks for them).
-// Not where a tile table (block masks, attn_mask) gives each CTA one tile.
+// static persistent schedule), or with hopper_forward_dynamic() persistent CTAs fed by a tile counter at the start
+// of params.workspace, which the launcher zeroes before the kernel (flash_fwd_cuda_workspace_bytes asks for
+// kTileCounterBytes). Not where a tile table (block masks, attn_mask) gives each CTA one tile.
 inline constexpr int kLongCausalKeys = 4096;
 inline constexpr int64_t kTileCounterBytes = 16;
 inline bool hopper_forward_long_causal(const FlashFwdParams& p) { return p.causal && p.seqlen_k > kLongCausalKeys; }

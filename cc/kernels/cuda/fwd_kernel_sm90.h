@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     return true;
   };
   // The tile of this CTA's wave: the static schedule's, or (kDynamicSchedule) this CTA's own in the first wave and
-  // then the scheduler's (schedule_tiles), which the loading thread and each consumer thread read once a wave.
+  // then the scheduler thread's, which the loading thread and each consumer thread read once a wave.
   auto wave_tile = [&](int wave) -> int64_t {
     if constexpr (kDynamicSchedule) {
       if (wave == 0) return cta;
