@@ -12,6 +12,8 @@
 //   fwd_harness feat           dropout / masks / block-sparse / window cost (bf16, d128)
 //   fwd_harness one d c s      five calls of one shape, for a profiler
 //   fwd_harness one d c s dtype seconds   that shape in bf16 or fp16 back to back for so long: rate and time window
+// The library's run-time switches hold here too: TF_FLASH_CUDA_FAMILY=sm80, TF_FLASH_SM90_FORWARD_SCHEDULE=tiles or
+// dynamic (family.h).
 //
 // Pass criterion (style.md): max |kernel - ref| <= 2 * max |std - ref| + 1e-3, where std is standard
 // attention computed in the input dtype (scores and probabilities rounded to it, fp32 accumulation);
