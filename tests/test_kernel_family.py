@@ -114,12 +114,12 @@ _SCHEDULE_CASES = [
 ]
 # Causal attention over 4k+ keys, a CTA per query tile by default, against persistent CTAs that take their tiles
 # from a counter (TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic): b2 s4200 h4, more query tiles than SMs; lengths
-# leaving tiles without work; GQA with dropout and soft-capping (the general variant).
+# leaving tiles without work; GQA with soft-capping (the general variant; dropout's draws are the same code in
+# both schedules, and its float64 keep mask at this size costs minutes).
 _LONG_CAUSAL_CASES = [
     dict(head_dim=128, causal=True, batch=2, seqlen=4200, heads=4),
     dict(head_dim=64, causal=True, batch=2, seqlen=4200, heads=4, q_lengths=[4200, 3001], kv_lengths=[4150, 4200]),
-    dict(head_dim=256, causal=True, batch=2, seqlen=4200, heads=4, heads_kv=2, dropout_rate=0.1, seed=[5, 6],
-         softcap=8.0),
+    dict(head_dim=256, causal=True, batch=2, seqlen=4200, heads=4, heads_kv=2, softcap=8.0),
 ]
 _SCHEDULE_CHILD = """
 import json, sys
