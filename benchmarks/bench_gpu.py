@@ -95,7 +95,8 @@ def _tf_run_config(cfg, args):
         extra["block_mask"], _ = getattr(sparsity, spec["builder"])(
             cfg["seqlen"], cfg["seqlen"], spec["block_size"], **spec.get("kwargs", {}))
         extra["block_size"] = spec["block_size"]
-    fwd, fwd_bwd = common.make_fns(cfg["impl"], cfg["causal"], extra)
+    chain = 1 if cfg["kind"] == "memory" else args.calls_per_function
+    fwd, fwd_bwd = common.make_fns(cfg["impl"], cfg["causal"], extra, chain=chain)
     result = {}
     if cfg["kind"] == "memory":
         tf.config.experimental.reset_memory_stats(args.device)
@@ -125,6 +126,9 @@ def _tf_run_config(cfg, args):
                     lambda r: (r if mode == "fwd" else r[0])[0, 0, 0, 0].numpy(),
                     args.warmup, args.repeats)
             stats["first_call_s"] = compile_s
+            for key in ("median_s", "min_s", "max_s", "q1_s", "q3_s"):  # per attention
+                stats[key] /= chain
+            stats["attentions_per_call"] = chain
             if before is not None:
                 after = counts()
                 stats["kernels"] = ",".join(k for k in after if after[k] > before[k])
@@ -286,7 +290,7 @@ def run_group(configs, args, log, on_progress=None):
         open(res_path, "w").close()
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", cfg_path, "--results", res_path,
                "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--device", args.device,
-               "--deadline", str(args.deadline or 0)]
+               "--deadline", str(args.deadline or 0), "--calls-per-function", str(args.calls_per_function)]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seen, started, last_line = 0, None, ""
@@ -383,7 +387,9 @@ def report(configs, results, info, args, stem):
     impls = [i for i in list(args.impls) + (TORCH_IMPLS if args.torch else [])]
     lines = [f"# tf_flash GPU benchmark{' (quick smoke run)' if args.quick else ''}", "", common.info_markdown(info),
              "", "FLOPs: fwd = 4 b s^2 h d (halved when causal), fwd+bwd = 3.5 fwd; TFLOP/s = 1e12 FLOP/s. "
-             f"Median of {args.repeats} samples after {args.warmup} warm-up calls; spread = (q3 - q1) / median.", ""]
+             f"Median of {args.repeats} samples after {args.warmup} warm-up calls; spread = (q3 - q1) / median."
+             + (f" TF rows: {args.calls_per_function} chained attentions per tf.function call, times and TFLOP/s per "
+                "attention (torch's calls are one each)." if args.calls_per_function > 1 else ""), ""]
     # Pivot: one row per (dtype, d, causal, b, s), one column per impl, fwd and fwd+bwd TFLOP/s.
     for mode, title in (("fwd", "Forward"), ("fwd_bwd", "Forward + backward")):
         rows = []
@@ -536,6 +542,10 @@ def main():
     parser.add_argument("--grid", default=None, help="batch:seqlen,... (default the FA2 grid)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--calls-per-function", type=int, default=1,
+                        help="attentions chained in each timed tf.function (TF rows): the call's own cost, 0.4-0.6 ms "
+                             "of host time on the lent machines, is then spread over them as over a model's graph; "
+                             "times and TFLOP/s are per attention")
     parser.add_argument("--mem-seqlens", type=int, nargs="+", default=None)
     parser.add_argument("--fa1-seqlens", type=int, nargs="+", default=None)
     parser.add_argument("--skip-memory", action="store_true")
@@ -553,6 +563,8 @@ def main():
     parser.add_argument("--tag", default=None)
     parser.add_argument("--device", default="GPU:0", help="TF device (CPU:0 only to smoke-test this script)")
     args = parser.parse_args()
+    if args.calls_per_function < 1:
+        parser.error(f"--calls-per-function must be >= 1. Received: {args.calls_per_function}")
     if args.out_dir is None:
         args.out_dir = os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR
     if args.worker:

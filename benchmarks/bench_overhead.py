@@ -6,12 +6,13 @@
 Times the same attention (bf16 by default, [B, S, H, D]) reached in ways that differ only in what surrounds the
 kernel, and prints milliseconds per attention and TFLOP/s for each:
   floor        a tf.function holding one elementwise GPU op on q: TF's own cost of a function call
-  fn_1         a tf.function holding one tf_flash.flash_attention (how bench_gpu.py times the op)
+  fn_1         a tf.function holding one tf_flash.flash_attention (bench_gpu.py's default)
   fn_N         a tf.function holding N chained attentions (out feeds the next query): the op's cost
-               inside a graph, the function-call cost spread over N
+               inside a graph, the function-call cost spread over N (bench_gpu.py --calls-per-function N)
   xla_N        the same N chain under jit_compile=True (the XLA custom call)
   eager        tf_flash.flash_attention called eagerly (Python argument checks on every call)
-  (and for forward+backward: fn_1 and fn_N under a GradientTape)
+  (and for forward+backward, the gradients for a given dO: fn_1, fn_N and xla_N; the functions are
+  bench_gpu.py's, benchmarks/common.py make_fns)
 The kernel's own time (CUDA events, no TF) is what tests/cuda_harness/fwd_harness.cu `bench` prints.
 """
 import argparse
@@ -42,42 +43,24 @@ def _per_call_ms(call, fetch, calls_per_sample, samples=15, warmup=3):
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def _chain(n, causal, backward):
-    def attend(q, k, v):
-        out = q
-        for _ in range(n):  # each call's output is the next call's query: no call can be dropped
-            out = tf_flash.flash_attention(out, k, v, causal=causal)
-        return out
-
-    if not backward:
-        return attend
-
-    def fwd_bwd(q, k, v):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = attend(q, k, v)
-        return tape.gradient(out, [q, k, v])[0]
-
-    return fwd_bwd
-
-
 def measure(batch, seqlen, heads, dim, causal, calls, dtype=tf.bfloat16):
     shape = [batch, seqlen, heads, dim]
-    q, k, v = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(3))
-    fetch = lambda r: r[0, 0, 0, 0].numpy()  # noqa: E731  (waits for the GPU)
+    q, k, v, dout = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(4))
     rows = []
 
     def add(name, fn, per_call_attentions, backward):
-        ms = _per_call_ms(lambda: fn(q, k, v), fetch, calls_per_sample=10) / per_call_attentions
+        fetch = lambda r: (r[0] if backward else r)[0, 0, 0, 0].numpy()  # noqa: E731  (waits for the GPU)
+        ms = _per_call_ms(lambda: fn(q, k, v, dout), fetch, calls_per_sample=10) / per_call_attentions
         flops = 0 if name == "floor" else common.attention_flops(batch, seqlen, heads, dim, causal, "fwd_bwd" if backward else "fwd")
         rows.append({"form": name, "backward": backward, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
 
-    add("floor", tf.function(lambda q, k, v: q * 2), 1, False)
-    for backward in (False, True):
-        add("fn_1", tf.function(_chain(1, causal, backward)), 1, backward)
-        add(f"fn_{calls}", tf.function(_chain(calls, causal, backward)), calls, backward)
-        add(f"xla_{calls}", tf.function(_chain(calls, causal, backward), jit_compile=True), calls, backward)
-    add("eager", lambda q, k, v: tf_flash.flash_attention(q, k, v, causal=causal), 1, False)
+    add("floor", tf.function(lambda q, k, v, dout: q * 2), 1, False)
+    # bench_gpu.py's functions (benchmarks/common.py): a chain of attentions, each output the next query.
+    for chain, form, jit in ((1, "fn_1", False), (calls, f"fn_{calls}", False), (calls, f"xla_{calls}", True)):
+        fwd, fwd_bwd = common.make_fns("tf_flash", causal, chain=chain, jit_compile=jit)
+        add(form, fwd, chain, False)
+        add(form, fwd_bwd, chain, True)
+    add("eager", lambda q, k, v, dout: tf_flash.flash_attention(q, k, v, causal=causal), 1, False)
     return rows
 
 

@@ -74,8 +74,14 @@ def keras_attention(q, k, v, causal):
     return keras.ops.dot_product_attention(q, k, v, scale=scale, is_causal=causal)
 
 
-def make_fns(impl, causal, extra=None):
-    """(fwd(q, k, v, dout) -> out, fwd_bwd(q, k, v, dout) -> (dq, dk, dv)) as tf.functions."""
+def make_fns(impl, causal, extra=None, chain=1, jit_compile=None):
+    """(fwd(q, k, v, dout) -> out, fwd_bwd(q, k, v, dout) -> (dq, dk, dv)) as tf.functions.
+
+    chain > 1: each call runs `chain` attentions, each one's output the next one's query (as a model's layers
+    follow one another; none can be dropped, and dv must equal d), so that TF's own cost of a function call
+    (0.4-0.6 ms of host time on the lent machines, whatever it holds) is spread over them as over a model's
+    graph: the time per attention is the call's over `chain`. jit_compile: XLA around the call (None: only for
+    tf_standard_xla)."""
     import tensorflow as tf
     extra = dict(extra or {})
     jit = False
@@ -95,8 +101,17 @@ def make_fns(impl, causal, extra=None):
     else:
         raise ValueError(f"unknown impl {impl!r}")
 
+    if jit_compile is not None:
+        jit = jit_compile
+
+    def attend(q, k, v):
+        out = q
+        for _ in range(chain):
+            out = attn(out, k, v)
+        return out
+
     def fwd(q, k, v, dout):
-        return attn(q, k, v)
+        return attend(q, k, v)
 
     def fwd_bwd(q, k, v, dout):
         # dout enters as the output's gradient, as torch's out.backward(dout) does: a loss over the output
@@ -104,7 +119,7 @@ def make_fns(impl, causal, extra=None):
         # to every call that are no part of attention and that torch's peer does not run.
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            out = attn(q, k, v)
+            out = attend(q, k, v)
         return tape.gradient(out, [q, k, v], output_gradients=dout)
 
     return tf.function(fwd, jit_compile=jit), tf.function(fwd_bwd, jit_compile=jit)
