@@ -28,3 +28,21 @@ def test_forward_backward_is_the_gradient_for_dout(impl, causal, rng):
     np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-5)
     for name, grad, ref in zip(("dq", "dk", "dv"), grads, reference_attention_grad(q, k, v, dout, causal=causal)):
         np.testing.assert_allclose(grad.numpy(), ref, atol=5e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("impl", ["tf_flash", "keras_mha"])
+def test_chained_calls_feed_each_output_to_the_next_query(impl, rng):
+    """--calls-per-function: make_fns(chain=2) is attention(attention(q, k, v), k, v), gradients included (against
+    TF's standard attention in float64)."""
+    q, k, v, dout = (rng.standard_normal((2, 67, 3, 32)) for _ in range(4))
+    with tf.device("/CPU:0"):
+        fwd, fwd_bwd = common.make_fns(impl, True, chain=2)
+        args = [tf.constant(x, tf.float32) for x in (q, k, v, dout)]
+        out, grads = fwd(*args), fwd_bwd(*args)
+        _, ref_fwd_bwd = common.make_fns("tf_standard", True, chain=2)
+        ref_grads = ref_fwd_bwd(*(tf.constant(x, tf.float64) for x in (q, k, v, dout)))
+    once, _ = reference_attention(q, k, v, causal=True)
+    twice, _ = reference_attention(once, k, v, causal=True)
+    np.testing.assert_allclose(out.numpy(), twice, atol=1e-5)
+    for name, grad, ref in zip(("dq", "dk", "dv"), grads, ref_grads):
+        np.testing.assert_allclose(grad.numpy(), ref.numpy(), atol=5e-5, err_msg=name)
