@@ -8,7 +8,8 @@
 # keys are the ones that differ). ptxas here (nvcc 13.0): the dynamic kernels' consumers spill as the default ones; their loading
 # thread (24 registers) spills where the default keeps the tile's coordinates in uniform registers (d128 plain
 # 108 bytes in all, against 20).
-#   OUT=/tmp/out bash harness.sh; tar -czf $OUT/harness.tgz -C /tmp/out .   ($OUT takes 8 files)
+#   OUT=/tmp/out bash harness.sh; tar -czf $OUT/harness.tgz -C /tmp/out .   ($OUT takes 8 files; carry .gpu_build,
+#   made here by `bash scripts/gpu_round.sh host`, for the CUTLASS headers)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
