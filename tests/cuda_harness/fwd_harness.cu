@@ -785,7 +785,6 @@ int run_tiles() {
   return 0;
 }
 
-// `one d causal seqlen`: five calls of one bench shape (bf16), for a profiler.
 // `one d c s`: five calls of one shape (bf16), for a profiler. `one d c s dtype seconds`: calls of that dtype back
 // to back for that long (synchronizing every 20), then the rate and the wall-clock window in ms since the epoch,
 // so that clocks and power sampled beside it (nvidia-smi) can be matched to each dtype's run.

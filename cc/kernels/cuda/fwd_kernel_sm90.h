@@ -176,32 +176,23 @@ struct FwdScheduleSm90 {
   int group_pairs = 1;  // (batch, head) pairs per group
   int64_t tiles = 0;    // m_blocks x batch x heads
   unsigned long long* tile_counter = nullptr;  // kDynamicSchedule: tiles taken past the first wave (zeroed first)
-  int pairs = 0;                               // batch x heads, where that is below 2^31 (tile32)
   struct Tile {
     int m_block, h, b;
   };
   __host__ __device__ int64_t index(int64_t wave, int cta, int ctas) const {
     return wave * ctas + (wave % 2 == 0 ? cta : ctas - 1 - cta);
   }
-  __host__ __device__ Tile tile(int64_t i) const {
-    const int64_t group_tiles = int64_t(group_pairs) * m_blocks;
-    const int64_t group = i / group_tiles, r = i - group * group_tiles;
-    const int64_t pairs_left = tiles / m_blocks - group * group_pairs;
-    const int64_t pairs_here = pairs_left < group_pairs ? pairs_left : group_pairs;
-    const int64_t m_rank = r / pairs_here;
-    const int64_t pair = group * group_pairs + (r - m_rank * pairs_here);
+  // Tile i in Index arithmetic: int64_t for any schedule; int (inline divisions, where int64_t's are calls whose
+  // registers the dynamic schedule's loading thread does not have) for schedules of fewer than 2^31 tiles.
+  template <class Index>
+  __host__ __device__ Tile tile(Index i) const {
+    const Index group_tiles = Index(group_pairs) * m_blocks;
+    const Index group = i / group_tiles, r = i - group * group_tiles;
+    const Index pairs_left = Index(tiles) / m_blocks - group * group_pairs;
+    const Index pairs_here = pairs_left < group_pairs ? pairs_left : group_pairs;
+    const Index m_rank = r / pairs_here;
+    const Index pair = group * group_pairs + (r - m_rank * pairs_here);
     return Tile{int(m_blocks - 1 - m_rank), int(pair % num_heads), int(pair / num_heads)};
-  }
-  // tile(i) in 32-bit arithmetic, for schedules of fewer than 2^31 tiles (the dynamic schedule's): inline
-  // divisions where tile's 64-bit ones are calls whose registers the loading thread does not have.
-  __host__ __device__ Tile tile32(int i) const {
-    const int group_tiles = group_pairs * m_blocks;
-    const int group = i / group_tiles, r = i - group * group_tiles;
-    const int pairs_left = pairs - group * group_pairs;
-    const int pairs_here = pairs_left < group_pairs ? pairs_left : group_pairs;
-    const int m_rank = r / pairs_here;
-    const int pair = group * group_pairs + (r - m_rank * pairs_here);
-    return Tile{m_blocks - 1 - m_rank, pair % num_heads, pair / num_heads};
   }
 };
 
@@ -398,7 +389,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   static_assert(!(kDynamicSchedule && kAttnMask), "a tile table gives each CTA one tile");
   auto tile_work = [&](int64_t i, TileWork& w) {  // tile i of the schedule; false past the last tile
     if (i >= schedule.tiles) return false;
-    const FwdScheduleSm90::Tile t = kDynamicSchedule ? schedule.tile32(int(i)) : schedule.tile(i);
+    const FwdScheduleSm90::Tile t = kDynamicSchedule ? schedule.tile(int(i)) : schedule.tile(i);
     w.m_block = t.m_block;
     w.h = t.h;
     w.b = t.b;

@@ -28,7 +28,6 @@ FwdScheduleSm90 make_fwd_schedule(const FlashFwdParams& p, bool by_l2) {
   s.num_heads = p.num_heads;
   const int64_t pairs = int64_t(p.batch) * p.num_heads;
   s.tiles = int64_t(s.m_blocks) * pairs;
-  s.pairs = int(std::min<int64_t>(pairs, INT32_MAX));
   const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.head_dim + p.head_dim_v) * int64_t(sizeof(typename Traits::Element));
   const int64_t kv_heads = by_l2 ? std::max<int64_t>(1, kL2Bytes / std::max<int64_t>(kv_bytes, 1)) : 1;
   s.group_pairs = int(std::min<int64_t>({pairs, kv_heads * (p.num_heads / p.num_heads_kv), INT32_MAX}));
@@ -116,11 +115,14 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   const bool persistent =
       !tile_table && !hopper_forward_long_causal(p) && hopper_forward_persistent() && device_sm_count() > 0;
   args.schedule = make_fwd_schedule<Traits>(p, /*by_l2=*/p.causal && !persistent);
-  static const bool has_dynamic_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false, false, true>) &&
-                                       has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true, false, true>);
+  auto has_dynamic_code = [] {  // asked only where the schedule is chosen, not on every process's first launch
+    static const bool has_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false, false, true>) &&
+                                 has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true, false, true>);
+    return has_code;
+  };
   // Without the workspace (a caller that did not ask flash_fwd_cuda_workspace_bytes): a CTA per tile.
-  const bool dynamic = hopper_forward_dynamic_schedule(p) && p.workspace != nullptr && has_dynamic_code &&
-                       device_sm_count() > 0 && args.schedule.tiles <= INT32_MAX;  // tile32's indices
+  const bool dynamic = hopper_forward_dynamic_schedule(p) && p.workspace != nullptr && device_sm_count() > 0 &&
+                       args.schedule.tiles <= INT32_MAX && has_dynamic_code();  // tile<int>'s indices
   if (dynamic) {
     kernel = general ? &flash_fwd_kernel_sm90<Traits, true, false, true>
                      : &flash_fwd_kernel_sm90<Traits, false, false, true>;
