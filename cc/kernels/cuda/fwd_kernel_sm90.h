@@ -516,10 +516,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     Tensor mVt = args.tma_v.get_tma_tensor(make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch));
     using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-    // Query tiles with work whose Q this thread loaded. Before the next one's, the consumers' arrivals for the
-    // last one (barrier_q_free's phase q_loads - 1): they arrive once per tile with work, and cannot arrive for
-    // a tile before its Q is here, so no phase completes unseen.
-    int q_loads = 0;
+    // Before a Q load, the consumers' next phase of barrier_q_free: they arrive once per tile with work that
+    // follows a use of Q's buffer (a tile with work; without kOwnOutputBuffer, any earlier tile, whose O went
+    // through that buffer), and cannot arrive again before the Q that follows is here, so no phase completes unseen.
+    int q_free_waits = 0;
+    bool q_buffer_used = false;
     TileWork w;
     for (int wave = 0; wave < kMaxWaves && tile_work(wave_tile(wave), w); ++wave) {
       const int n_block_min = w.keys.tile_begin;
@@ -542,11 +543,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         copy(args.tma_v.with(*pipeline_v.producer_get_barrier(state)), get<0>(v_parts)(_, n),
              get<1>(v_parts)(_, state.index()));
       };
-      if (!has_work) continue;
+      if (!has_work) {
+        q_buffer_used |= !Traits::kOwnOutputBuffer;  // its epilogue writes zeros to O through Q's buffer
+        continue;
+      }
       int n = n_first;
       load_k(n);  // as soon as a stage is free: before the consumers are done with the last Q
-      if (q_loads > 0) shared.barrier_q_free.wait((q_loads - 1) % 2);
-      ++q_loads;
+      if (q_buffer_used) shared.barrier_q_free.wait(q_free_waits++ % 2);
+      q_buffer_used = true;
       shared.barrier_q.arrive_and_expect_tx(Traits::kTmaBytesQ);
       copy(args.tma_q.with(reinterpret_cast<BarrierType&>(shared.barrier_q)), get<0>(q_parts), get<1>(q_parts));
       PipelineState write_v = write;
@@ -694,12 +698,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if constexpr (!Traits::kOwnOutputBuffer) {
           // O of the tiles before, in Q's buffer, read out by their stores: the producer may load this tile's Q.
           // (Arriving here rather than after the epilogue keeps the epilogues of tiles without work, which write
-          // to the buffer too, before the next Q.)
+          // to the buffer too, before the next Q; a first tile without work, too, which the producer waits for.)
           if (wave > 0) {
             if (output_leader) tma_store_wait<0>();
             named_sync(128, Sm90Barrier::kOutputWg0, wg);
+            shared.barrier_q_free.arrive();
           }
-          if (q_loads > 0) shared.barrier_q_free.arrive();
         }
         shared.barrier_q.wait(q_loads % 2);
         ++q_loads;
