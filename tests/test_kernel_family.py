@@ -109,17 +109,10 @@ _SCHEDULE_CASES = [
     dict(head_dim=64),  # three consumers, 192-row tiles
     dict(head_dim=256),
     dict(head_dim=128, causal=True, q_lengths=[1100, 700, 37, 0], kv_lengths=[1100, 1000, 5, 900]),
+    # A CTA's first tiles without work (the last query tiles go first), whose epilogues use Q's buffer at d256.
+    dict(head_dim=256, q_lengths=[1100, 200, 37, 0], kv_lengths=[1100, 1000, 5, 900]),
     dict(head_dim=64, window=(70, 20)),
     dict(head_dim=128, value_dim=64, heads_kv=2, dropout_rate=0.1, seed=[3, 4], softcap=8.0),
-]
-# Causal attention over 4k+ keys, a CTA per query tile by default, against persistent CTAs that take their tiles
-# from a counter (TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic): b2 s4200 h4, more query tiles than SMs; lengths
-# leaving tiles without work; GQA with soft-capping (the general variant; dropout's draws are the same code in
-# both schedules, and its float64 keep mask at this size costs minutes).
-_LONG_CAUSAL_CASES = [
-    dict(head_dim=128, causal=True, batch=2, seqlen=4200, heads=4),
-    dict(head_dim=64, causal=True, batch=2, seqlen=4200, heads=4, q_lengths=[4200, 3001], kv_lengths=[4150, 4200]),
-    dict(head_dim=256, causal=True, batch=2, seqlen=4200, heads=4, heads_kv=2, softcap=8.0),
 ]
 _SCHEDULE_CHILD = """
 import json, sys
@@ -134,27 +127,28 @@ np.savez(sys.argv[3], **results)
 """
 
 
-def _schedule_case(cases, i):
-    """(q, k, v as float32 of bf16 values, flash_attention kwargs) of cases[i] (b4 s1100 h8 unless it says)."""
-    case = dict(cases[i])
-    d, dv, hkv = case.pop("head_dim"), case.pop("value_dim", None), case.pop("heads_kv", None)
-    b, s, h = case.pop("batch", 4), case.pop("seqlen", 1100), case.pop("heads", 8)
+def _schedule_case(i):
+    """(q, k, v as float32 of bf16 values, flash_attention kwargs) of _SCHEDULE_CASES[i]: b4 s1100 h8."""
+    case = dict(_SCHEDULE_CASES[i])
+    d, dv, hkv = case.pop("head_dim"), case.pop("value_dim", None), case.pop("heads_kv", 8)
     rng = np.random.default_rng(1000 + i)
-    shapes = [(b, s, h, d), (b, s, hkv or h, d), (b, s, hkv or h, dv or d)]
-    q, k, v = (tf.cast(tf.constant(rng.standard_normal(x), tf.bfloat16), tf.float32).numpy() for x in shapes)
+    shapes = [(4, 1100, 8, d), (4, 1100, hkv, d), (4, 1100, hkv, dv or d)]
+    q, k, v = (tf.cast(tf.constant(rng.standard_normal(s), tf.bfloat16), tf.float32).numpy() for s in shapes)
     return q, k, v, case
 
 
-def _child_schedule_results(folder, cases, schedule):
-    """The cases' (out, lse) from a child process run with TF_FLASH_SM90_FORWARD_SCHEDULE=schedule."""
-    kwargs_list, arrays = [], {}
-    for i in range(len(cases)):
-        q, k, v, kwargs = _schedule_case(cases, i)
-        kwargs_list.append(kwargs)
+@pytest.fixture(scope="module")
+def per_tile_schedule_results(tmp_path_factory):
+    """The cases' (out, lse) from a child process whose Hopper forward runs a CTA per query tile."""
+    folder = tmp_path_factory.mktemp("schedule")
+    cases, arrays = [], {}
+    for i in range(len(_SCHEDULE_CASES)):
+        q, k, v, kwargs = _schedule_case(i)
+        cases.append(kwargs)
         arrays.update({f"{i}_q": q, f"{i}_k": k, f"{i}_v": v})
-    json.dump(kwargs_list, open(folder / "cases.json", "w"))
+    json.dump(cases, open(folder / "cases.json", "w"))
     np.savez(folder / "inputs.npz", **arrays)
-    env = dict(os.environ, TF_FLASH_SM90_FORWARD_SCHEDULE=schedule)
+    env = dict(os.environ, TF_FLASH_SM90_FORWARD_SCHEDULE="tiles")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", _SCHEDULE_CHILD, str(folder / "cases.json"), str(folder / "inputs.npz"),
                            str(folder / "results.npz")], env=env, cwd=root, capture_output=True, text=True, timeout=600)
@@ -162,22 +156,11 @@ def _child_schedule_results(folder, cases, schedule):
     return np.load(folder / "results.npz")
 
 
-@pytest.fixture(scope="module")
-def per_tile_schedule_results(tmp_path_factory):
-    """_SCHEDULE_CASES from a child process whose Hopper forward runs a CTA per query tile."""
-    return _child_schedule_results(tmp_path_factory.mktemp("schedule"), _SCHEDULE_CASES, "tiles")
-
-
-@pytest.fixture(scope="module")
-def dynamic_schedule_results(tmp_path_factory):
-    """_LONG_CAUSAL_CASES from a child process whose Hopper forward runs them on the dynamic schedule."""
-    return _child_schedule_results(tmp_path_factory.mktemp("dynamic"), _LONG_CAUSAL_CASES, "dynamic")
-
-
-def _assert_same_as_other_schedule(cases, case, other_results):
-    """This process's out and lse for cases[case] bit-identical to the other schedule's, and right against
-    float64."""
-    q, k, v, kwargs = _schedule_case(cases, case)
+@pytest.mark.parametrize("case", range(len(_SCHEDULE_CASES)))
+def test_forward_schedules_give_identical_results(case, per_tile_schedule_results):
+    """Persistent CTAs and a CTA per tile compute each tile alike: bit-identical outputs and lse, and both
+    right against float64."""
+    q, k, v, kwargs = _schedule_case(case)
     before = cuda_kernel_counts()
     with tf.device("/GPU:0"):
         out, lse = tf_flash.flash_attention(*(tf.constant(x, tf.bfloat16) for x in (q, k, v)), return_lse=True,
@@ -185,23 +168,9 @@ def _assert_same_as_other_schedule(cases, case, other_results):
     after = cuda_kernel_counts()
     if _hopper_expected():
         assert after["forward_sm90"] - before["forward_sm90"] == 1, (before, after)
-    np.testing.assert_array_equal(tf.cast(out, tf.float32).numpy(), other_results[f"{case}_out"])
-    np.testing.assert_array_equal(lse.numpy(), other_results[f"{case}_lse"])
+    np.testing.assert_array_equal(tf.cast(out, tf.float32).numpy(), per_tile_schedule_results[f"{case}_out"])
+    np.testing.assert_array_equal(lse.numpy(), per_tile_schedule_results[f"{case}_lse"])
     _assert_output_matches_float64(q, k, v, out, lse, tf.bfloat16, kwargs)
-
-
-@pytest.mark.parametrize("case", range(len(_SCHEDULE_CASES)))
-def test_forward_schedules_give_identical_results(case, per_tile_schedule_results):
-    """Persistent CTAs and a CTA per tile compute each tile alike: bit-identical outputs and lse, and both
-    right against float64."""
-    _assert_same_as_other_schedule(_SCHEDULE_CASES, case, per_tile_schedule_results)
-
-
-@pytest.mark.parametrize("case", range(len(_LONG_CAUSAL_CASES)))
-def test_dynamic_schedule_gives_identical_results(case, dynamic_schedule_results):
-    """Causal attention over 4k+ keys: a CTA per query tile (this process) and persistent CTAs taking their tiles
-    from a counter (the child) compute each tile alike."""
-    _assert_same_as_other_schedule(_LONG_CAUSAL_CASES, case, dynamic_schedule_results)
 
 
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])

@@ -406,7 +406,7 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                    [&](const FlashFwdParams& params, DType compute) {
                      FlashFwdParams launch = params;
                      const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, compute);
-                     if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.workspace));
+                     if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
                    });
 }

@@ -12,8 +12,6 @@
 //   fwd_harness feat           dropout / masks / block-sparse / window cost (bf16, d128)
 //   fwd_harness one d c s      five calls of one shape, for a profiler
 //   fwd_harness one d c s dtype seconds   that shape in bf16 or fp16 back to back for so long: rate and time window
-// The library's run-time switches hold here too: TF_FLASH_CUDA_FAMILY=sm80, TF_FLASH_SM90_FORWARD_SCHEDULE=tiles or
-// dynamic (family.h).
 //
 // Pass criterion (style.md): max |kernel - ref| <= 2 * max |std - ref| + 1e-3, where std is standard
 // attention computed in the input dtype (scores and probabilities rounded to it, fp32 accumulation);
@@ -33,7 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "cc/kernels/cuda/fwd_api.h"
 #include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/mask.h"
@@ -306,12 +303,11 @@ Result run_case(const Case& c, std::mt19937& rng) {
   dp.kv_lengths = c.kvlen ? dkl : nullptr;
   dp.attn_mask.data = reinterpret_cast<const bool*>(dam);
   dp.block_mask.data = reinterpret_cast<const bool*>(dbm);
-  // The forward's workspace (the Hopper family's packed attn_mask or tile counter), poisoned: every byte read must
-  // be written.
+  // The forward's workspace (the Hopper family's packed attn_mask), poisoned: every byte read must be written.
   const int64_t workspace = tf_flash::flash_fwd_cuda_workspace_bytes(dp, dt);
   if (workspace > 0) {
-    CHECK_CUDA(cudaMalloc(&dp.workspace, workspace));
-    CHECK_CUDA(cudaMemset(dp.workspace, 0xFF, workspace));
+    CHECK_CUDA(cudaMalloc(&dp.mask_workspace, workspace));
+    CHECK_CUDA(cudaMemset(dp.mask_workspace, 0xFF, workspace));
   }
 
   Result res{};
@@ -374,7 +370,7 @@ Result run_case(const Case& c, std::mt19937& rng) {
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dql), cudaFree(dkl);
   if (dam) cudaFree(dam);
   if (dbm) cudaFree(dbm);
-  if (dp.workspace) cudaFree(dp.workspace);
+  if (dp.mask_workspace) cudaFree(dp.mask_workspace);
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   return res;
 }
@@ -461,16 +457,15 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back(blocks);
       blocks.name = "block-q64", blocks.block_q = 64, blocks.dropout = 0.f, blocks.softcap = 0.f;
       cs.push_back(blocks);
-      // Causal attention over 4k+ keys with more query tiles than an H100 has SMs (132), GQA and lengths (batch 1
-      // sees no key, so its tiles have no work): a CTA per tile, or with TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic the
-      // counter's waves after the first. Full causal in bf16 at d64 (three consumers) and d128, the float64
-      // reference's time in mind; a window of 200 keys keeps d256's cheap.
+      // More query tiles than an H100 has SMs (132), GQA and lengths (batch 1 sees no key, so its tiles have no
+      // work): causal over 4k+ keys, a CTA per tile (full causal in bf16 at d64, three consumers, and d128, the
+      // float64 reference's time in mind; a window of 200 keys keeps d256's cheap); and persistent CTAs (the
+      // static schedule) whose first tiles have no work (the last query tiles go first), then tiles with work: at
+      // d256, O's epilogue goes through Q's buffer, so the first Q waits for it.
       if (!quick && dt == DType::kBFloat16 && (d == 64 || d == 128))
         cs.push_back({"causal-4k-waves", dt, 2, 4, 2, 4200, 4200, d, d, true, -1, -1, true, true});
       if (!quick && dt == DType::kBFloat16 && d == 256)
         cs.push_back({"window-4k-waves", dt, 2, 4, 2, 4200, 4200, d, d, true, 200, -1, true, true});
-      // Persistent CTAs (the static schedule) whose first tiles have no work (batch 1 sees no key; the last query
-      // tiles go first), then tiles with work: at d256, O's epilogue shares Q's buffer, so the first Q waits for it.
       if (!quick && dt == DType::kBFloat16)
         cs.push_back({"lengths-waves", dt, 2, 4, 2, 4200, 333, d, d, false, -1, -1, true, true});
       if (quick || (d != 64 && d != 128)) continue;
@@ -703,12 +698,10 @@ __attribute__((weak)) int run_fwd_variant(const char*, const tf_flash::FlashFwdP
 namespace {
 
 // The timing modes' tensors: q, k, v and o of `rows` rows of `hidden` 16-bit elements (heads packed in a row),
-// filled with normal-ish data of the dtype, and lse; params() describes one shape over them, with the workspace
-// that the dynamic schedule's tile counter takes (attn_mask's needs its own: flash_fwd_cuda_workspace_bytes).
+// filled with normal-ish data of the dtype, and lse; params() describes one shape over them.
 struct GridTensors {
   uint16_t *q, *k, *v, *o;
   float* lse;
-  void* workspace;
   size_t n;
   GridTensors(size_t rows, int hidden, size_t lse_floats, bool fp16) : n(rows * hidden) {
     CHECK_CUDA(cudaMalloc(&q, n * 2));
@@ -716,12 +709,11 @@ struct GridTensors {
     CHECK_CUDA(cudaMalloc(&v, n * 2));
     CHECK_CUDA(cudaMalloc(&o, n * 2));
     CHECK_CUDA(cudaMalloc(&lse, lse_floats * 4));
-    CHECK_CUDA(cudaMalloc(&workspace, tf_flash::cuda::kTileCounterBytes));
     fill(fp16);
   }
   GridTensors(const GridTensors&) = delete;
   GridTensors& operator=(const GridTensors&) = delete;
-  ~GridTensors() { cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(workspace); }
+  ~GridTensors() { cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse); }
   void fill(bool fp16) const {
     fill_normalish<<<1024, 256>>>(q, n, 1, fp16);
     fill_normalish<<<1024, 256>>>(k, n, 2, fp16);
@@ -732,7 +724,7 @@ struct GridTensors {
   FlashFwdParams params(int b, int s, int h, int d) const {
     const int hidden = h * d;
     FlashFwdParams p;
-    p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse, p.workspace = workspace;
+    p.q = q, p.k = k, p.v = v, p.out = o, p.lse = lse;
     p.batch = b, p.seqlen_q = p.seqlen_k = s, p.num_heads = p.num_heads_kv = h;
     p.head_dim = p.head_dim_v = d;
     p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(s) * hidden;
@@ -841,13 +833,9 @@ int run_feat() {
   std::printf("%-34s %5s %6s %9s %8s\n", "feature (bf16 d128 h16)", "batch", "seqlen", "med_ms", "TFLOP/s*");
   auto report = [&](const char* name, FlashFwdParams p, double density) {
     const int64_t workspace = tf_flash::flash_fwd_cuda_workspace_bytes(p, DType::kBFloat16);
-    void* own = nullptr;  // attn_mask's packed bits (the grid's workspace holds the tile counter only)
-    if (workspace > tf_flash::cuda::kTileCounterBytes) {
-      CHECK_CUDA(cudaMalloc(&own, workspace));
-      p.workspace = own;
-    }
+    if (workspace > 0) CHECK_CUDA(cudaMalloc(&p.mask_workspace, workspace));
     const std::vector<float> ms = time_calls([&] { return tf_flash::flash_fwd_cuda(p, DType::kBFloat16, nullptr); });
-    if (own) CHECK_CUDA(cudaFree(own));
+    if (p.mask_workspace) CHECK_CUDA(cudaFree(p.mask_workspace));
     const double med = ms[ms.size() / 2];
     const double flops = 4.0 * p.batch * double(p.seqlen_q) * p.seqlen_k * h * d * density;
     std::printf("%-34s %5d %6d %9.4f %8.1f\n", name, p.batch, p.seqlen_q, med, flops / (med * 1e-3) / 1e12);

@@ -59,11 +59,10 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
 }
 
 int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& p, DType dtype) {
-  if (dtype == DType::kFloat32 || !cuda::hopper_forward_runs(p)) return 0;
+  if (p.attn_mask.data == nullptr || dtype == DType::kFloat32 || !cuda::hopper_forward_runs(p)) return 0;
   const int head_dim = tf_flash_kernel_headdim(p);
   if (!cuda::hopper_forward_headdim(head_dim) || !cuda::hopper_forward_takes_block_mask(p, head_dim)) return 0;
-  if (p.attn_mask.data != nullptr) return cuda::PackedMaskLayout(p, cuda::MaskPacking::kForward).bytes;
-  return cuda::hopper_forward_dynamic_schedule(p) ? cuda::kTileCounterBytes : 0;
+  return cuda::PackedMaskLayout(p, cuda::MaskPacking::kForward).bytes;
 }
 
 const char* flash_cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }

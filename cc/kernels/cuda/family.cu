@@ -45,18 +45,13 @@ bool hopper_family_allowed() {
 
 int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
-// TF_FLASH_SM90_FORWARD_SCHEDULE as the process first saw it ("" when unset).
-static const char* forward_schedule_choice() {
-  static const char* const choice = [] {
-    const char* value = std::getenv("TF_FLASH_SM90_FORWARD_SCHEDULE");
-    return value == nullptr ? "" : value;
+bool hopper_forward_persistent() {
+  static const bool persistent = [] {
+    const char* choice = std::getenv("TF_FLASH_SM90_FORWARD_SCHEDULE");
+    return choice == nullptr || std::strcmp(choice, "tiles") != 0;
   }();
-  return choice;
+  return persistent;
 }
-
-bool hopper_forward_persistent() { return std::strcmp(forward_schedule_choice(), "tiles") != 0; }
-
-bool hopper_forward_dynamic() { return std::strcmp(forward_schedule_choice(), "dynamic") == 0; }
 
 }  // namespace cuda
 

@@ -20,10 +20,6 @@ int device_sm_count();
 // True unless TF_FLASH_SM90_FORWARD_SCHEDULE=tiles was set when the process first asked: the Hopper
 // forward then launches a CTA per query tile instead of one persistent CTA per SM (comparisons, bisecting).
 bool hopper_forward_persistent();
-// True if TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic was set when the process first asked: causal attention over
-// more than 4k keys (a CTA per query tile by default) then runs persistent CTAs that take their query tiles,
-// heaviest first, from a counter (fwd_launch_sm90.h). Off until measured.
-bool hopper_forward_dynamic();
 
 // Launches by family, for flash_cuda_kernel_counts (launch.h).
 extern std::atomic<int64_t> forward_sm80_launches, forward_sm90_launches, backward_sm80_launches,

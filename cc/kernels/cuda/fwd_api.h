@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include "cc/kernels/cuda/family.h"
 #include "cc/kernels/flash/params.h"
 
 namespace tf_flash {
@@ -16,7 +15,7 @@ namespace cuda {
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 
-// The Hopper family (fwd_kernel_sm90.h), for the head dims below, with attn_mask when params.workspace
+// The Hopper family (fwd_kernel_sm90.h), for the head dims below, with attn_mask when params.mask_workspace
 // holds room for its packed bits (flash_fwd_cuda_workspace_bytes) and block masks of whole tiles only
 // (cuda_entry.cu chooses). Returns cudaErrorNoKernelImageForDevice, launching nothing, when the library holds
 // no sm_90a code for it (or the kernel's table of key tiles, one byte per tile, would not fit in shared
@@ -33,17 +32,6 @@ inline bool hopper_forward_takes_block_mask(const FlashFwdParams& p, int head_di
 }
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& params, cudaStream_t stream);
-// Causal attention over more keys than this runs a CTA per query tile (its tiles differ too much for the
-// static persistent schedule), or with hopper_forward_dynamic() persistent CTAs fed by a tile counter at the start
-// of params.workspace, which the launcher zeroes before the kernel (flash_fwd_cuda_workspace_bytes asks for
-// kTileCounterBytes). Not where a tile table (block masks, attn_mask) gives each CTA one tile.
-inline constexpr int kLongCausalKeys = 4096;
-inline constexpr int64_t kTileCounterBytes = 16;
-inline bool hopper_forward_long_causal(const FlashFwdParams& p) { return p.causal && p.seqlen_k > kLongCausalKeys; }
-inline bool hopper_forward_dynamic_schedule(const FlashFwdParams& p) {
-  return hopper_forward_long_causal(p) && p.block_mask.data == nullptr && p.attn_mask.data == nullptr &&
-         hopper_forward_dynamic();
-}
 
 }  // namespace cuda
 }  // namespace tf_flash

@@ -129,10 +129,6 @@ struct FwdTraitsSm90 {
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
     cutlass::arch::ClusterBarrier barrier_q_free;  // the consumer threads are done with a tile's Q
     typename Pipeline::SharedStorage pipeline_k, pipeline_v;
-    // kDynamicSchedule: the next wave's tile, taken from the counter by the scheduler thread; full: written,
-    // empty: read by the loading thread and every consumer thread.
-    cutlass::arch::ClusterBarrier tile_full, tile_empty;
-    int64_t tile_index;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
@@ -168,30 +164,25 @@ template <class E> struct FwdConfigSm90<256, E> {
 // CTAs running at one time then share. CTA c
 // of `ctas` takes tile c of each wave of `ctas` tiles, counted from the wave's end in odd waves, so that heavy
 // and light tiles even out over the CTAs: a static schedule, with no counter to reset before each launch. With
-// a CTA per tile (ctas == tiles) it is the launch order. The dynamic schedule (kDynamicSchedule) keeps the order
-// but not the assignment: CTA c takes tile c, then whichever CTA is free next takes the next tile of the counter.
+// a CTA per tile (ctas == tiles) it is the launch order.
 struct FwdScheduleSm90 {
   int m_blocks = 1;     // query tiles per (batch, head)
   int num_heads = 1;
   int group_pairs = 1;  // (batch, head) pairs per group
   int64_t tiles = 0;    // m_blocks x batch x heads
-  unsigned long long* tile_counter = nullptr;  // kDynamicSchedule: tiles taken past the first wave (zeroed first)
   struct Tile {
     int m_block, h, b;
   };
   __host__ __device__ int64_t index(int64_t wave, int cta, int ctas) const {
     return wave * ctas + (wave % 2 == 0 ? cta : ctas - 1 - cta);
   }
-  // Tile i in Index arithmetic: int64_t for any schedule; int (inline divisions, where int64_t's are calls whose
-  // registers the dynamic schedule's loading thread does not have) for schedules of fewer than 2^31 tiles.
-  template <class Index>
-  __host__ __device__ Tile tile(Index i) const {
-    const Index group_tiles = Index(group_pairs) * m_blocks;
-    const Index group = i / group_tiles, r = i - group * group_tiles;
-    const Index pairs_left = Index(tiles) / m_blocks - group * group_pairs;
-    const Index pairs_here = pairs_left < group_pairs ? pairs_left : group_pairs;
-    const Index m_rank = r / pairs_here;
-    const Index pair = group * group_pairs + (r - m_rank * pairs_here);
+  __host__ __device__ Tile tile(int64_t i) const {
+    const int64_t group_tiles = int64_t(group_pairs) * m_blocks;
+    const int64_t group = i / group_tiles, r = i - group * group_tiles;
+    const int64_t pairs_left = tiles / m_blocks - group * group_pairs;
+    const int64_t pairs_here = pairs_left < group_pairs ? pairs_left : group_pairs;
+    const int64_t m_rank = r / pairs_here;
+    const int64_t pair = group * group_pairs + (r - m_rank * pairs_here);
     return Tile{int(m_blocks - 1 - m_rank), int(pair % num_heads), int(pair / num_heads)};
   }
 };
@@ -271,10 +262,6 @@ __device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
   return cute::make_tensor(cute::make_smem_ptr(ptr), layout);
 }
 
-// Orders the compiler's memory accesses around inline asm that declares no memory effects (CUTLASS's mbarrier
-// arrive and wait); the mbarrier's own release / acquire semantics order them in the hardware.
-__device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
-
 // Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
 // waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
 template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
@@ -353,10 +340,8 @@ __device__ __forceinline__ void tma_store_wait_writes() { asm volatile("cp.async
 // ping-pong turns and Q's barrier carry on from tile to tile, so the producer loads the next tile's first K
 // (and, once the consumers are done with Q, its Q) while the consumers finish a tile, and a tile's O store
 // overlaps the next tile's work. With a tile table (block masks, attn_mask) the launcher gives each CTA one
-// tile (the table is made before the roles split). kDynamicSchedule: after the first wave a scheduler thread of
-// the producer warpgroup takes each next tile from schedule.tile_counter, one ahead, and hands its index to the
-// loading thread and the consumers through shared memory (the loading thread's 24 registers have no room for it).
-template <class Traits, bool kGeneral, bool kAttnMask = false, bool kDynamicSchedule = false>
+// tile (the table is made before the roles split).
+template <class Traits, bool kGeneral, bool kAttnMask = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -386,10 +371,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   };
   // The attn_mask variant always has a tile table, so one tile per CTA (the loops then carry nothing over).
   constexpr int kMaxWaves = kAttnMask ? 1 : std::numeric_limits<int>::max();
-  static_assert(!(kDynamicSchedule && kAttnMask), "a tile table gives each CTA one tile");
-  auto tile_work = [&](int64_t i, TileWork& w) {  // tile i of the schedule; false past the last tile
+  auto tile_work = [&](int wave, TileWork& w) {  // false once this CTA has no more tiles
+    const int64_t i = schedule.index(wave, cta, ctas);
     if (i >= schedule.tiles) return false;
-    const FwdScheduleSm90::Tile t = kDynamicSchedule ? schedule.tile(int(i)) : schedule.tile(i);
+    const FwdScheduleSm90::Tile t = schedule.tile(i);
     w.m_block = t.m_block;
     w.h = t.h;
     w.b = t.b;
@@ -399,21 +384,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     w.m0 = int64_t(t.m_block) * kBlockM;
     w.keys = query_tile_keys(p, w.m0, kBlockM, kBlockN, w.q_len, w.kv_len);
     return true;
-  };
-  // The tile of this CTA's wave: the static schedule's, or (kDynamicSchedule) this CTA's own in the first wave and
-  // then the scheduler thread's, which the loading thread and each consumer thread read once a wave.
-  auto wave_tile = [&](int wave) -> int64_t {
-    if constexpr (kDynamicSchedule) {
-      if (wave == 0) return cta;
-      shared.tile_full.wait((wave - 1) % 2);
-      compiler_fence();  // CUTLASS's barrier asm declares no memory effects: keep the load after the wait
-      const int64_t i = shared.tile_index;
-      compiler_fence();
-      shared.tile_empty.arrive();
-      return i;
-    } else {
-      return schedule.index(wave, cta, ctas);
-    }
   };
 
   // The tile table (the general variant of the 128-row tiles): one byte per key tile, TileState, made once per
@@ -432,10 +402,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   uint32_t* const seen_words = reinterpret_cast<uint32_t*>(smem_buf + sizeof(typename Traits::SharedStorage));
   uint8_t* const tile_state = reinterpret_cast<uint8_t*>(seen_words + kSeenWords);
   TileWork first;
-  if (has_table && tile_work(schedule.index(0, cta, ctas), first)) {
+  if (has_table && tile_work(0, first)) {
     const PackedMaskLayout layout(p, MaskPacking::kForward);
-    const uint8_t* summary = static_cast<const uint8_t*>(p.workspace) + layout.summary_offset;
-    const uint8_t* value_flags = static_cast<const uint8_t*>(p.workspace) + layout.value_flags_offset;
+    const uint8_t* summary = static_cast<const uint8_t*>(p.mask_workspace) + layout.summary_offset;
+    const uint8_t* value_flags = static_cast<const uint8_t*>(p.mask_workspace) + layout.value_flags_offset;
     const int64_t plane = layout.plane(first.b, first.h);
     const int64_t m0 = first.m0;
     const int64_t group_begin = layout.rows > 1 ? m0 / kMaskRowGroup : 0;
@@ -483,10 +453,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     cute::prefetch_tma_descriptor(args.tma_o.get_tma_descriptor());
     shared.barrier_q.init(1);
     shared.barrier_q_free.init(kMmaThreads);
-    if constexpr (kDynamicSchedule) {
-      shared.tile_full.init(1);
-      shared.tile_empty.init(kMmaThreads + 1);
-    }
   }
   const auto pipeline_params = tma_pipeline_params<Pipeline>(Traits::kTmaBytesKV, kMmaThreads);
   Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
@@ -497,19 +463,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // ---- Producer: one thread issues every copy; K of tile j goes out before V of tile j + 1, the order
     // in which the consumers need them ----
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if constexpr (kDynamicSchedule) {
-      if (threadIdx.x == 32) {  // the scheduler: takes each wave's tile once the last one's index was read
-        for (int handoff = 0;; ++handoff) {
-          if (handoff > 0) shared.tile_empty.wait((handoff - 1) % 2);
-          const int64_t i = int64_t(ctas) + int64_t(atomicAdd(schedule.tile_counter, 1ull));
-          compiler_fence();
-          shared.tile_index = i;
-          compiler_fence();
-          shared.tile_full.arrive();  // release: the index is visible to whoever waits on this phase
-          if (i >= schedule.tiles) return;
-        }
-      }
-    }
     if (threadIdx.x != 0) return;
     Tensor mQ = args.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.num_heads, p.batch));
     Tensor mK = args.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.num_heads_kv, p.batch));
@@ -522,7 +475,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     int q_free_waits = 0;
     bool q_buffer_used = false;
     TileWork w;
-    for (int wave = 0; wave < kMaxWaves && tile_work(wave_tile(wave), w); ++wave) {
+    for (int wave = 0; wave < kMaxWaves && tile_work(wave, w); ++wave) {
       const int n_block_min = w.keys.tile_begin;
       const int n_first = next_tile(w.keys.tile_end, n_block_min);
       const bool has_work = n_first >= n_block_min;
@@ -605,7 +558,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // barrier_q_free: each consumer thread arrives once per tile with work, once done with its Q (and with
     // O, where O is in Q's buffer); the producer waits for that before loading the next Q.
     TileWork w;
-    for (int wave = 0; wave < kMaxWaves && tile_work(wave_tile(wave), w); ++wave) {
+    for (int wave = 0; wave < kMaxWaves && tile_work(wave, w); ++wave) {
       const int h = w.h, b = w.b;
       const int64_t q_len = w.q_len, kv_len = w.kv_len, m0 = w.m0;
       const KeyRange first_row = w.keys.first_row, last_row = w.keys.last_row;
@@ -629,7 +582,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
           const int64_t row = m0 + get<0>(cS_rc(mi, 0));
-          mask_words[mi] = static_cast<const uint32_t*>(p.workspace) +
+          mask_words[mi] = static_cast<const uint32_t*>(p.mask_workspace) +
                            layout.word_index(layout.plane(b, h), row < p.seqlen_q ? row : 0, 0, mma_tidx % 4);
         }
       }

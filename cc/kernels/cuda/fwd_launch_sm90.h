@@ -94,48 +94,28 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
     if (smem + table_bytes > max_smem) return cudaErrorNoKernelImageForDevice;
     smem += int(table_bytes);
     if (p.attn_mask.data != nullptr) {
-      err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.workspace,
+      err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.mask_workspace,
                                 std::is_same_v<Element, cutlass::bfloat16_t>, stream);
       // Invalid: no workspace, or a grid too large for the pass: the sm_80 family runs it.
       if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
       if (err != cudaSuccess) return err;
     }
   }
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
   // One CTA per SM (the kernel holds all of an SM's registers), each running its share of the query tiles, or a
   // CTA per tile, which the hardware hands out as CTAs finish: where the kernel makes a tile table (once per CTA),
   // with TF_FLASH_SM90_FORWARD_SCHEDULE=tiles, and under a causal mask over more than 4k keys, whose tiles differ
-  // too much for the static schedule (bf16 d128 16k: 368 against 483 TFLOP/s); there, with
-  // TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic, a CTA per SM again, each taking its next tile from a counter in the
-  // workspace (kDynamicSchedule; not yet measured, so not the default). Measured on the H100
+  // too much for the static schedule (bf16 d128 16k: 368 against 483 TFLOP/s). Measured on the H100
   // (benchmarks/results/tf_gpu_round15/): persistent CTAs gain most where tiles are short (d128 512 / 1k
   // tokens: 381 / 456 against 345 / 439 before them), and with them query tiles go head after head (heads
   // grouped for L2 cost up to 7% at d128 4k); a CTA per causal tile goes in the L2 groups (d256 8k: 550 against
   // 510 head after head).
   const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
-  const bool persistent =
-      !tile_table && !hopper_forward_long_causal(p) && hopper_forward_persistent() && device_sm_count() > 0;
+  const bool long_causal = p.causal && p.seqlen_k > 4096;
+  const bool persistent = !tile_table && !long_causal && hopper_forward_persistent() && device_sm_count() > 0;
   args.schedule = make_fwd_schedule<Traits>(p, /*by_l2=*/p.causal && !persistent);
-  auto has_dynamic_code = [] {  // asked only where the schedule is chosen, not on every process's first launch
-    static const bool has_code = has_sm90a_code(&flash_fwd_kernel_sm90<Traits, false, false, true>) &&
-                                 has_sm90a_code(&flash_fwd_kernel_sm90<Traits, true, false, true>);
-    return has_code;
-  };
-  // Without the workspace (a caller that did not ask flash_fwd_cuda_workspace_bytes): a CTA per tile.
-  const bool dynamic = hopper_forward_dynamic_schedule(p) && p.workspace != nullptr && device_sm_count() > 0 &&
-                       args.schedule.tiles <= INT32_MAX && has_dynamic_code();  // tile<int>'s indices
-  if (dynamic) {
-    kernel = general ? &flash_fwd_kernel_sm90<Traits, true, false, true>
-                     : &flash_fwd_kernel_sm90<Traits, false, false, true>;
-  }
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  if (dynamic) {
-    err = cudaMemsetAsync(p.workspace, 0, sizeof(unsigned long long), stream);
-    if (err != cudaSuccess) return err;
-    args.schedule.tile_counter = static_cast<unsigned long long*>(p.workspace);
-  }
-  const int64_t ctas = persistent || dynamic ? std::min<int64_t>(args.schedule.tiles, device_sm_count())
-                                             : args.schedule.tiles;
+  const int64_t ctas = persistent ? std::min<int64_t>(args.schedule.tiles, device_sm_count()) : args.schedule.tiles;
   if (ctas > std::numeric_limits<int>::max()) return cudaErrorNoKernelImageForDevice;  // the sm_80 family runs it
   kernel<<<dim3(unsigned(ctas)), Traits::kNThreads, smem, stream>>>(args);
   return cudaGetLastError();

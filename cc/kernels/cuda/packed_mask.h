@@ -1,5 +1,5 @@
 // attn_mask as the Hopper kernels read it: one bit per entry, packed by a pass that runs before each kernel
-// into device memory of the caller's (the forward's FlashFwdParams::workspace, sized by
+// into device memory of the caller's (the forward's FlashFwdParams::mask_workspace, sized by
 // flash_fwd_cuda_workspace_bytes; the backward's scratch, bwd_launch.h). The sm_80 family reads the boolean
 // mask itself, a byte per entry staged through shared memory: what cost it 3-10x its unmasked time
 // (benchmarks/results/tf_gpu_round12/); here a consumer thread loads one word per row of its accumulator and

@@ -35,8 +35,8 @@ namespace cuda {
 std::string check_supported(const FlashFwdParams& params, DType dtype, Direction direction);
 }  // namespace cuda
 int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params, DType dtype);
-// Bytes of device memory the forward wants in params.workspace (0: none), for the kernel family that
-// will run it on the current device: the Hopper forward's packed attn_mask (a bit per entry), or its tile counter.
+// Bytes of device memory the forward wants in params.mask_workspace (0: none), for the kernel family that
+// will run it on the current device: the Hopper forward's packed attn_mask (a bit per entry).
 int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& params, DType dtype);
 // Return a cudaError_t as int (0 = success) so this header needs no CUDA include. float32 runs on the
 // full-float32 kernels (CUDA cores; what params.allow_tf32 false asks for); float16 and bfloat16 on the

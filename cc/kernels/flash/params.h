@@ -72,10 +72,9 @@ struct FlashFwdParams {
   bool allow_tf32 = true;
 
   // Device memory of flash_fwd_cuda_workspace_bytes (launch.h), when that asks for some: the Hopper forward
-  // packs attn_mask there before it runs (cc/kernels/cuda/packed_mask.h), or keeps the tile counter of its
-  // dynamic schedule there (cuda/fwd_api.h). Without it that forward leaves element masks to the sm_80 family
-  // and runs the counter's work a CTA per tile.
-  void* workspace = nullptr;
+  // packs attn_mask there before it runs (cc/kernels/cuda/packed_mask.h). Without it that forward leaves
+  // element masks to the sm_80 family.
+  void* mask_workspace = nullptr;
 };
 
 struct FlashBwdParams : FlashFwdParams {
