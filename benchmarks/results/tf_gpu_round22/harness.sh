@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Round 22 in the CUDA harness, prepared in round 21 and NOT RUN yet (one device command, no TensorFlow):
+# Round 22 in the CUDA harness, prepared in round 21, run in session 22 (results: README.md beside it; the dynamic
+# schedule was removed after it). One device command, no TensorFlow:
 # the dynamic schedule of the Hopper forward (TF_FLASH_SM90_FORWARD_SCHEDULE=dynamic: causal attention over more
 # than 4k keys on persistent CTAs that take their query tiles from a counter, where the default runs a CTA per
 # tile). One build serves both (the variable is read at run time): the forward tests under each (the new cases
