@@ -555,8 +555,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     PipelineState read;  // the K/V ring, carried across query tiles
     int q_loads = 0;     // query tiles of this CTA with work so far: barrier_q's phase
-    // barrier_q_free: each consumer thread arrives once per tile with work, once done with its Q (and with
-    // O, where O is in Q's buffer); the producer waits for that before loading the next Q.
+    // barrier_q_free: each consumer thread arrives once done with a tile's Q (after its last P V), or, where O
+    // goes through Q's buffer, at the start of each tile with work but the CTA's first tile, once the stores of
+    // the tiles before have read the buffer; the producer waits for that before loading the next Q.
     TileWork w;
     for (int wave = 0; wave < kMaxWaves && tile_work(wave, w); ++wave) {
       const int h = w.h, b = w.b;
