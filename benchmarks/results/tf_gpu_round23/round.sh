@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Round 23 through TensorFlow, prepared in session 22 and NOT RUN yet (after the six stash calls, device commands back
+# Round 23 through TensorFlow, prepared in session 22 and NOT RUN yet (harness.sh beside it first, no stash; then the
+# six stash calls and these, device commands back
 # to back; round 22's timings: the library build 200 s, the family + op suites 300 s, four Keras steps 250 s):
 #   round.sh a  build the library; the schedule tests first (test_kernel_family.py -k schedules: round 22's new d256
 #               case, a CTA whose first tiles have no work, persistent against a CTA per tile, never run on a GPU);

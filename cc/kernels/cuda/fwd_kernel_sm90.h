@@ -51,6 +51,13 @@
 #ifndef TF_FLASH_SM90_REBUILD_DESCRIPTORS
 #define TF_FLASH_SM90_REBUILD_DESCRIPTORS 0
 #endif
+// 1: where O has a buffer of its own, the consumers free Q's buffer once a tile's last S = Q K^T is done rather than
+// after its last P V, so that the next tile's Q loads during that tile's last softmax, P V and epilogue; an A/B
+// switch, 0 unless set, until measured. round 18's ncu of the d128 forward at 4k (2048 tiles of 32 key tiles): the
+// consumers' wait for Q at a tile's start took 1.4% of the samples (benchmarks/results/tf_gpu_round22/README.md).
+#ifndef TF_FLASH_SM90_EARLY_Q_RELEASE
+#define TF_FLASH_SM90_EARLY_Q_RELEASE 0
+#endif
 
 namespace tf_flash {
 namespace cuda {
@@ -352,6 +359,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // Two register buffers of P (see the consumers' loop) where the registers allow: two consumers (240 each) at
   // head dims up to 128, in the plain variant (bytes of spills with two buffers: d256 plain 192, d128 with dropout
   // or masks more than with one).
+  // (Not with attn_mask: its CTAs run one tile each.)
+  constexpr bool kEarlyQRelease = TF_FLASH_SM90_EARLY_Q_RELEASE && Traits::kOwnOutputBuffer && !kAttnMask;
   constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
                                   kHeadDim <= 128 && !kGeneral && !kAttnMask;
   using Pipeline = typename Traits::Pipeline;
@@ -555,9 +564,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     PipelineState read;  // the K/V ring, carried across query tiles
     int q_loads = 0;     // query tiles of this CTA with work so far: barrier_q's phase
-    // barrier_q_free: each consumer thread arrives once done with a tile's Q (after its last P V), or, where O
-    // goes through Q's buffer, at the start of each tile with work but the CTA's first tile, once the stores of
-    // the tiles before have read the buffer; the producer waits for that before loading the next Q.
+    // barrier_q_free: each consumer thread arrives once done with a tile's Q (after its last P V, or with
+    // kEarlyQRelease its last S), or, where O goes through Q's buffer, at the start of each tile with work but the
+    // CTA's first tile, once the stores of the tiles before have read the buffer; the producer waits for that
+    // before loading the next Q.
     TileWork w;
     for (int wave = 0; wave < kMaxWaves && tile_work(wave, w); ++wave) {
       const int h = w.h, b = w.b;
@@ -663,6 +673,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ++q_loads;
 
         auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
+        // kEarlyQRelease: after the S of `tile`, the tile's last S: the producer may load the next tile's Q.
+        auto release_q_after_last_scores = [&](int tile) __attribute__((always_inline)) {
+          if constexpr (kEarlyQRelease) {
+            if (next_tile(tile, n_block_min) < n_block_min) shared.barrier_q_free.arrive();
+          }
+        };
         // The keys some valid row of this warp sees in the masked scores (bit ni: column ni of lane % 4), one word
         // per lane % 4 into seen_words, for zero_values_no_row_sees. Rows past q_len do not count: their mask rows
         // may show keys no query sees. (A score -inf from the inputs counts as unseen: its P is 0 for every row,
@@ -733,6 +749,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_gemm<true>(mma_qk, q_operand(), tSrK(_, _, _, read.index()), tSrS);
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
+        release_q_after_last_scores(n);
         softmax_of_tile(n, true, state, bits);
         probabilities_to_operand(n, tOrP);
 
@@ -774,6 +791,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             pv_in_flight = true;
             warpgroup_wait<1>();  // S done
             pipeline_k.consumer_release(read);
+            release_q_after_last_scores(tile);
             softmax_of_tile(tile, false, state, bits);
             probabilities_to_operand(tile, p_next);
             n_prev = tile;
@@ -802,6 +820,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
             warpgroup_wait<1>();  // S done
             pipeline_k.consumer_release(read);
+            release_q_after_last_scores(n);
             softmax_of_tile(n, false, state, bits);
             warpgroup_wait<0>();  // P V done
             pipeline_v.consumer_release(read_v);
@@ -816,7 +835,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_wait<0>();
         pipeline_v.consumer_release(read);
         ++read;
-        if constexpr (Traits::kOwnOutputBuffer) shared.barrier_q_free.arrive();  // the producer may load the next Q
+        if constexpr (Traits::kOwnOutputBuffer && !kEarlyQRelease) shared.barrier_q_free.arrive();  // the next Q may load
       }
 
       // ---- Epilogue: normalize, lse, then O through shared memory to this consumer's TMA store ----
