@@ -2,7 +2,7 @@
 # Round 23 in the CUDA harness, prepared in session 22 and NOT RUN yet (one device command, no TensorFlow; run it
 # first, then the stash and round.sh): TF_FLASH_SM90_EARLY_Q_RELEASE=1 (fwd_kernel_sm90.h: where O has its own
 # buffer, d64 and d128, the consumers free Q's buffer after a tile's last S instead of its last P V, so that the next
-# tile's Q loads during the last softmax, P V and epilogue; round 18's ncu at d128 4k put 1.4% of the samples on the
+# tile's Q loads during the last softmax, P V and epilogue; round 18's ncu at d128 4k put 1.3% of the samples on the
 # consumers' wait for Q). The four d64 / d128 objects rebuilt with it into a copy of the default build; the forward
 # tests on the variant (the persistent cases: lengths-waves, gqa, the schedule shapes), racecheck on lengths-waves,
 # then `bench 64 128` interleaved three times. Expected: +1-1.5% at 4k, less at 16k (same tile count, 4x the

@@ -54,7 +54,7 @@
 // 1: where O has a buffer of its own, the consumers free Q's buffer once a tile's last S = Q K^T is done rather than
 // after its last P V, so that the next tile's Q loads during that tile's last softmax, P V and epilogue; an A/B
 // switch, 0 unless set, until measured. round 18's ncu of the d128 forward at 4k (2048 tiles of 32 key tiles): the
-// consumers' wait for Q at a tile's start took 1.4% of the samples (benchmarks/results/tf_gpu_round22/README.md).
+// consumers' wait for Q at a tile's start took 1.3% of the samples (benchmarks/results/tf_gpu_round22/README.md).
 #ifndef TF_FLASH_SM90_EARLY_Q_RELEASE
 #define TF_FLASH_SM90_EARLY_Q_RELEASE 0
 #endif
