@@ -5,6 +5,8 @@
 #   ncu_bwd BIN NAME SHAPE...           ncu of one Hopper backward (bench1 SHAPE): summary and per-instruction samples
 #   bwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/bwdbench_KIND_RUN.txt, ratios to the first kind
 #   with_tf                             (TF rounds, after the stash) the library built, TensorFlow's environment set
+#   build_fwd DIR                       the forward harness (sm_90a, no tile variants) into DIR, log in $OUT
+#   model_step NAME MODE LENGTH         (TF rounds) one bench_model.py process, its line appended to $OUT/steps.txt
 #   variant_fwd FROM TO "FLAGS" "FILES"  a copy of a forward harness build (tests/cuda_harness/build.sh, sm_90a) with
 #                                       FILES (instantiation .cu names) recompiled with FLAGS, relinked
 #   fwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/fwdbench_KIND_RUN.txt, ratios to the first kind
@@ -70,6 +72,18 @@ PY
 }
 bwd_summary() { bench_summary bwd "$1" "$2"; }
 fwd_summary() { bench_summary fwd "$1" "$2"; }
+build_fwd() {
+  cutlass_headers
+  ARCHS=90a VARIANTS=0 JOBS=16 "$root/tests/cuda_harness/build.sh" "$root/$1" > "$OUT/$(basename $1)_build.log" 2>&1 ||
+    { tail -20 "$OUT/$(basename $1)_build.log"; return 1; }
+}
+model_step() {  # the Keras training step: FlashMHA or Keras' MHA at one length, 4 blocks (bench_model.py's defaults)
+  mkdir -p "/tmp/models/$1"
+  timeout 110 python3 "$root/benchmarks/bench_model.py" --out-dir "/tmp/models/$1" --modes "$2" --lengths "$3" \
+    --xla-autotune-cache /tmp/xla_cache --time-limit 100 > "/tmp/models/$1.log" 2>&1
+  echo "$1: $(grep -E "$2 .*ms/step" "/tmp/models/$1.log" | cut -c1-150)" | tee -a "$OUT/steps.txt"
+  tar -czf "$OUT/models.tgz" -C /tmp models
+}
 variant_fwd() {
   cutlass_headers
   rm -rf "$root/$2" && cp -r "$root/$1" "$root/$2"

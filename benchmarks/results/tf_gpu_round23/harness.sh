@@ -16,9 +16,7 @@ export OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 source benchmarks/results/round_lib.sh
 start=$(date +%s)
-cutlass_headers
-ARCHS=90a VARIANTS=0 JOBS=16 tests/cuda_harness/build.sh build/fwd_base > "$OUT/fwd_base_build.log" 2>&1 ||
-  { tail -20 "$OUT/fwd_base_build.log"; exit 1; }
+build_fwd build/fwd_base || exit 1
 variant_fwd build/fwd_base build/fwd_early "-DTF_FLASH_SM90_EARLY_Q_RELEASE=1" \
   "flash_fwd_sm90_bf16_hdim64.cu flash_fwd_sm90_fp16_hdim64.cu flash_fwd_sm90_bf16_hdim128.cu flash_fwd_sm90_fp16_hdim128.cu"
 grep -c "spill" "$OUT/fwd_early_build.log"

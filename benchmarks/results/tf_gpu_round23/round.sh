@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 root=$PWD
 export OUT="${OUT:-/tmp/out}"
-source benchmarks/results/round_lib.sh  # with_tf
+source benchmarks/results/round_lib.sh  # with_tf, model_step
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
 case "${1:?a, b or c}" in
@@ -30,16 +30,9 @@ case "${1:?a, b or c}" in
   b) bash scripts/gpu_round.sh device family test 2>&1 | grep -E "gpu_round|passed|failed|FAILED|Error" | head -30
      echo "total $(elapsed)s" ;;
   c) with_tf
-     step() {  # step NAME MODE LENGTH: one bench_model.py process
-       mkdir -p "/tmp/models/$1"
-       timeout 110 python3 benchmarks/bench_model.py --out-dir "/tmp/models/$1" --modes "$2" --lengths "$3" \
-         --xla-autotune-cache /tmp/xla_cache --time-limit 100 > "/tmp/models/$1.log" 2>&1
-       echo "$1 [$(elapsed)s]: $(grep -E "$2 .*ms/step" "/tmp/models/$1.log" | cut -c1-150)" | tee -a "$OUT/steps.txt"
-       tar -czf "$OUT/models.tgz" -C /tmp models
-     }
-     step flash_4096 flash_mha_auto 4096
-     step keras_4096 keras_mha_xla 4096
-     step flash_1024 flash_mha_auto 1024
-     step keras_1024 keras_mha_xla 1024
+     model_step flash_4096 flash_mha_auto 4096
+     model_step keras_4096 keras_mha_xla 4096
+     model_step flash_1024 flash_mha_auto 1024
+     model_step keras_1024 keras_mha_xla 1024
      echo "total $(elapsed)s" ;;
 esac

@@ -356,11 +356,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kMmaThreads = Traits::kMmaThreads;
+  // TF_FLASH_SM90_EARLY_Q_RELEASE where O has its own buffer; not with attn_mask, whose CTAs run one tile each.
+  constexpr bool kEarlyQRelease = TF_FLASH_SM90_EARLY_Q_RELEASE && Traits::kOwnOutputBuffer && !kAttnMask;
   // Two register buffers of P (see the consumers' loop) where the registers allow: two consumers (240 each) at
   // head dims up to 128, in the plain variant (bytes of spills with two buffers: d256 plain 192, d128 with dropout
   // or masks more than with one).
-  // (Not with attn_mask: its CTAs run one tile each.)
-  constexpr bool kEarlyQRelease = TF_FLASH_SM90_EARLY_Q_RELEASE && Traits::kOwnOutputBuffer && !kAttnMask;
   constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
                                   kHeadDim <= 128 && !kGeneral && !kAttnMask;
   using Pipeline = typename Traits::Pipeline;
@@ -673,7 +673,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ++q_loads;
 
         auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
-        // kEarlyQRelease: after the S of `tile`, the tile's last S: the producer may load the next tile's Q.
+        // kEarlyQRelease: called once the S of key tile `tile` is done; after the last one Q's buffer is free, and
+        // the producer may load the next query tile's Q.
         auto release_q_after_last_scores = [&](int tile) __attribute__((always_inline)) {
           if constexpr (kEarlyQRelease) {
             if (next_tile(tile, n_block_min) < n_block_min) shared.barrier_q_free.arrive();
