@@ -302,8 +302,9 @@ struct OnlineSoftmax {
 
   // update() in two steps, for a kernel whose O accumulator is still being written by an asynchronous GEMM
   // when the scores arrive (the Hopper forward): the new running max and each row's correction factor for
-  // O (applied by the caller once its GEMM is done), then the exponentials, always as (s - max) * scale_log2
-  // (kFmaExponentLimit), and the running sum. Rows may be entirely -inf.
+  // O (applied by the caller once its GEMM is done), then the exponentials and the running sum. kVote: one FMA
+  // per score unless some row of the warp passes kFmaExponentLimit (update()'s vote); else always as
+  // (s - max) * scale_log2. Rows may be entirely -inf.
   template <class Scores>
   __device__ __forceinline__ void rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
                                               bool first) {
@@ -314,12 +315,12 @@ struct OnlineSoftmax {
       row_max[mi] = mx;
     }
   }
-  template <class Scores>
+  template <bool kVote, class Scores>
   __device__ __forceinline__ void exponentiate(Scores& s, const float (&correction)[kRows], float scale_log2) {
     float ref[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) ref[mi] = reference(row_max[mi]);
-    exponentiate_rows(s, ref, correction, scale_log2, /*shift=*/true);
+    exponentiate_rows(s, ref, correction, scale_log2, /*shift=*/kVote ? any_large(ref, scale_log2) : true);
   }
 };
 

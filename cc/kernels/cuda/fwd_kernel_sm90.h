@@ -51,12 +51,17 @@
 #ifndef TF_FLASH_SM90_REBUILD_DESCRIPTORS
 #define TF_FLASH_SM90_REBUILD_DESCRIPTORS 0
 #endif
-// 1: where O has a buffer of its own, the consumers free Q's buffer once a tile's last S = Q K^T is done rather than
-// after its last P V, so that the next tile's Q loads during that tile's last softmax, P V and epilogue; an A/B
-// switch, 0 unless set, until measured. round 18's ncu of the d128 forward at 4k (2048 tiles of 32 key tiles): the
-// consumers' wait for Q at a tile's start took 1.3% of the samples (benchmarks/results/tf_gpu_round22/README.md).
-#ifndef TF_FLASH_SM90_EARLY_Q_RELEASE
-#define TF_FLASH_SM90_EARLY_Q_RELEASE 0
+// 1: the plain variant (no soft-capping, dropout, block masks or attn_mask) exponentiates with one FMA per score
+// unless a row of the warp passes kFmaExponentLimit (fwd_kernel.h: a warp vote per tile, as the sm_80 family),
+// instead of always (s - max) * scale_log2: one floating-point instruction fewer per score, where round 23's ncu
+// of the d64 forward found FADD and FMUL 40% of the instructions (an A/B switch until measured).
+#ifndef TF_FLASH_SM90_EXPONENT_VOTE
+#define TF_FLASH_SM90_EXPONENT_VOTE 0
+#endif
+// The K/V stages of the d64 forward's three-consumer tiles (192 x 128); an A/B switch for measurements. Its stages
+// are 32 KB; what a K/V tile feeds three consumers is short, so the ring may need more depth than two stages.
+#ifndef TF_FLASH_SM90_D64_STAGES
+#define TF_FLASH_SM90_D64_STAGES 2
 #endif
 
 namespace tf_flash {
@@ -153,7 +158,7 @@ struct FwdTraitsSm90 {
 // 315).
 template <int kHeadDim, class Element> struct FwdConfigSm90;
 template <class E> struct FwdConfigSm90<64, E> {
-  using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
+  using Traits = FwdTraitsSm90<64, 128, TF_FLASH_SM90_D64_STAGES, E, 3>;
   using BandedTraits = FwdTraitsSm90<64, 128, 2, E, 2>;
 };
 template <class E> struct FwdConfigSm90<128, E> {
@@ -356,13 +361,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kMmaThreads = Traits::kMmaThreads;
-  // TF_FLASH_SM90_EARLY_Q_RELEASE where O has its own buffer; not with attn_mask, whose CTAs run one tile each.
-  constexpr bool kEarlyQRelease = TF_FLASH_SM90_EARLY_Q_RELEASE && Traits::kOwnOutputBuffer && !kAttnMask;
   // Two register buffers of P (see the consumers' loop) where the registers allow: two consumers (240 each) at
   // head dims up to 128, in the plain variant (bytes of spills with two buffers: d256 plain 192, d128 with dropout
   // or masks more than with one).
   constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
                                   kHeadDim <= 128 && !kGeneral && !kAttnMask;
+  constexpr bool kExponentVote = TF_FLASH_SM90_EXPONENT_VOTE && !kGeneral && !kAttnMask;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -564,10 +568,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     PipelineState read;  // the K/V ring, carried across query tiles
     int q_loads = 0;     // query tiles of this CTA with work so far: barrier_q's phase
-    // barrier_q_free: each consumer thread arrives once done with a tile's Q (after its last P V, or with
-    // kEarlyQRelease its last S), or, where O goes through Q's buffer, at the start of each tile with work but the
-    // CTA's first tile, once the stores of the tiles before have read the buffer; the producer waits for that
-    // before loading the next Q.
+    // barrier_q_free: each consumer thread arrives once done with a tile's Q (after its last P V), or, where O
+    // goes through Q's buffer, at the start of each tile with work but the CTA's first tile, once the stores of
+    // the tiles before have read the buffer; the producer waits for that before loading the next Q. (Freeing it
+    // after a tile's last S instead, so that the next Q loads during the last softmax and P V, measured even at
+    // d64 and d128: benchmarks/results/tf_gpu_round23/.)
     TileWork w;
     for (int wave = 0; wave < kMaxWaves && tile_work(wave, w); ++wave) {
       const int h = w.h, b = w.b;
@@ -673,13 +678,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ++q_loads;
 
         auto tile_masked = [&](int n) { return !(n < hi_unmasked && n >= lo_unmasked); };
-        // kEarlyQRelease: called once the S of key tile `tile` is done; after the last one Q's buffer is free, and
-        // the producer may load the next query tile's Q.
-        auto release_q_after_last_scores = [&](int tile) __attribute__((always_inline)) {
-          if constexpr (kEarlyQRelease) {
-            if (next_tile(tile, n_block_min) < n_block_min) shared.barrier_q_free.arrive();
-          }
-        };
         // The keys some valid row of this warp sees in the masked scores (bit ni: column ni of lane % 4), one word
         // per lane % 4 into seen_words, for zero_values_no_row_sees. Rows past q_len do not count: their mask rows
         // may show keys no query sees. (A score -inf from the inputs counts as unseen: its P is 0 for every row,
@@ -722,7 +720,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (state & kTileValuesNonFinite) publish_seen_keys();
           }
           softmax.rescale_max(s_rc, correction, scale_log2, first_tile);
-          softmax.exponentiate(s_rc, correction, scale_log2);
+          softmax.template exponentiate<kExponentVote>(s_rc, correction, scale_log2);
         };
         // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
         auto probabilities_to_operand = [&](int n, auto& rP) __attribute__((always_inline)) {
@@ -750,7 +748,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_gemm<true>(mma_qk, q_operand(), tSrK(_, _, _, read.index()), tSrS);
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
-        release_q_after_last_scores(n);
         softmax_of_tile(n, true, state, bits);
         probabilities_to_operand(n, tOrP);
 
@@ -792,7 +789,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             pv_in_flight = true;
             warpgroup_wait<1>();  // S done
             pipeline_k.consumer_release(read);
-            release_q_after_last_scores(tile);
             softmax_of_tile(tile, false, state, bits);
             probabilities_to_operand(tile, p_next);
             n_prev = tile;
@@ -821,7 +817,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
             warpgroup_wait<1>();  // S done
             pipeline_k.consumer_release(read);
-            release_q_after_last_scores(n);
             softmax_of_tile(n, false, state, bits);
             warpgroup_wait<0>();  // P V done
             pipeline_v.consumer_release(read_v);
@@ -836,7 +831,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         warpgroup_wait<0>();
         pipeline_v.consumer_release(read);
         ++read;
-        if constexpr (Traits::kOwnOutputBuffer && !kEarlyQRelease) shared.barrier_q_free.arrive();  // the next Q may load
+        if constexpr (Traits::kOwnOutputBuffer) shared.barrier_q_free.arrive();  // the producer may load the next Q
       }
 
       // ---- Epilogue: normalize, lse, then O through shared memory to this consumer's TMA store ----
