@@ -189,10 +189,11 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
 // The sm_80 forward exponentiates s * scale_log2 - max * scale_log2, one FMA per score, while
 // |max * scale_log2| stays below this (the rounding of max * scale_log2 is then <= 2^-15). That rounding grows
 // with the logits, to hundreds at |logits| ~ 1e9, and 2^hundreds overflows P (issue #16): a warp with a
-// larger row max first subtracts the max from its scores, exactly as (s - max) * scale_log2. The Hopper
-// forward always subtracts: its vote and branch cost as much as the subtraction and made its dropout /
-// soft-capping kernel at head dim 64 spill. Measured on the H100 at head dim 64 against the FMA alone
-// (benchmarks/results/tf_gpu_round9/): 2-4% slower forward, either family.
+// larger row max first subtracts the max from its scores, exactly as (s - max) * scale_log2. Measured on the
+// H100 at head dim 64 against the FMA alone (benchmarks/results/tf_gpu_round9/): 2-4% slower forward, either
+// family. The Hopper forward's plain variant votes likewise (exponentiate<true>; against always subtracting,
+// 1-4% faster through TF, tf_gpu_round23/); its general variants always subtract (the vote made the
+// three-consumer dropout / soft-capping kernel spill, round 9).
 constexpr float kFmaExponentLimit = 1024.f;
 
 // The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).

@@ -52,16 +52,13 @@
 #define TF_FLASH_SM90_REBUILD_DESCRIPTORS 0
 #endif
 // 1: the plain variant (no soft-capping, dropout, block masks or attn_mask) exponentiates with one FMA per score
-// unless a row of the warp passes kFmaExponentLimit (fwd_kernel.h: a warp vote per tile, as the sm_80 family),
-// instead of always (s - max) * scale_log2: one floating-point instruction fewer per score, where round 23's ncu
-// of the d64 forward found FADD and FMUL 40% of the instructions (an A/B switch until measured).
+// unless a row of the warp passes kFmaExponentLimit (fwd_kernel.h: a warp vote per tile, as in the sm_80 family),
+// rather than always (s - max) * scale_log2 (0: the general variants' way): one floating-point instruction fewer per
+// score, where round 23's ncu of the d64 forward counted FADD and FMUL 40% of the instructions and FFMA none.
+// Through TF (bf16, ten attentions per tf.function): d64 forward +1-4%, d128 +1-2%, causal even; harness d256
+// +3-12% (benchmarks/results/tf_gpu_round23/).
 #ifndef TF_FLASH_SM90_EXPONENT_VOTE
-#define TF_FLASH_SM90_EXPONENT_VOTE 0
-#endif
-// The K/V stages of the d64 forward's three-consumer tiles (192 x 128); an A/B switch for measurements. Its stages
-// are 32 KB; what a K/V tile feeds three consumers is short, so the ring may need more depth than two stages.
-#ifndef TF_FLASH_SM90_D64_STAGES
-#define TF_FLASH_SM90_D64_STAGES 2
+#define TF_FLASH_SM90_EXPONENT_VOTE 1
 #endif
 
 namespace tf_flash {
@@ -158,7 +155,8 @@ struct FwdTraitsSm90 {
 // 315).
 template <int kHeadDim, class Element> struct FwdConfigSm90;
 template <class E> struct FwdConfigSm90<64, E> {
-  using Traits = FwdTraitsSm90<64, 128, TF_FLASH_SM90_D64_STAGES, E, 3>;
+  // Three or four K/V stages instead of two measured even (harness, tf_gpu_round23/harness_b/).
+  using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
   using BandedTraits = FwdTraitsSm90<64, 128, 2, E, 2>;
 };
 template <class E> struct FwdConfigSm90<128, E> {
