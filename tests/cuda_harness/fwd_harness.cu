@@ -480,6 +480,11 @@ std::vector<Case> make_cases(bool quick) {
       cs.push_back(huge);
       huge.name = "huge-causal", huge.causal = true;
       cs.push_back(huge);
+      // The general variants (dropout; attn_mask, on the 128-row tiles) take their own exponent path.
+      huge.name = "huge-dropout", huge.dropout = 0.2f;
+      cs.push_back(huge);
+      huge.name = "huge-doc-mask", huge.dropout = 0.f, huge.attn_mask = true, huge.doc = 64;
+      cs.push_back(huge);
     }
     cs.push_back({"dv<d", dt, 2, 2, 2, 150, 170, 128, 64});
     cs.push_back({"dv>d", dt, 2, 2, 2, 150, 170, 32, 96, true});

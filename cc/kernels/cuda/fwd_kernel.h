@@ -306,15 +306,26 @@ struct OnlineSoftmax {
   // O (applied by the caller once its GEMM is done), then the exponentials and the running sum. kVote: one FMA
   // per score unless some row of the warp passes kFmaExponentLimit (update()'s vote); else always as
   // (s - max) * scale_log2. Rows may be entirely -inf.
-  template <class Scores>
-  __device__ __forceinline__ void rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
+  // kLazy: a row keeps its reference max until a tile raises it by more than kLazyRescaleLog2 powers of two
+  // (FlashAttention-4's conditional rescaling), so P stays <= 2^kLazyRescaleLog2 and O and the row sum need no
+  // rescaling until then; after a row's first tiles that is rare. The exponents, the sums and the lse all use
+  // the reference, so the result is the same softmax. Returns whether O must be rescaled: with kLazy, a warp vote
+  // (uniform, for a branch); else always.
+  static constexpr float kLazyRescaleLog2 = 8.f;
+  template <bool kLazy, class Scores>
+  __device__ __forceinline__ bool rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
                                               bool first) {
+    bool moved = false;
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
       const float mx = quad_max(thread_row_max(s, mi));
-      correction[mi] = first ? 1.f : fast_exp2((row_max[mi] - reference(mx)) * scale_log2);
-      row_max[mi] = mx;
+      // Kept also where both are -inf (the difference is NaN).
+      const bool keep = kLazy && !first && !((mx - row_max[mi]) * scale_log2 > kLazyRescaleLog2);
+      correction[mi] = first || keep ? 1.f : fast_exp2((row_max[mi] - reference(mx)) * scale_log2);
+      if (!keep) row_max[mi] = mx;
+      moved |= !keep && !first;
     }
+    return kLazy ? __any_sync(0xffffffffu, moved) : true;
   }
   template <bool kVote, class Scores>
   __device__ __forceinline__ void exponentiate(Scores& s, const float (&correction)[kRows], float scale_log2) {

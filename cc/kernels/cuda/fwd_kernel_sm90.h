@@ -60,6 +60,20 @@
 #ifndef TF_FLASH_SM90_EXPONENT_VOTE
 #define TF_FLASH_SM90_EXPONENT_VOTE 1
 #endif
+// 1: the vote in every variant (dropout, soft-capping, block masks, attn_mask too); an A/B switch, 0 unless set, until
+// measured (benchmarks/results/tf_gpu_round24/harness.sh). Round 9 left them out for the spills the vote caused in the
+// d64 dropout / soft-capping kernel, which today's kernels do not show (ptxas: d128 general + attn_mask alone spills
+// more, 44 -> 100 bytes).
+#ifndef TF_FLASH_SM90_EXPONENT_VOTE_ALL
+#define TF_FLASH_SM90_EXPONENT_VOTE_ALL 0
+#endif
+// 1: lazy rescaling (fwd_kernel.h's rescale_max<true>): a row's reference max moves only when a tile raises it by
+// more than 2^8, and O is rescaled only in a warp where one did, instead of at every tile: O's rescale is one FMUL
+// per element of O per key tile, per score 0.5 / 1 / 4 at d64 / d128 / d256. An A/B switch, 0 unless set, until
+// measured (benchmarks/results/tf_gpu_round24/).
+#ifndef TF_FLASH_SM90_LAZY_RESCALE
+#define TF_FLASH_SM90_LAZY_RESCALE 0
+#endif
 
 namespace tf_flash {
 namespace cuda {
@@ -364,7 +378,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // or masks more than with one).
   constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
                                   kHeadDim <= 128 && !kGeneral && !kAttnMask;
-  constexpr bool kExponentVote = TF_FLASH_SM90_EXPONENT_VOTE && !kGeneral && !kAttnMask;
+  // One FMA per score under a warp vote (TF_FLASH_SM90_EXPONENT_VOTE) in the plain variant; the others always
+  // subtract the max unless TF_FLASH_SM90_EXPONENT_VOTE_ALL.
+  constexpr bool kExponentVote =
+      TF_FLASH_SM90_EXPONENT_VOTE && (TF_FLASH_SM90_EXPONENT_VOTE_ALL || (!kGeneral && !kAttnMask));
+  constexpr bool kLazyRescale = TF_FLASH_SM90_LAZY_RESCALE;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -697,8 +715,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           seen |= __shfl_xor_sync(0xffffffffu, seen, 16);
           if (mma_tidx % 32 < 4) seen_words[mma_tidx / 32 * 4 + mma_tidx % 32] = seen;
         };
-        // Scores of tile n -> unnormalized probabilities; `correction` rescales O for the new running max.
+        // Scores of tile n -> unnormalized probabilities; `correction` rescales O for the new running max, where
+        // `rescale_o` (warp-uniform) says it must.
         float correction[kRows];
+        bool rescale_o = true;
         auto softmax_of_tile = [&](int n, bool first_tile, uint8_t state, const uint32_t(&bits)[kRows])
                                    __attribute__((always_inline)) {
           if (has_softcap) {  // the same operations as the sm_80 kernels' (fwd_kernel.h, bwd_kernel.h)
@@ -717,7 +737,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             if (state & kTileValuesNonFinite) publish_seen_keys();
           }
-          softmax.rescale_max(s_rc, correction, scale_log2, first_tile);
+          if constexpr (kLazyRescale) {
+            rescale_o = softmax.template rescale_max<true>(s_rc, correction, scale_log2, first_tile);
+          } else {
+            softmax.template rescale_max<false>(s_rc, correction, scale_log2, first_tile);
+          }
           softmax.template exponentiate<kExponentVote>(s_rc, correction, scale_log2);
         };
         // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
@@ -729,6 +753,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           }
         };
         auto rescale_output = [&]() __attribute__((always_inline)) {
+          if constexpr (kLazyRescale) {
+            if (!rescale_o) return;
+          }
           CUTE_UNROLL
           for (int mi = 0; mi < size<0>(o_rc); ++mi) {
             CUTE_UNROLL

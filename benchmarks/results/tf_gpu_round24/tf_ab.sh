@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Round 24 through TF, prepared in session 23 and NOT RUN yet (round 23's tf_vote.sh with the switch as an
+# argument), after harness.sh and the six stash calls: the library built with a -D switch against the default one
+# in one process tree. The library as gpu_round.sh builds it, then a copy with the six Hopper forward objects
+# rebuilt with FLAG; on the variant the GPU cases of test_robustness.py and the forward schedule tests;
+# bench_gpu.py (bf16, d64, d128 and d256, ten attentions per tf.function) with each library, alternated; the Keras
+# step (FlashMHA, 4096 x 4) with each.
+#   OUT=... bash tf_ab.sh a FLAG   the two libraries, the tests on the variant, a first benchmark of each
+#   OUT=... bash tf_ab.sh b FLAG   a second benchmark of each, the Keras step with each  (carry .gpu/env, .gpu_build)
+# e.g. FLAG=-DTF_FLASH_SM90_LAZY_RESCALE=1
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+root=$PWD
+export OUT="${OUT:-/tmp/out}"
+source benchmarks/results/round_lib.sh  # with_tf, model_step
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start )); }
+flag=${2:?the -D switch}
+with_tf
+base_lib=$TF_FLASH_LIBRARY variant_lib=$root/build/gpu_variant/_flash_attention_ops.so
+bench() {  # bench RUN: each library once, alternated
+  for v in base variant; do
+    lib=${v}_lib
+    TF_FLASH_LIBRARY=${!lib} timeout 230 python3 benchmarks/bench_gpu.py --impls tf_flash --dtypes bf16 --dims 64 128 256 \
+      --skip-memory --skip-extras --time-limit 200 --calls-per-function 10 --out-dir /tmp/bench_${v}_$1 \
+      > "$OUT/bench_${v}_$1.log" 2>&1
+    echo "== $v $1 [$(elapsed)s]"; grep -A14 -E "^bf16 d(64|128|256), TFLOP" "$OUT/bench_${v}_$1.log" | grep -E "^\| (full|causal)" |
+      awk -F'|' '{printf "%s:%s ", $2, $3} END {print ""}'
+  done
+}
+if [ "${1:?a or b}" = b ]; then
+  bench 2
+  for v in base variant; do
+    lib=${v}_lib
+    TF_FLASH_LIBRARY=${!lib} model_step flash_4096_$v flash_mha_auto 4096
+  done
+  echo "total $(elapsed)s"
+  exit 0
+fi
+echo "library ready [$(elapsed)s]"
+rm -rf build/gpu_variant && mkdir -p build/gpu_variant && cp -r build/gpu/cuda_obj build/gpu_variant/
+defines=$(tr ' ' '\n' < .gpu_build/flags | grep '^-D' | tr '\n' ' ')
+(cd cc/kernels/cuda && ls flash_fwd_sm90_*.cu) | xargs -P 6 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr \
+  --expt-extended-lambda -lineinfo -Xcompiler=-fPIC -gencode=arch=compute_90a,code=sm_90a '"$defines"' -DNDEBUG \
+  '"$flag"' -I. -I/tmp/cutlass/include -c cc/kernels/cuda/{} \
+  -o build/gpu_variant/cuda_obj/$(basename {} .cu).o' > "$OUT/nvcc_variant.log" 2>&1 || tail -20 "$OUT/nvcc_variant.log"
+site=$(python3 -c "import tensorflow as tf, os; print(os.path.dirname(tf.__file__))")
+g++ -shared -o build/gpu_variant/_flash_attention_ops.so .gpu_build/obj/*.o build/gpu_variant/cuda_obj/*.o \
+  -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2 \
+  -l:libtensorflow_cc.so.2 || echo "variant link failed"
+echo "variant ready [$(elapsed)s]"
+TF_FLASH_LIBRARY=$variant_lib timeout 200 python3 -m pytest -q -m gpu tests/test_robustness.py \
+  "tests/test_kernel_family.py::test_forward_schedules_give_identical_results" -p no:cacheprovider 2>&1 |
+  tee "$OUT/pytest_variant.log" | tail -2
+echo "[$(elapsed)s]"
+bench 1
+echo "total $(elapsed)s"
