@@ -5,8 +5,9 @@
 # rebuilt with FLAG; on the variant the GPU cases of test_robustness.py and the forward schedule tests;
 # bench_gpu.py (bf16, d64, d128 and d256, ten attentions per tf.function) with each library, alternated; the Keras
 # step (FlashMHA, 4096 x 4) with each.
-#   OUT=... bash tf_ab.sh a FLAG   the two libraries, the tests on the variant, a first benchmark of each
-#   OUT=... bash tf_ab.sh b FLAG   a second benchmark of each, the Keras step with each  (carry .gpu/env, .gpu_build)
+#   OUT=... bash tf_ab.sh a FLAG [FILES]   the two libraries, the tests on the variant, a first benchmark of each
+#   OUT=... bash tf_ab.sh b FLAG [FILES]   a second benchmark of each, the Keras step with each
+# (carry .gpu/env, .gpu_build). FILES: the instantiation files FLAG changes, default the Hopper forward's.
 # e.g. FLAG=-DTF_FLASH_SM90_LAZY_RESCALE=1
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -16,6 +17,7 @@ source benchmarks/results/round_lib.sh  # with_tf, model_step
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
 flag=${2:?the -D switch}
+files=${3:-flash_fwd_sm90_*.cu}  # the objects FLAG changes (a glob under cc/kernels/cuda/)
 with_tf
 base_lib=$TF_FLASH_LIBRARY variant_lib=$root/build/gpu_variant/_flash_attention_ops.so
 bench() {  # bench RUN: each library once, alternated
@@ -40,7 +42,7 @@ fi
 echo "library ready [$(elapsed)s]"
 rm -rf build/gpu_variant && mkdir -p build/gpu_variant && cp -r build/gpu/cuda_obj build/gpu_variant/
 defines=$(tr ' ' '\n' < .gpu_build/flags | grep '^-D' | tr '\n' ' ')
-(cd cc/kernels/cuda && ls flash_fwd_sm90_*.cu) | xargs -P 6 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr \
+(cd cc/kernels/cuda && eval ls $files) | xargs -P 6 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr \
   --expt-extended-lambda -lineinfo -Xcompiler=-fPIC -gencode=arch=compute_90a,code=sm_90a '"$defines"' -DNDEBUG \
   '"$flag"' -I. -I/tmp/cutlass/include -c cc/kernels/cuda/{} \
   -o build/gpu_variant/cuda_obj/$(basename {} .cu).o' > "$OUT/nvcc_variant.log" 2>&1 || tail -20 "$OUT/nvcc_variant.log"
