@@ -192,8 +192,8 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
 // larger row max first subtracts the max from its scores, exactly as (s - max) * scale_log2. Measured on the
 // H100 at head dim 64 against the FMA alone (benchmarks/results/tf_gpu_round9/): 2-4% slower forward, either
 // family. The Hopper forward's plain variant votes likewise (exponentiate<true>; against always subtracting,
-// 1-4% faster through TF, tf_gpu_round23/); its general variants always subtract (the vote made the
-// three-consumer dropout / soft-capping kernel spill, round 9).
+// 1-4% faster through TF, tf_gpu_round23/); its general variants always subtract (round 9: the vote made the
+// three-consumer dropout / soft-capping kernel spill; not so today, TF_FLASH_SM90_EXPONENT_VOTE_ALL's A/B).
 constexpr float kFmaExponentLimit = 1024.f;
 
 // The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).
