@@ -10,7 +10,8 @@
 #                                             family ran, robustness, determinism, softcap, validation,
 #                                             float32 range), xla,
 #                                             layers (layers, saving, Keras' switch, KerasHub), multi, sanitize,
-#                                             bench, bench_model (the GPU-marked tests of each file)
+#                                             bench, bench_model (the GPU-marked tests of each file);
+#                                             with VARIANT_FLAGS / VARIANT_FILES also a variant library (below)
 #
 # The .cu files compile on the device's 16 cores in about a minute (hours of CPU here). The library is
 # the same as Bazel's //cc:_flash_attention_ops.so with TF_FLASH_CUDA_ARCHS=90a; TF_FLASH_CUDA_ARCHS="80;90a"
@@ -67,15 +68,30 @@ start=$(date +%s)
 # Rebuild only when the sources or host objects changed (build/ survives between calls on one machine).
 gencode=$(for arch in $(cat "$build/archs" 2>/dev/null || echo 90a); do
   echo -n " -gencode=arch=compute_$arch,code=sm_$arch"; done)
+compile_cuda() {  # compile_cuda DIR LOG [FLAGS]: the .cu paths on stdin into DIR/cuda_obj
+  xargs -P 16 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr --expt-extended-lambda \
+    -lineinfo -Xcompiler=-fPIC '"$gencode $defines"' -DNDEBUG '"${3:-}"' -I. -I/tmp/cutlass/include \
+    -c {} -o '"$1"'/cuda_obj/$(basename {} .cu).o' > "$2" 2>&1 || { tail -40 "$2"; exit 1; }
+}
+link_library() {  # link_library DIR: DIR/_flash_attention_ops.so from the host objects and DIR's CUDA objects
+  g++ -shared -o "$1/_flash_attention_ops.so" "$build"/obj/*.o "$1"/cuda_obj/*.o \
+    -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2 -l:libtensorflow_cc.so.2
+}
 stamp=$(cat cc/kernels/cuda/* cc/kernels/flash/* "$build"/obj/*.o | sha256sum | cut -c1-16)
 if [[ "$(cat build/gpu/stamp 2>/dev/null)" != "$stamp" ]]; then
-ls cc/kernels/cuda/*.cu | xargs -P 16 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr --expt-extended-lambda \
-  -lineinfo -Xcompiler=-fPIC '"$gencode $defines"' -DNDEBUG -I. -I/tmp/cutlass/include \
-  -c {} -o build/gpu/cuda_obj/$(basename {} .cu).o' > "$out/nvcc.log" 2>&1 || { tail -40 "$out/nvcc.log"; exit 1; }
-g++ -shared -o build/gpu/_flash_attention_ops.so "$build"/obj/*.o build/gpu/cuda_obj/*.o \
-  -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2 -l:libtensorflow_cc.so.2
+ls cc/kernels/cuda/*.cu | compile_cuda build/gpu "$out/nvcc.log"
+link_library build/gpu
 echo "$stamp" > build/gpu/stamp
 echo "gpu_round: library built in $(( $(date +%s) - start ))s"
+fi
+# VARIANT_FLAGS (-D switches) and VARIANT_FILES (instantiation files under cc/kernels/cuda/): a second library in
+# build/gpu_variant, the default one's objects with those files recompiled under the flags, for an A/B through TF.
+if [[ -n "${VARIANT_FLAGS:-}" ]]; then
+  rm -rf build/gpu_variant && mkdir -p build/gpu_variant && cp -r build/gpu/cuda_obj build/gpu_variant/
+  (cd cc/kernels/cuda && ls ${VARIANT_FILES:?the files VARIANT_FLAGS changes}) | sed 's|^|cc/kernels/cuda/|' |
+    compile_cuda build/gpu_variant "$out/nvcc_variant.log" "$VARIANT_FLAGS"
+  link_library build/gpu_variant
+  echo "gpu_round: variant library ($VARIANT_FLAGS) built in $(( $(date +%s) - start ))s"
 fi
 export TF_FLASH_LIBRARY=$PWD/build/gpu/_flash_attention_ops.so PYTHONUNBUFFERED=1
 # KerasHub for its tests, from wheels carried in .whl/ (pip download here: the device has no network).

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Round 24 through TF, prepared in session 23 and NOT RUN yet (round 23's tf_vote.sh with the switch as an
 # argument), after harness.sh and the six stash calls: the library built with a -D switch against the default one
-# in one process tree. The library as gpu_round.sh builds it, then a copy with the six Hopper forward objects
-# rebuilt with FLAG; on the variant the GPU cases of test_robustness.py and the forward schedule tests;
+# in one process tree. The library as gpu_round.sh builds it, and (its VARIANT_FLAGS) a copy with the files FLAG
+# changes rebuilt with it; on the variant the GPU cases of test_robustness.py and the forward schedule tests;
 # bench_gpu.py (bf16, d64, d128 and d256, ten attentions per tf.function) with each library, alternated; the Keras
 # step (FlashMHA, 4096 x 4) with each.
 #   OUT=... bash tf_ab.sh a FLAG [FILES]   the two libraries (~4-5 min), the tests on the variant
 #   OUT=... bash tf_ab.sh b FLAG [FILES]   the benchmark of each library, twice, alternated (~8 min)
 #   OUT=... bash tf_ab.sh c FLAG [FILES]   the Keras step with each, twice, in alternating order (~4 min)
-# (carry .gpu/env, .gpu_build). FILES: the instantiation files FLAG changes, default the Hopper forward's.
+# (carry .gpu/env, .gpu_build). FILES: the instantiation files FLAG changes, globs separated by spaces, default the
+# Hopper forward's.
 # e.g. FLAG=-DTF_FLASH_SM90_LAZY_RESCALE=1
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -18,8 +19,9 @@ source benchmarks/results/round_lib.sh  # with_tf, model_step
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
 flag=${2:?the -D switch}
-files=${3:-flash_fwd_sm90_*.cu}  # the objects FLAG changes (a glob under cc/kernels/cuda/)
-with_tf
+files=${3:-flash_fwd_sm90_*.cu}  # the objects FLAG changes (globs under cc/kernels/cuda/)
+# a: gpu_round.sh builds the variant library beside the default one (VARIANT_FLAGS); b and c find both built.
+if [ "${1:?a, b or c}" = a ]; then VARIANT_FLAGS=$flag VARIANT_FILES=$files with_tf; else with_tf; fi
 base_lib=$TF_FLASH_LIBRARY variant_lib=$root/build/gpu_variant/_flash_attention_ops.so
 bench() {  # bench RUN: each library once, alternated
   for v in base variant; do
@@ -31,7 +33,7 @@ bench() {  # bench RUN: each library once, alternated
       awk -F'|' '{printf "%s:%s ", $2, $3} END {print ""}'
   done
 }
-case "${1:?a, b or c}" in
+case "$1" in
   b) bench 1; bench 2; echo "total $(elapsed)s"; exit 0 ;;
   c) i=0
      for v in base variant variant base; do
@@ -40,18 +42,7 @@ case "${1:?a, b or c}" in
      done
      echo "total $(elapsed)s"; exit 0 ;;
 esac
-echo "library ready [$(elapsed)s]"
-rm -rf build/gpu_variant && mkdir -p build/gpu_variant && cp -r build/gpu/cuda_obj build/gpu_variant/
-defines=$(tr ' ' '\n' < .gpu_build/flags | grep '^-D' | tr '\n' ' ')
-(cd cc/kernels/cuda && eval ls $files) | xargs -P 6 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr \
-  --expt-extended-lambda -lineinfo -Xcompiler=-fPIC -gencode=arch=compute_90a,code=sm_90a '"$defines"' -DNDEBUG \
-  '"$flag"' -I. -I/tmp/cutlass/include -c cc/kernels/cuda/{} \
-  -o build/gpu_variant/cuda_obj/$(basename {} .cu).o' > "$OUT/nvcc_variant.log" 2>&1 || tail -20 "$OUT/nvcc_variant.log"
-site=$(python3 -c "import tensorflow as tf, os; print(os.path.dirname(tf.__file__))")
-g++ -shared -o build/gpu_variant/_flash_attention_ops.so .gpu_build/obj/*.o build/gpu_variant/cuda_obj/*.o \
-  -L/usr/local/cuda/lib64 -l:libcudart_static.a -ldl -lrt -lpthread -L"$site" -l:libtensorflow_framework.so.2 \
-  -l:libtensorflow_cc.so.2 || echo "variant link failed"
-echo "variant ready [$(elapsed)s]"
+echo "libraries ready [$(elapsed)s]"
 TF_FLASH_LIBRARY=$variant_lib timeout 200 python3 -m pytest -q -m gpu tests/test_robustness.py \
   "tests/test_kernel_family.py::test_forward_schedules_give_identical_results" -p no:cacheprovider 2>&1 |
   tee "$OUT/pytest_variant.log" | tail -2
