@@ -46,13 +46,6 @@
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
-// 1: the plain variant computes P and dS without the selects of hidden entries and the exponent's clamp in tiles
-// that need neither (see kFastTiles); an A/B switch, 0 unless set, until measured
-// (benchmarks/results/tf_gpu_round24/).
-#ifndef TF_FLASH_SM90_BWD_FAST_TILES
-#define TF_FLASH_SM90_BWD_FAST_TILES 0
-#endif
-
 namespace tf_flash {
 namespace cuda {
 
@@ -264,7 +257,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kMmaThreads = Traits::kMmaThreads;
-  constexpr bool kFastTiles = TF_FLASH_SM90_BWD_FAST_TILES && !kGeneral;  // TF_FLASH_SM90_BWD_FAST_TILES
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -590,44 +582,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           }
           if (element_masked) hidden |= TileBits(~mask_bits);
           if constexpr (!kGeneral) {
-            // kExact: hidden entries replaced by 0, the exponent never above 0 (bwd_kernel.h's probabilities: a
-            // rounded lse must not make P > 1). Else, with kFastTiles, the tile has no hidden entry and no lse of
-            // the warp's queries passes kFmaExponentLimit (its rounding then keeps P <= 1 + 2^-14): the selects,
-            // their bit tests and the clamp (three of the per-score instructions, 23% of the d64 backward's
-            // executed instructions by round 18's ncu) are left out.
-            auto probabilities_and_ds = [&](auto exact) __attribute__((always_inline)) {
-              constexpr bool kExact = decltype(exact)::value;
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
               CUTE_UNROLL
-              for (int mi = 0; mi < kRows; ++mi) {
-                CUTE_UNROLL
-                for (int ni = 0; ni < kCols; ++ni) {
-                  const float x = S(mi, ni) * scale_log2 - lse2(ni);
-                  const float prob = fast_exp2(kExact ? fminf(x, 0.f) : x);
-                  S(mi, ni) = kExact && ((hidden >> (mi * kCols + ni)) & 1u) ? 0.f : prob;
-                }
+              for (int ni = 0; ni < kCols; ++ni) {
+                // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1. Leaving out
+                // this clamp and the selects below in tiles that need neither (round 24's
+                // TF_FLASH_SM90_BWD_FAST_TILES, under a warp vote) was 0.91-1.0 of this: d64 spilled more, d128
+                // lost 3-9% (benchmarks/results/tf_gpu_round24/).
+                const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2(ni), 0.f));
+                S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
               }
-              warpgroup_wait<0>();  // dP^T done
+            }
+            warpgroup_wait<0>();  // dP^T done
+            CUTE_UNROLL
+            for (int mi = 0; mi < kRows; ++mi) {
               CUTE_UNROLL
-              for (int mi = 0; mi < kRows; ++mi) {
-                CUTE_UNROLL
-                for (int ni = 0; ni < kCols; ++ni) {
-                  const float ds = S(mi, ni) * (dP(mi, ni) - dvec(ni));
-                  dP(mi, ni) = kExact && ((hidden >> (mi * kCols + ni)) & 1u) ? 0.f : ds;
-                }
+              for (int ni = 0; ni < kCols; ++ni) {
+                const float ds = S(mi, ni) * (dP(mi, ni) - dvec(ni));
+                dP(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : ds;
               }
-            };
-            if constexpr (kFastTiles) {
-              bool small = true;  // false for a NaN or infinite lse too
-              CUTE_UNROLL
-              for (int ni = 0; ni < kCols; ++ni) small &= fabsf(lse2(ni)) < kFmaExponentLimit;
-              // Uniform in the warp (the wgmma wait inside needs that): need_mask and element_masked are the tile's.
-              if (!need_mask && !element_masked && __all_sync(0xffffffffu, small)) {
-                probabilities_and_ds(std::false_type{});
-              } else {
-                probabilities_and_ds(std::true_type{});
-              }
-            } else {
-              probabilities_and_ds(std::true_type{});
             }
           } else {
             // The dropout mask and the tanh of soft-capping while dP^T is computed; then P and dS in one pass, so

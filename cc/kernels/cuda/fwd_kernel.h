@@ -191,9 +191,9 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
 // with the logits, to hundreds at |logits| ~ 1e9, and 2^hundreds overflows P (issue #16): a warp with a
 // larger row max first subtracts the max from its scores, exactly as (s - max) * scale_log2. Measured on the
 // H100 at head dim 64 against the FMA alone (benchmarks/results/tf_gpu_round9/): 2-4% slower forward, either
-// family. The Hopper forward's plain variant votes likewise (exponentiate<true>; against always subtracting,
-// 1-4% faster through TF, tf_gpu_round23/); its general variants always subtract (round 9: the vote made the
-// three-consumer dropout / soft-capping kernel spill; not so today, TF_FLASH_SM90_EXPONENT_VOTE_ALL's A/B).
+// family. The Hopper forward's plain and attn_mask variants vote likewise (exponentiate<true>; against always
+// subtracting, 1-4% faster through TF, tf_gpu_round23/; attn_mask 3-12% in the harness, tf_gpu_round24/); its
+// general variants always subtract (with dropout the vote was 6-9% slower, round 24).
 constexpr float kFmaExponentLimit = 1024.f;
 
 // The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).

@@ -60,19 +60,20 @@
 #ifndef TF_FLASH_SM90_EXPONENT_VOTE
 #define TF_FLASH_SM90_EXPONENT_VOTE 1
 #endif
-// 1: the vote in every variant (dropout, soft-capping, block masks, attn_mask too); an A/B switch, 0 unless set, until
-// measured (benchmarks/results/tf_gpu_round24/harness.sh). Round 9 left them out for the spills the vote caused in the
-// d64 dropout / soft-capping kernel, which today's kernels do not show (ptxas: d128 general + attn_mask alone spills
-// more, 44 -> 100 bytes).
+// 1: the vote in the general variants too (dropout, soft-capping, block masks); an A/B switch, 0 unless set. The
+// attn_mask-only variant votes by default. Round 24's harness (bf16 d128, `feat`): the vote there gave attn_mask and
+// key masks +3-12%, but dropout -6..-9% and block-sparse -2..+5% (d128 general + attn_mask spills 44 -> 100 bytes):
+// benchmarks/results/tf_gpu_round24/harness_b/.
 #ifndef TF_FLASH_SM90_EXPONENT_VOTE_ALL
 #define TF_FLASH_SM90_EXPONENT_VOTE_ALL 0
 #endif
 // 1: lazy rescaling (fwd_kernel.h's rescale_max<true>): a row's reference max moves only when a tile raises it by
 // more than 2^8, and O is rescaled only in a warp where one did, instead of at every tile: O's rescale is one FMUL
-// per element of O per key tile, per score 0.5 / 1 / 4 at d64 / d128 / d256. An A/B switch, 0 unless set, until
-// measured (benchmarks/results/tf_gpu_round24/).
+// per element of O per key tile, per score 0.5 / 1 / 4 at d64 / d128 / d256. Through TF (bf16, ten attentions per
+// tf.function, round 24): forward d256 +4-9%, d128 +0-4% (8k 594 -> 616), d64 -3..+7%, forward+backward even to
+// +2%; Keras step even (benchmarks/results/tf_gpu_round24/). 0: rescale at every tile.
 #ifndef TF_FLASH_SM90_LAZY_RESCALE
-#define TF_FLASH_SM90_LAZY_RESCALE 0
+#define TF_FLASH_SM90_LAZY_RESCALE 1
 #endif
 
 namespace tf_flash {
@@ -378,10 +379,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   // or masks more than with one).
   constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
                                   kHeadDim <= 128 && !kGeneral && !kAttnMask;
-  // One FMA per score under a warp vote (TF_FLASH_SM90_EXPONENT_VOTE) in the plain variant; the others always
-  // subtract the max unless TF_FLASH_SM90_EXPONENT_VOTE_ALL.
+  // One FMA per score under a warp vote (TF_FLASH_SM90_EXPONENT_VOTE) in the plain and attn_mask variants; the
+  // general ones (dropout, soft-capping, block masks) always subtract the max unless TF_FLASH_SM90_EXPONENT_VOTE_ALL.
   constexpr bool kExponentVote =
-      TF_FLASH_SM90_EXPONENT_VOTE && (TF_FLASH_SM90_EXPONENT_VOTE_ALL || (!kGeneral && !kAttnMask));
+      TF_FLASH_SM90_EXPONENT_VOTE && (TF_FLASH_SM90_EXPONENT_VOTE_ALL || !kGeneral);
   constexpr bool kLazyRescale = TF_FLASH_SM90_LAZY_RESCALE;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
