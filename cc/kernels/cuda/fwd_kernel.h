@@ -237,6 +237,9 @@ struct OnlineSoftmax {
 
   // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction); `shift`: subtract ref
   // from the scores first (kFmaExponentLimit). The sums as two interleaved partial chains per row.
+  // Every ex2 on MUFU: FlashAttention-4's emulation of a share of them by a cubic on the FMA pipe made the d64
+  // Hopper forward slower in proportion (1/8 of them: 0.95-0.98, 1/4: 0.93-0.95, 1/2: 0.86), its MUFU not the limit
+  // (benchmarks/results/tf_gpu_round24/harness_c/).
   template <class Scores>
   __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
                                                     const float (&correction)[kRows], float scale_log2,
