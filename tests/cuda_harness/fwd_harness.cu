@@ -366,7 +366,8 @@ Result run_case(const Case& c, std::mt19937& rng) {
     for (uint16_t x : out) o_max = std::max(o_max, std::fabs(from_bits(x, dt)));  // NaN/Inf fail below
     double lse_scale = 1.0;
     for (double x : ref_lse) lse_scale = std::isfinite(x) ? std::max(lse_scale, std::fabs(x)) : lse_scale;
-    res.ok = res.nan_out == 0 && res.nan_lse == 0 && o_max <= v_max * 1.01f / (1.f - c.dropout) && res.lse_err <= 1e-5 * lse_scale;
+    res.ok = res.nan_out == 0 && res.nan_lse == 0 && o_max <= v_max * 1.01f / (1.f - c.dropout) &&
+             res.lse_err <= 1e-5 * lse_scale;
   }
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dlse), cudaFree(dql), cudaFree(dkl);
   if (dam) cudaFree(dam);

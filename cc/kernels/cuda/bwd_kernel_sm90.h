@@ -588,8 +588,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
               for (int ni = 0; ni < kCols; ++ni) {
                 // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1. Leaving out
                 // this clamp and the selects below in tiles that need neither (round 24's
-                // TF_FLASH_SM90_BWD_FAST_TILES, under a warp vote) was 0.91-1.0 of this: d64 spilled more, d128
-                // lost 3-9% (benchmarks/results/tf_gpu_round24/).
+                // TF_FLASH_SM90_BWD_FAST_TILES, under a warp vote) was 0.91-1.0 of this: d64 spilled more, d128 ran
+                // 4-9% slower from 4k (benchmarks/results/tf_gpu_round24/harness_bwd/).
                 const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2(ni), 0.f));
                 S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
               }
