@@ -7,7 +7,7 @@
 # the variant's REDG.E.ADD.F32x4 16 per query tile against 32 F32x2; spills attn_mask 76 / 64 -> 0 bytes, general
 # 0 -> 8, plain none either way; the default's SASS unchanged. The backward tests on both builds, then
 # `bench 256` (bf16) interleaved three times.
-#   OUT=... bash harness.sh   (carry .gpu_build)
+#   OUT=... bash harness_bwd.sh   (carry .gpu_build)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 root=$PWD
