@@ -403,7 +403,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   constexpr bool kExponentVote =
       TF_FLASH_SM90_EXPONENT_VOTE && (TF_FLASH_SM90_EXPONENT_VOTE_ALL || !kGeneral);
   constexpr bool kLazyRescale = TF_FLASH_SM90_LAZY_RESCALE;
-  constexpr bool kRowSumGemm = TF_FLASH_SM90_ROWSUM_GEMM && !kGeneral && !kAttnMask;  // (dropout: the sum of P's)
+  // The plain variant only: with dropout the GEMM would sum the dropped P; attn_mask's variant waits for a measurement.
+  constexpr bool kRowSumGemm = TF_FLASH_SM90_ROWSUM_GEMM && !kGeneral && !kAttnMask;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
