@@ -307,8 +307,9 @@ __device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
 }
 
 // Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
-// waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
-template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
+// waits with warpgroup_wait. kZeroInit: c = a b, else c += a b. kCommit false: the next GEMM issued joins its
+// batch (one wait for both).
+template <bool kZeroInit, bool kCommit = true, class TiledMma, class FragA, class FragB, class FragC>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const& a, FragB const& b, FragC& c) {
   using namespace cute;
   constexpr bool kRegisterA = !is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
@@ -321,7 +322,7 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const&
     cute::gemm(tiled_mma, a(_, _, k), b(_, _, k), c);
     tiled_mma.accumulate_ = GMMA::ScaleOut::One;
   }
-  warpgroup_commit_batch();
+  if constexpr (kCommit) warpgroup_commit_batch();
   warpgroup_fence_operand(c);
   if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
 }
@@ -646,25 +647,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor sum_rc = make_tensor(tRrSum.data(), gmma_acc_rowcol(tRrSum.layout()));
       clear(tRrSum);
 #endif
-      // kRowSumGemm: O += P V at key-tile stage `stage` and the row sums += P ones, in one commit group. (Without
-      // it the call sites issue P V themselves: a lambda there changed the default objects' register allocation.)
-      auto p_times_v_and_ones = [&](auto& rP, int stage) __attribute__((always_inline)) {
+      // kRowSumGemm: the row sums += P ones, in the batch of the P V just issued (uncommitted). (Defined either way,
+      // called only with it: a lambda at the call sites changed the default objects' register allocation.)
+      auto add_row_sums = [&](auto& rP) __attribute__((always_inline)) {
 #if TF_FLASH_SM90_ROWSUM_GEMM
-        warpgroup_fence_operand(rP);
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tRrSum);
-        warpgroup_arrive();
-        mma_pv.accumulate_ = GMMA::ScaleOut::One;
-        mma_rowsum.accumulate_ = GMMA::ScaleOut::One;
-        CUTE_UNROLL
-        for (int k = 0; k < size<2>(rP); ++k) {
-          cute::gemm(mma_pv, rP(_, _, k), tOrV(_, _, k, stage), tOrO);
-          cute::gemm(mma_rowsum, rP(_, _, k), tRrOnes(_, _, k), tRrSum);
-        }
-        warpgroup_commit_batch();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tRrSum);
-        warpgroup_fence_operand(rP);
+        warpgroup_gemm<false>(mma_rowsum, rP, tRrOnes, tRrSum);
 #endif
       };
       // attn_mask: this thread's words of the packed mask (packed_mask.h: lane % 4 picks the word), rows r and
@@ -875,11 +862,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             issue_scores(tile, read_v);
             rescale_output();
             pipeline_v.consumer_wait(read_v);
-            if constexpr (kRowSumGemm) {
-              p_times_v_and_ones(p_cur, read_v.index());
-            } else {
-              warpgroup_gemm<false>(mma_pv, p_cur, tOrV(_, _, _, read_v.index()), tOrO);
-            }
+            warpgroup_gemm<false, !kRowSumGemm>(mma_pv, p_cur, tOrV(_, _, _, read_v.index()), tOrO);
+            if constexpr (kRowSumGemm) add_row_sums(p_cur);
             named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
             read_v_done = read_v;
             pv_in_flight = true;
@@ -909,11 +893,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ++read;
             issue_scores(n, read_v);
             pipeline_v.consumer_wait(read_v);
-            if constexpr (kRowSumGemm) {
-              p_times_v_and_ones(tOrP, read_v.index());
-            } else {
-              warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            }
+            warpgroup_gemm<false, !kRowSumGemm>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+            if constexpr (kRowSumGemm) add_row_sums(tOrP);
             named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
             warpgroup_wait<1>();  // S done
             pipeline_k.consumer_release(read);
@@ -927,11 +908,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // The last P V (tile n_prev), outside the ping-pong.
         zero_unseen_values(n_prev, read);
         pipeline_v.consumer_wait(read);
-        if constexpr (kRowSumGemm) {
-          p_times_v_and_ones(tOrP, read.index());
-        } else {
-          warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
-        }
+        warpgroup_gemm<false, !kRowSumGemm>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
+        if constexpr (kRowSumGemm) add_row_sums(tOrP);
         warpgroup_wait<0>();
         pipeline_v.consumer_release(read);
         ++read;
