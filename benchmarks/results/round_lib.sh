@@ -10,6 +10,10 @@
 #   variant_fwd FROM TO "FLAGS" "FILES"  a copy of a forward harness build (tests/cuda_harness/build.sh, sm_90a) with
 #                                       FILES (instantiation .cu names) recompiled with FLAGS, relinked
 #   fwd_summary "KINDS" "TITLE"         max TFLOP/s per shape over $OUT/fwdbench_KIND_RUN.txt, ratios to the first kind
+#   harness_tests fwd|bwd SECONDS KIND...  the `test` of each build build/WHICH_KIND at once, into $OUT/test_KIND.log;
+#                                       then their failing lines (from round 25 on)
+#   harness_bench fwd|bwd RUNS SECONDS "KINDS" ARGS...  `bench ARGS` of each build in turn, RUNS times, into
+#                                       $OUT/WHICHbench_KIND_RUN.txt (fwd_summary's and bwd_summary's input)
 cutlass_headers() {  # the CUTLASS headers the harness builds need, unpacked once per machine
   [ -d /tmp/cutlass/include ] || { mkdir -p /tmp/cutlass && tar -xzf "$root/.gpu_build/cutlass_include.tgz" -C /tmp/cutlass; }
   export CUTLASS_INCLUDE=/tmp/cutlass/include
@@ -97,4 +101,24 @@ variant_fwd() {
   for f in $4; do cat "/tmp/$(basename $2)_$(basename "$f" .cu).log"; done > "$OUT/$(basename $2)_build.log"
   nvcc -gencode=arch=compute_90a,code=sm_90a "$root/$2"/*.o -o "$root/$2/fwd_harness" ||
     echo "forward variant $2 failed"
+}
+harness_tests() {
+  local which=$1 limit=$2 kind
+  shift 2
+  for kind; do
+    (timeout "$limit" "$root/build/${which}_$kind/${which}_harness" test > "$OUT/test_$kind.log" 2>&1
+     echo "$kind tests rc $?: $(tail -n 1 "$OUT/test_$kind.log")") &
+  done
+  wait
+  grep -hE "FAIL|NOT REP" "$OUT"/test_*.log | head -8
+}
+harness_bench() {
+  local which=$1 runs=$2 limit=$3 kinds=$4 r kind
+  shift 4
+  for r in $(seq "$runs"); do
+    for kind in $kinds; do
+      timeout "$limit" "$root/build/${which}_$kind/${which}_harness" bench "$@" \
+        > "$OUT/${which}bench_${kind}_$r.txt" 2>&1 || echo "bench $kind failed"
+    done
+  done
 }

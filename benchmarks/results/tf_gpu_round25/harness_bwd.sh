@@ -19,17 +19,8 @@ build_bwd build/bwd_base 16 ""
 variant_bwd build/bwd_base build/bwd_v4 "-DTF_FLASH_SM90_DQ_ATOMIC_V4=1" "$(cd cc/kernels/cuda && ls flash_bwd_*_hdim256.cu | tr '\n' ' ')"
 grep -h "bwd_dkdv_kernel_sm90" -A2 "$OUT"/bwd_v4_build.log | grep -E "spill" | sort | uniq -c | head -8
 echo "built in $(( $(date +%s) - start ))s"
-for kind in base v4; do
-  (timeout 300 build/bwd_$kind/bwd_harness test > "$OUT/test_$kind.log" 2>&1; echo "$kind tests rc $?: $(tail -n 1 "$OUT/test_$kind.log")") &
-done
-wait
-grep -hE "FAIL|NOT REP" "$OUT"/test_*.log | head -8
+harness_tests bwd 300 base v4
 echo "[$(( $(date +%s) - start ))s]"
-for r in 1 2 3; do
-  for kind in base v4; do
-    BWD_BENCH_DTYPE=bf16 timeout 90 build/bwd_$kind/bwd_harness bench 256 > "$OUT/bwdbench_${kind}_$r.txt" 2>&1 ||
-      echo "bench $kind failed"
-  done
-done
+BWD_BENCH_DTYPE=bf16 harness_bench bwd 3 90 "base v4" 256
 bwd_summary "base v4" "8-byte dQ atomics | 16-byte"
 echo "total $(( $(date +%s) - start ))s"

@@ -4,7 +4,7 @@
 # (P times a shared-memory tile of ones, N = 8, in the P V GEMM's commit group) instead of one FADD per score.
 # Round 23's ncu of the d64 forward: issue-bound; round 24's harness_c: an instruction more per score (the
 # polynomial exp2) cost in proportion, so one fewer may gain likewise. ptxas here (bf16): FADD in the d64
-# three-consumer plain kernel 278 -> 144, HGMMA 64x8x16 16 more; spills d64 228 -> 244 bytes, d128 plain 84 -> 96,
+# three-consumer plain kernel 278 -> 144, HGMMA 64x8x16 16 more; spills d64 228 -> 244 bytes, d128 plain 84 -> 76,
 # d256 plain 80 -> 72; the default build's SASS unchanged (d64, d128, d256 compared). The forward tests on both builds
 # (the sums are now of the 16-bit P the numerators use: lse moves by at most ~2^-10), then `bench 64 128 256`
 # base / rowsum interleaved three times.
@@ -20,16 +20,8 @@ build_fwd build/fwd_base || exit 1
 variant_fwd build/fwd_base build/fwd_rowsum "-DTF_FLASH_SM90_ROWSUM_GEMM=1" "$(cd cc/kernels/cuda && ls flash_fwd_sm90_*.cu)"
 grep -h "spill" "$OUT/fwd_rowsum_build.log" | sed 's/.*FwdTraitsSm90//' | cut -c1-110
 echo "built in $(( $(date +%s) - start ))s"
-for v in base rowsum; do
-  (timeout 240 build/fwd_$v/fwd_harness test > "$OUT/test_$v.log" 2>&1; echo "$v tests rc $?: $(tail -n 1 "$OUT/test_$v.log")") &
-done
-wait
-grep -h FAIL "$OUT"/test_*.log | head -8
+harness_tests fwd 240 base rowsum
 echo "[$(( $(date +%s) - start ))s]"
-for r in 1 2 3; do
-  for v in base rowsum; do
-    timeout 60 build/fwd_$v/fwd_harness bench 64 128 256 > "$OUT/fwdbench_${v}_$r.txt" 2>&1 || echo "bench $v failed"
-  done
-done
+harness_bench fwd 3 60 "base rowsum" 64 128 256
 fwd_summary "base rowsum" "FADD row sums | row sums by GEMM"
 echo "total $(( $(date +%s) - start ))s"
