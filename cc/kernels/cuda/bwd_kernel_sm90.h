@@ -46,13 +46,6 @@
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
-// 1: head dim 256's dQ goes to the accumulator by 16-byte atomics (common.cuh's atomic_add_dq<true>: lanes trade a
-// column pair) instead of 8-byte ones, half the L2 requests of what rounds 19-20 found the d256 backward bound by;
-// an A/B switch, 0 unless set (benchmarks/results/tf_gpu_round25/).
-#ifndef TF_FLASH_SM90_DQ_ATOMIC_V4
-#define TF_FLASH_SM90_DQ_ATOMIC_V4 0
-#endif
-
 namespace tf_flash {
 namespace cuda {
 
@@ -664,8 +657,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 make_gmem_ptr(s.dq_accum + (int64_t(dq_plane0 + b * p.num_heads + h) * s.sq_pad + m0) * kHeadDim),
                 Shape<Int<kBlockM>, Int<kHeadDim>>{}, Stride<Int<kHeadDim>, _1>{});
             Tensor tdQgdQ = thr_dq.partition_C(gdQ);
-            static_assert(decltype(stride<0, 1>(tdQgdQ))::value == 8 * kHeadDim, "a C fragment's rows r, r + 8");
-            atomic_add_dq<bool(TF_FLASH_SM90_DQ_ATOMIC_V4)>(acc_dq, tdQgdQ);
+            atomic_add_dq(acc_dq, tdQgdQ);
           } else {
             // dV += P^T dO (P^T from registers); dS^T to shared memory for dQ = dS K; then dK += dS^T Q, issued
             // after the dQ GEMM so that it runs while dQ is staged for its reduce-add.

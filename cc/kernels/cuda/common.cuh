@@ -246,33 +246,17 @@ __device__ __forceinline__ void store_tile(TiledCopy const& tiled_copy, ThrCopy 
 }
 
 // dQ accumulator (global, fp32) += this thread's part of acc_dq, by atomics: on sm_90 the accumulator's
-// (even, odd) column pairs are adjacent in memory, one 8-byte red per pair. kVector4 (sm_90): a 16-byte red per
-// four columns, half the requests: a C fragment's lanes 2j and 2j + 1 hold adjacent column pairs of rows r and
-// r + 8, so they trade one pair each (lane 2j takes both of row r, lane 2j + 1 both of row r + 8).
-template <bool kVector4 = false, class AccDq, class GmemDq>
+// (even, odd) column pairs are adjacent in memory, one 8-byte red per pair. 16-byte reds (lanes trading a column
+// pair, half the requests) measured 0.98-1.00 of this at d256 (benchmarks/results/tf_gpu_round25/): the L2 counts
+// the sectors written, not the requests.
+template <class AccDq, class GmemDq>
 __device__ __forceinline__ void atomic_add_dq(AccDq const& acc_dq, GmemDq& tdQgdQ) {
   using namespace cute;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(decltype(size<0, 0>(acc_dq))::value == 2, "C fragment pairs");
-  if constexpr (kVector4) {
-    static_assert(decltype(size<0, 1>(acc_dq))::value == 2, "rows r and r + 8");
-    static_assert(decltype(stride<0, 0>(tdQgdQ))::value == 1, "a pair's columns adjacent");  // rows: the caller's
-    const bool odd = threadIdx.x & 1;
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); i += 4) {
-      const float give0 = odd ? acc_dq(i) : acc_dq(i + 2), give1 = odd ? acc_dq(i + 1) : acc_dq(i + 3);
-      const float take0 = __shfl_xor_sync(0xffffffffu, give0, 1), take1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-      // One red for the whole warp (selects, not a branch, which would issue two half-empty ones).
-      float* const dst = odd ? &tdQgdQ(i + 2) - 2 : &tdQgdQ(i);
-      const float4 sum = odd ? make_float4(take0, take1, acc_dq(i + 2), acc_dq(i + 3))
-                             : make_float4(acc_dq(i), acc_dq(i + 1), take0, take1);
-      atomicAdd(reinterpret_cast<float4*>(dst), sum);
-    }
-  } else {
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dq); i += 2)
-      atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
-  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); i += 2)
+    atomicAdd(reinterpret_cast<float2*>(&tdQgdQ(i)), make_float2(acc_dq(i), acc_dq(i + 1)));
 #else
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&tdQgdQ(i), acc_dq(i));

@@ -236,12 +236,13 @@ struct OnlineSoftmax {
   }
 
   // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction); `shift`: subtract ref
-  // from the scores first (kFmaExponentLimit). The sums as two interleaved partial chains per row; none without
-  // kSums (a caller that sums P otherwise, e.g. by a GEMM with a column of ones).
+  // from the scores first (kFmaExponentLimit). The sums as two interleaved partial chains per row.
   // Every ex2 on MUFU: FlashAttention-4's emulation of a share of them by a cubic on the FMA pipe made the d64
   // Hopper forward slower in proportion (1/8 of them: 0.95-0.98, 1/4: 0.93-0.95, 1/2: 0.86), its MUFU not the limit
-  // (benchmarks/results/tf_gpu_round24/harness_c/).
-  template <bool kSums = true, class Scores>
+  // (benchmarks/results/tf_gpu_round24/harness_c/). The sums stay FADDs: summing P on the tensor cores instead (P
+  // times a tile of ones beside the P V GEMM) halved the d64 forward's FADDs yet ran 0.94-1.07 there (bf16 0.94-1.00),
+  // 0.90-0.98 at d128 non-causal, and summed the rounded 16-bit P (benchmarks/results/tf_gpu_round25/).
+  template <class Scores>
   __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
                                                     const float (&correction)[kRows], float scale_log2,
                                                     bool shift) {
@@ -264,12 +265,10 @@ struct OnlineSoftmax {
       for (int ni = 0; ni < kCols; ni += 2) {
         s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - ref_scaled[mi]);
         s(mi, ni + 1) = fast_exp2(s(mi, ni + 1) * scale_log2 - ref_scaled[mi]);
-        if constexpr (kSums) {
-          sum0 += s(mi, ni);
-          sum1 += s(mi, ni + 1);
-        }
+        sum0 += s(mi, ni);
+        sum1 += s(mi, ni + 1);
       }
-      if constexpr (kSums) row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
+      row_sum[mi] = row_sum[mi] * correction[mi] + (sum0 + sum1);
     }
   }
 
@@ -333,12 +332,12 @@ struct OnlineSoftmax {
     }
     return kLazy ? __any_sync(0xffffffffu, moved) : true;
   }
-  template <bool kVote, bool kSums = true, class Scores>
+  template <bool kVote, class Scores>
   __device__ __forceinline__ void exponentiate(Scores& s, const float (&correction)[kRows], float scale_log2) {
     float ref[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) ref[mi] = reference(row_max[mi]);
-    exponentiate_rows<kSums>(s, ref, correction, scale_log2, /*shift=*/kVote ? any_large(ref, scale_log2) : true);
+    exponentiate_rows(s, ref, correction, scale_log2, /*shift=*/kVote ? any_large(ref, scale_log2) : true);
   }
 };
 

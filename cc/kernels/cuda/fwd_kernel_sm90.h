@@ -75,13 +75,6 @@
 #ifndef TF_FLASH_SM90_LAZY_RESCALE
 #define TF_FLASH_SM90_LAZY_RESCALE 1
 #endif
-// 1: the plain variant sums each row's P on the tensor cores, in the P V GEMM's commit group, as a GEMM of P with
-// a shared-memory tile of ones (N = 8), instead of one FADD per score in the softmax (round 23's ncu of the d64
-// forward: issue-bound, FADD among the four per-score instructions); the sums are then of the 16-bit P that the
-// numerators use. An A/B switch, 0 unless set (benchmarks/results/tf_gpu_round25/).
-#ifndef TF_FLASH_SM90_ROWSUM_GEMM
-#define TF_FLASH_SM90_ROWSUM_GEMM 0
-#endif
 
 namespace tf_flash {
 namespace cuda {
@@ -108,15 +101,6 @@ struct FwdTraitsSm90 {
   using TiledMmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, TilePV, cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       WarpGroups{}));
-
-  // TF_FLASH_SM90_ROWSUM_GEMM: P (registers) times a (keys, 8) tile of ones; every column of the result is the
-  // row's sum of P.
-  using TileRowSum = cute::Shape<cute::Int<kBlockM>, cute::_8, cute::Int<kBlockN>>;
-  using TiledMmaRowSum = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, TileRowSum, cute::GMMA::Major::K, cute::GMMA::Major::K>(),
-      WarpGroups{}));
-  using SmemLayoutOnes = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_INTER_Atom<Element>{},
-                                                      cute::Shape<cute::_8, cute::Int<kBlockN>>{}));
 
   using SmemLayoutQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
                                                    cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
@@ -166,9 +150,6 @@ struct FwdTraitsSm90 {
     alignas(1024) cute::ArrayEngine<Element, kOwnOutputBuffer ? cute::cosize_v<SmemLayoutO> : 8> o;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutVt>> v;
-#if TF_FLASH_SM90_ROWSUM_GEMM
-    alignas(128) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutOnes>> ones;
-#endif
     alignas(16) cutlass::arch::ClusterTransactionBarrier barrier_q;
     cutlass::arch::ClusterBarrier barrier_q_free;  // the consumer threads are done with a tile's Q
     typename Pipeline::SharedStorage pipeline_k, pipeline_v;
@@ -307,9 +288,8 @@ __device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
 }
 
 // Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
-// waits with warpgroup_wait. kZeroInit: c = a b, else c += a b. kCommit false: the next GEMM issued joins its
-// batch (one wait for both).
-template <bool kZeroInit, bool kCommit = true, class TiledMma, class FragA, class FragB, class FragC>
+// waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
+template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const& a, FragB const& b, FragC& c) {
   using namespace cute;
   constexpr bool kRegisterA = !is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
@@ -322,7 +302,7 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const&
     cute::gemm(tiled_mma, a(_, _, k), b(_, _, k), c);
     tiled_mma.accumulate_ = GMMA::ScaleOut::One;
   }
-  if constexpr (kCommit) warpgroup_commit_batch();
+  warpgroup_commit_batch();
   warpgroup_fence_operand(c);
   if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
 }
@@ -404,8 +384,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   constexpr bool kExponentVote =
       TF_FLASH_SM90_EXPONENT_VOTE && (TF_FLASH_SM90_EXPONENT_VOTE_ALL || !kGeneral);
   constexpr bool kLazyRescale = TF_FLASH_SM90_LAZY_RESCALE;
-  // The plain variant only: with dropout the GEMM would sum the dropped P; attn_mask's variant waits for a measurement.
-  constexpr bool kRowSumGemm = TF_FLASH_SM90_ROWSUM_GEMM && !kGeneral && !kAttnMask;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -509,13 +487,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const auto pipeline_params = tma_pipeline_params<Pipeline>(Traits::kTmaBytesKV, kMmaThreads);
   Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
   Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
-#if TF_FLASH_SM90_ROWSUM_GEMM
-  if constexpr (kRowSumGemm) {
-    for (int i = threadIdx.x; i < cute::cosize_v<typename Traits::SmemLayoutOnes>; i += blockDim.x)
-      shared.ones.begin()[i] = Element(1.f);
-    cutlass::arch::fence_view_async_shared();  // for the wgmma (async proxy), after the barrier below
-  }
-#endif
   __syncthreads();  // barriers and the tile table initialized
 
   if (warp_group == 0) {
@@ -601,12 +572,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stage)
-#if TF_FLASH_SM90_ROWSUM_GEMM  // (in the preprocessor: the default build's objects stay the measured ones)
-    typename Traits::TiledMmaRowSum mma_rowsum;
-    auto thr_rowsum = mma_rowsum.get_thread_slice(mma_tidx);
-    Tensor tRrOnes = thr_rowsum.partition_fragment_B(
-        make_tensor(make_smem_ptr(shared.ones.begin()), typename Traits::SmemLayoutOnes{}));  // (MMA, MMA_N, MMA_K)
-#endif
     // (row, column) inside the score tile of each accumulator element.
     Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor cS_rc = make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
@@ -642,18 +607,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       Tensor o_rc = make_tensor(tOrO.data(), gmma_acc_rowcol(tOrO.layout()));
       OnlineSoftmax<kRows> softmax;
       clear(tOrO);
-#if TF_FLASH_SM90_ROWSUM_GEMM
-      Tensor tRrSum = partition_fragment_C(mma_rowsum, Shape<Int<kBlockM>, _8>{});  // kRowSumGemm's row sums
-      Tensor sum_rc = make_tensor(tRrSum.data(), gmma_acc_rowcol(tRrSum.layout()));
-      clear(tRrSum);
-#endif
-      // kRowSumGemm: the row sums += P ones, in the batch of the P V just issued (uncommitted). (Defined either way,
-      // called only with it: a lambda at the call sites changed the default objects' register allocation.)
-      auto add_row_sums = [&](auto& rP) __attribute__((always_inline)) {
-#if TF_FLASH_SM90_ROWSUM_GEMM
-        warpgroup_gemm<false>(mma_rowsum, rP, tRrOnes, tRrSum);
-#endif
-      };
       // attn_mask: this thread's words of the packed mask (packed_mask.h: lane % 4 picks the word), rows r and
       // r + 8; rows past the tensor's read row 0 (their range hides them anyway).
       const uint32_t* mask_words[kRows];
@@ -790,7 +743,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           } else {
             softmax.template rescale_max<false>(s_rc, correction, scale_log2, first_tile);
           }
-          softmax.template exponentiate<kExponentVote, !kRowSumGemm>(s_rc, correction, scale_log2);
+          softmax.template exponentiate<kExponentVote>(s_rc, correction, scale_log2);
         };
         // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
         auto probabilities_to_operand = [&](int n, auto& rP) __attribute__((always_inline)) {
@@ -808,12 +761,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           for (int mi = 0; mi < size<0>(o_rc); ++mi) {
             CUTE_UNROLL
             for (int ni = 0; ni < size<1>(o_rc); ++ni) o_rc(mi, ni) *= correction[mi];
-#if TF_FLASH_SM90_ROWSUM_GEMM
-            if constexpr (kRowSumGemm) {
-              CUTE_UNROLL
-              for (int ni = 0; ni < size<1>(sum_rc); ++ni) sum_rc(mi, ni) *= correction[mi];
-            }
-#endif
           }
         };
 
@@ -862,8 +809,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             issue_scores(tile, read_v);
             rescale_output();
             pipeline_v.consumer_wait(read_v);
-            warpgroup_gemm<false, !kRowSumGemm>(mma_pv, p_cur, tOrV(_, _, _, read_v.index()), tOrO);
-            if constexpr (kRowSumGemm) add_row_sums(p_cur);
+            warpgroup_gemm<false>(mma_pv, p_cur, tOrV(_, _, _, read_v.index()), tOrO);
             named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
             read_v_done = read_v;
             pv_in_flight = true;
@@ -893,8 +839,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             ++read;
             issue_scores(n, read_v);
             pipeline_v.consumer_wait(read_v);
-            warpgroup_gemm<false, !kRowSumGemm>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            if constexpr (kRowSumGemm) add_row_sums(tOrP);
+            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             named_arrive(kIssueThreads, Sm90Barrier::kIssueWg0, next_wg);
             warpgroup_wait<1>();  // S done
             pipeline_k.consumer_release(read);
@@ -908,8 +853,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // The last P V (tile n_prev), outside the ping-pong.
         zero_unseen_values(n_prev, read);
         pipeline_v.consumer_wait(read);
-        warpgroup_gemm<false, !kRowSumGemm>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
-        if constexpr (kRowSumGemm) add_row_sums(tOrP);
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read.index()), tOrO);
         warpgroup_wait<0>();
         pipeline_v.consumer_release(read);
         ++read;
@@ -917,14 +861,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       }
 
       // ---- Epilogue: normalize, lse, then O through shared memory to this consumer's TMA store ----
-#if TF_FLASH_SM90_ROWSUM_GEMM
-      if constexpr (kRowSumGemm) {
-        static_assert(decltype(size<0>(sum_rc))::value == kRows, "the row sums' rows are O's");
-        // Each lane of a quad holds its rows' whole sums; a quarter each, so that the quad's sum below is exact.
-        CUTE_UNROLL
-        for (int mi = 0; mi < kRows; ++mi) softmax.row_sum[mi] = sum_rc(mi, 0) * 0.25f;
-      }
-#endif
       normalize_and_write_lse(o_rc, softmax, cS_rc, p, m0, q_len, batch_head, scale_log2, keep_scale);
       if (wave > 0) {  // the previous tile's store has read this consumer's rows of sO
         if (output_leader) tma_store_wait<0>();
