@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 25 in the CUDA harness, prepared in session 24 and NOT RUN yet (one device command, no TensorFlow; about
+# Round 25 in the CUDA harness, prepared in session 24, run in session 25 (results in README.md; the switch was removed after: run it on the tree of 1d057e9) (one device command, no TensorFlow; about
 # 7 minutes): TF_FLASH_SM90_DQ_ATOMIC_V4=1, head dim 256's dQ into the fp32 accumulator by 16-byte atomics (lanes
 # 2j and 2j + 1 trade a column pair, then one red.v4 per four columns for the whole warp) instead of 8-byte ones:
 # half the red instructions of the d256 backward, which rounds 19-20 found bound by its dQ atomics in L2. The same

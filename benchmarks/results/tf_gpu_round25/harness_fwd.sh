@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Round 25's forward A/B in the CUDA harness, prepared in session 24 and NOT RUN yet (one device command, no
+# Round 25's forward A/B in the CUDA harness, prepared in session 24, run in session 25 (results in README.md; the switch was removed after: run it on the tree of 1d057e9) (one device command, no
 # TensorFlow; about 5 minutes): TF_FLASH_SM90_ROWSUM_GEMM=1, the plain variant's row sums of P on the tensor cores
 # (P times a shared-memory tile of ones, N = 8, in the P V GEMM's commit group) instead of one FADD per score.
 # Round 23's ncu of the d64 forward: issue-bound; round 24's harness_c: an instruction more per score (the
