@@ -5,18 +5,17 @@
 #   and the KerasHub wheels for the device's Python 3.12: pip download --no-deps --only-binary=:all:
 #   --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl keras-hub==0.32.0
 #   kagglehub kagglesdk   (.whl/ kept out of git through .git/info/exclude)
-# There, after TensorFlow is stashed and the op library built (scripts/gpu_round.sh device), e.g.
+# There, after the stash calls, through tools/gpu.sh run (the op library built, TensorFlow's environment,
+# KerasHub from .whl/; docs/development.md), e.g.
 #   run(carry=[".gpu/env", ".gpu_build", "data/linux-doc", ".whl"],
-#       command="bash scripts/gpu_round.sh device none; bash examples/long_document/gpu_full.sh")
-# A call is limited to 10 minutes: the script stops training at LD_TIME_LIMIT seconds (default 540)
-# and a second call on the still-warm machine goes on where it stopped (--resume).
+#       command="bash tools/gpu.sh run bash examples/long_document/gpu_full.sh")
+# A call is limited to 10 minutes: the script stops training at LD_TIME_LIMIT seconds (default 540; 420 in
+# the call that also builds the library) and a second call on the still-warm machine goes on where it
+# stopped (--resume).
 # Back here: python3 examples/long_document/train.py --replot --out <fetched folder> draws the plot.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-set +e; source .gpu/env/env.sh || { echo "gpu_full: TensorFlow is not stashed on this machine" >&2; exit 1; }
-export TF_FLASH_LIBRARY="${TF_FLASH_LIBRARY:-$PWD/build/gpu/_flash_attention_ops.so}" PYTHONUNBUFFERED=1
-# KerasHub for the hub runs, from wheels carried in .whl/ (pip download here; the device has no network).
-source scripts/device_keras_hub.sh
+[[ -n "${TF_FLASH_LIBRARY:-}" ]] || { echo "gpu_full: run it through tools/gpu.sh run" >&2; exit 1; }
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 work=/tmp/long_document_full
 [[ -d data/linux-doc ]] || { echo "gpu_full: carry data/linux-doc (prepare_data.py here)" >&2; exit 1; }

@@ -2,7 +2,7 @@
 
 Same shapes, layout and timing method (CUDA events, 3 warm-up calls, median of 30) as
 `fwd_harness bench`, so that its table can be read next to ours from the same run.
-Usage: python3 tests/cuda_harness/torch_peer.py [d ...]
+Usage: python3 tools/torch_peer.py [d ...]   (`tools/gpu.sh harness torch` on the GPU machine)
 """
 import sys
 

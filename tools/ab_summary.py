@@ -1,7 +1,7 @@
-"""TFLOP/s of the harnesses' `bench` logs, new against base (compare.sh): per shape the median over the
-logs (rounds) of each side, then the ratio new / base, and the median ratio per (dtype, head dim, causal).
+"""TFLOP/s of the harnesses' `bench` logs, new against base (`tools/gpu.sh ab`): per shape the median over
+the logs (passes) of each side, then the ratio new / base, and the median ratio per (dtype, head dim, causal).
 
-    python3 compare_summary.py --new new_r1.log new_r2.log --base base_r1.log base_r2.log [--shapes] [--dims 64]
+    python3 tools/ab_summary.py --new new_p1.log new_p2.log --base base_p1.log base_p2.log [--shapes] [--dims 64]
 """
 import argparse
 import statistics
