@@ -18,7 +18,7 @@
 #
 # Release wheel with the full CUDA kernels (sm_80 and sm_90a), from this repository:
 #   1. here:            TF_FLASH_CUDA_ARCHS="80;90a" bash tools/gpu.sh host   (host objects, CUTLASS headers)
-#   2. the GPU machine: bash tools/gpu.sh lib && cp build/gpu/_flash_attention_ops.so $OUT/
+#   2. the GPU machine: bash tools/gpu.sh lib, and bring build/gpu/_flash_attention_ops.so back
 #      (nvcc on 16 cores; the library links libcudart statically; docs/development.md has the calls)
 #   3. here:            bash scripts/build_wheel.sh --library <the .so brought back>
 #   The wheel's build_info() then says cuda=1 and the archs the library was compiled for.

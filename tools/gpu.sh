@@ -17,7 +17,7 @@
 #                                  also link build/gpu_variant/: those files of cc/kernels/cuda recompiled under
 #                                  the flags; USE_VARIANT=1 has the subcommands below load that one
 #   tools/gpu.sh test [GROUP...]   lib, then the GPU-marked tests of each group, in turn (default: ops xla layers
-#                                  sanitize family, about 8 minutes on an H100 with the library built):
+#                                  family sanitize, about 8 minutes on an H100 with the library built):
 #                                  ops       op, dropout, sparsity
 #                                  family    kernel family, robustness, determinism, softcap, validation, float32 range
 #                                  xla       XLA
@@ -216,7 +216,7 @@ suite() {  # suite GROUP SECONDS CMD...: one group, its log in the work folder, 
 }
 test_groups() {  # test_groups GROUP...: the groups in turn, every one run; the status says whether all passed
   local groups=("$@") group files pytest=(python3 -m pytest -q -p no:cacheprovider)
-  (( ${#groups[@]} )) || groups=(ops xla layers sanitize family)
+  (( ${#groups[@]} )) || groups=(ops xla layers family sanitize)
   summary=() failures=0
   for group in "${groups[@]}"; do
     case $group in
