@@ -15,7 +15,8 @@
 #   tools/gpu.sh lib               nvcc the .cu files (cc/BUILD's flags) and link build/gpu/_flash_attention_ops.so,
 #                                  again only when a source changed. VARIANT_FLAGS="-D..." VARIANT_FILES="globs"
 #                                  also link build/gpu_variant/: those files of cc/kernels/cuda recompiled under
-#                                  the flags; USE_VARIANT=1 has the subcommands below load that one
+#                                  the flags; USE_VARIANT=1 has the subcommands below load that one (built
+#                                  by an earlier call on the machine, or by this one with VARIANT_FLAGS set)
 #   tools/gpu.sh test [GROUP...]   lib, then the GPU-marked tests of each group, in turn (default: ops xla layers
 #                                  family sanitize, about 8 minutes on an H100 with the library built):
 #                                  ops       op, dropout, sparsity
@@ -182,11 +183,15 @@ tf_env() {  # TensorFlow's environment from the stash, the library built, KerasH
     say "variant library ($VARIANT_FLAGS) built in $(( $(date +%s) - t0 ))s"
   fi
   export TF_FLASH_LIBRARY=$root/build/gpu/_flash_attention_ops.so PYTHONUNBUFFERED=1
-  if [[ ${USE_VARIANT:-0} == 1 ]]; then TF_FLASH_LIBRARY=$root/build/gpu_variant/_flash_attention_ops.so; fi
+  if [[ ${USE_VARIANT:-0} == 1 ]]; then
+    TF_FLASH_LIBRARY=$root/build/gpu_variant/_flash_attention_ops.so
+    [[ -f $TF_FLASH_LIBRARY ]] || die "USE_VARIANT=1: no variant library on this machine (VARIANT_FLAGS and VARIANT_FILES build it)"
+  fi
   if ls .whl/*.whl > /dev/null 2>&1; then  # pip-downloaded here: the device has no network
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   fi
   export PYTHONPATH=$root:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  say "library: $TF_FLASH_LIBRARY" | tee "$work/library.txt"
   python3 -c "import tf_flash, tensorflow as tf; print(tf_flash.build_info(), tf.config.list_physical_devices('GPU'))"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$work/device.txt"
 }
