@@ -126,6 +126,11 @@ has_arg() {  # has_arg OPTION ARGS...: whether ARGS name OPTION
   for a; do [[ $a == "$option" || $a == "$option="* ]] && return 0; done
   return 1
 }
+sources_stamp() {  # sources_stamp DIR... [-- WORDS]: a hash of the files under DIR... and of WORDS (the flags)
+  local dirs=()
+  while [[ $# -gt 0 && $1 != -- ]]; do dirs+=("$1"); shift; done
+  { find "${dirs[@]}" -type f | sort | xargs cat; echo "$@"; } | sha256sum | cut -c1-16
+}
 cutlass_headers() {  # CUTLASS_INCLUDE: as set, else the headers `host` carried in .gpu_build, else pip's
   if [[ -z ${CUTLASS_INCLUDE:-} ]]; then
     if [[ -f $build/cutlass_include.tgz ]]; then
@@ -166,7 +171,7 @@ tf_env() {  # TensorFlow's environment from the stash, the library built, KerasH
   local t0 stamp
   t0=$(date +%s)
   # build/ stays between calls on one machine: rebuild only when a source or a host object changed.
-  stamp=$(find cc/kernels/cuda cc/kernels/flash "$build/obj" -type f | sort | xargs cat | sha256sum | cut -c1-16)
+  stamp=$(sources_stamp cc/kernels/cuda cc/kernels/flash "$build/obj")
   if [[ "$(cat build/gpu/stamp 2>/dev/null)" != "$stamp" ]]; then
     rm -rf build/gpu
     ls cc/kernels/cuda/*.cu | compile_cuda build/gpu "$work/nvcc.log"
@@ -254,13 +259,14 @@ benchmark() {  # benchmark NAME SCRIPT ARGS...: a benchmark script, its files in
 # ---- there: the CUDA harnesses ----
 
 harness_build() {  # harness_build fwd|bwd TREE DIR: TREE's harness into DIR, each object's compiler output in DIR/*.o.log
-  local which=$1 tree=$2 dir=$3 gc flags per_object src i n jobs=()
+  local which=$1 tree=$2 dir=$3 gc flags per_object src i n stamp jobs=()
   local cu=$tree/cc/kernels/cuda
   cutlass_headers
   gc=$(gencode ${ARCHS:-90a})
   flags="-std=c++17 --expt-relaxed-constexpr -O3 -I$tree -I$CUTLASS_INCLUDE $gc ${EXTRA:-}"
   if [[ ${REDUCED:-0} == 1 ]]; then flags+=" -DTF_FLASH_CUDA_REDUCED"; fi
-  mkdir -p "$dir" && rm -f "$dir"/*.o "$dir"/*.o.log
+  stamp=$(harness_stamp "$which" "$tree")
+  mkdir -p "$dir" && rm -f "$dir"/*.o "$dir"/*.o.log "$dir/stamp"
   if [[ $which == fwd ]]; then
     flags+=" -lineinfo"
     per_object="-Xptxas -warn-spills"
@@ -294,6 +300,7 @@ harness_build() {  # harness_build fwd|bwd TREE DIR: TREE's harness into DIR, ea
       sed -E "s/.*BwdTraitsILi([0-9]+)E.*N7cutlass[0-9]+([a-z0-9_]+)ELi([0-9])EEELb([01])ELb([01])E.*for '(sm_[0-9a]+)'.*/d\1 \2 stages=\3 masks=\4 dropout=\5 \6/" |
       paste - - | sort -u > "$dir/spills.txt" || true
   fi
+  echo "$stamp" > "$dir/stamp"
   say "built $dir/${which}_harness"
 }
 ncu_profile() {  # ncu_profile NAME KERNEL SKIP BINARY ARGS...: one launch's sections and per-instruction samples
@@ -311,10 +318,14 @@ ncu_profile() {  # ncu_profile NAME KERNEL SKIP BINARY ARGS...: one launch's sec
   ncu -i "/tmp/ncu_$name.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip > "$work/ncu_${name}_sass.csv.gz"
   python3 tools/ncu_summary.py "$work/ncu_${name}_sass.csv.gz" | tee -a "$work/ncu_stalls.txt"
 }
-need() {  # need fwd|bwd: the harness of this tree, built when a step needs it and no step built it yet
+harness_stamp() {  # harness_stamp fwd|bwd TREE: what a harness build depends on
+  sources_stamp "$2/cc/kernels/cuda" "$2/cc/kernels/flash" "$2/tests/cuda_harness" -- "$1" "${ARCHS:-90a}" \
+    "${REDUCED:-0}" "${VARIANTS:-1}" "${PTXAS_VERBOSE:-0}" "${EXTRA:-}"
+}
+need() {  # need fwd|bwd: this tree's harness, built when a step needs it and the build on the machine is stale
   case $1 in
-    fwd) [[ -x $dev/fwd_harness ]] || harness_step build ;;
-    bwd) [[ -x $dev/bwd/bwd_harness ]] || harness_step bwd_build ;;
+    fwd) [[ "$(cat "$dev/stamp" 2>/dev/null)" == "$(harness_stamp fwd "$root")" ]] || harness_step build ;;
+    bwd) [[ "$(cat "$dev/bwd/stamp" 2>/dev/null)" == "$(harness_stamp bwd "$root")" ]] || harness_step bwd_build ;;
   esac
 }
 harness_step() {  # harness_step STEP: one step of `harness`, its logs in the work folder
