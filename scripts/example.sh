@@ -5,9 +5,12 @@
 #                                           # evaluate, save, reload in a fresh process, predict
 #   bash scripts/example.sh --full          # the full experiment (meant for a GPU)
 #   SKIP_INSTALL=1 bash scripts/example.sh  # tf_flash already installed
+#   bash scripts/example.sh --publish       # also replace examples/long_document/results/cpu (or gpu)
 #
-# Arguments go to examples/long_document/train.py (see --help there). Outputs: runs/long_document/
-# (results.md, results.json, accuracy_vs_context.png, model.keras, saved_model/).
+# Arguments go to examples/long_document/train.py (see --help there; --tf-logs shows TensorFlow's own
+# start-up notices, hidden by default). Outputs: runs/long_document/PRESET/ (results.md, results.json,
+# accuracy_vs_context.png, model.keras, saved_model/); runs/long_document/last_run.json names the
+# model that examples/long_document/predict.py then uses by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z "${PYTHON:-}" && -n "${VIRTUAL_ENV:-}" ]]; then PYTHON="$VIRTUAL_ENV/bin/python"; fi

@@ -4,8 +4,11 @@ Trains the tiny preset on a small synthetic folder-per-class tree (all runs in o
 --in-process, to keep it short) with FlashMultiHeadAttention at two context lengths, the KerasHub
 encoder through tf_flash.keras and the Keras MultiHeadAttention baseline, writes the results table and
 plot, saves the KerasHub model (.keras + SavedModel), reloads it in a fresh process (predictions must
-match) and predicts a file; the mean +- std summary over seeds on made-up runs.
-The data conversion of prepare_data.py is tested on a fake Documentation/ tree.
+match) and predicts with the last run's model; none of it prints TensorFlow's start-up notices.
+The README's recipe for your own documents runs briefly on the licence texts of this machine.
+Fast checks: the best epoch on validation is kept, the chance level and the advice when a model does
+not beat it, predict.py's refusal of a model that does not fit the documents, one-line argument
+errors, the mean +- std summary over seeds on made-up runs; prepare_data.py's conversions.
 """
 import gzip
 import json
@@ -21,6 +24,20 @@ EXAMPLE = os.path.join(REPO_ROOT, "examples", "long_document")
 sys.path.insert(0, EXAMPLE)
 
 import prepare_data  # noqa: E402
+
+# TensorFlow's start-up notices and Keras' warnings that the example's processes must not print.
+NOISE = ("cudart_stub", "cuInit", "oneDNN", "cpu_feature_guard", "absl::InitializeLog", "shuffle=True",
+         "retracing", "Traceback")
+
+
+@pytest.fixture
+def example_env(tmp_path, monkeypatch):
+    """The environment of the example's subprocesses: this checkout importable, the last-run record
+    in tmp_path (the user's record stays), TensorFlow's own log settings as the scripts choose them."""
+    for name in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "LONG_DOCUMENT_QUIET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LONG_DOCUMENT_LAST_RUN", str(tmp_path / "last_run.json"))
+    return dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def _write_gz(path, text):
@@ -52,6 +69,33 @@ def test_prepare_data_layout(tmp_path):
         "admin-guide__sub__deep.txt"]  # index.rst left out, subfolders flattened
     assert len(os.listdir(out / "arch")) == 3  # x86 + arm64 + powerpc merged
     assert (out / "arch" / "x86__boot.txt").read_text() == "x86 boot"
+
+
+def test_prepare_data_licenses_tree(tmp_path):
+    import email.message
+
+    meta = email.message.Message()
+    meta["License-Expression"] = "MIT OR Apache-2.0"
+    assert prepare_data.license_family(prepare_data.python_declared_license(meta)) is None  # dual
+    meta = email.message.Message()
+    meta["Classifier"] = "License :: OSI Approved :: BSD License"
+    assert prepare_data.license_family(prepare_data.python_declared_license(meta)) == "bsd"
+    assert prepare_data.license_family(["GPL-2+ and LGPL-2.1+"]) == "gpl"
+    assert prepare_data.license_family(["Expat"]) == "mit"
+    assert prepare_data.debian_declared_license(
+        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+        "Files: *\nCopyright: 2020 Someone\nLicense: Apache-2.0\n\nFiles: debian/*\nLicense: GPL-2+\n"
+    ) == "Apache-2.0"
+    assert prepare_data.debian_declared_license("free-form copyright notice") is None
+
+    docs = tmp_path / "doc"
+    for i, lic in enumerate(["MIT", "MIT", "GPL-2+", "GPL-3+", "Artistic or GPL-1+"]):
+        os.makedirs(docs / f"pkg{i}")
+        (docs / f"pkg{i}" / "copyright").write_text(
+            f"Files: *\nCopyright: {i}\nLicense: {lic}\n\nLicense: {lic}\n text {i}\n")
+    by_class = prepare_data.collect_licenses(str(docs), python_paths=[str(tmp_path / "none")])
+    assert {c: sorted(n for n, _ in d) for c, d in by_class.items()} == {
+        "mit": ["debian__pkg0", "debian__pkg1"], "gpl": ["debian__pkg2", "debian__pkg3"]}
 
 
 def test_prepare_data_licensedcode(tmp_path):
@@ -103,11 +147,11 @@ def test_load_tree_and_stratified_split(tmp_path):
     assert common.macro_f1([0, 1, 1], [0, 1, 0], 2) == pytest.approx((2 / 3 + 2 / 3) / 2)
 
 
-def test_end_to_end_tiny(tmp_path):
+def test_end_to_end_tiny(tmp_path, example_env):
     data = tmp_path / "docs"
     out = tmp_path / "out"
     _synthetic_tree(str(data))
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = example_env
     cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir",
            str(data), "--out", str(out), "--contexts", "32,128", "--keras-contexts", "128",
            "--verbose", "2", "--in-process"]
@@ -115,6 +159,9 @@ def test_end_to_end_tiny(tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "reload check: passed" in proc.stdout, log[-4000:]
+    assert [n for n in NOISE if n in log] == [], log[-4000:]
+    assert "chance level: 0.333" in proc.stdout  # 3 classes, one test document each
+    assert "3 test documents, max |diff|" in proc.stdout  # the reload check covers the whole test split
 
     with open(out / "results.json") as f:
         results = json.load(f)
@@ -124,24 +171,188 @@ def test_end_to_end_tiny(tmp_path):
         assert r["status"] == "ok", r
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["macro_f1"] <= 1.0
         assert r["peak_memory_gib"] > 0 and r["epoch_s"] > 0
+        assert r["best_epoch"] == 1 and r["chance_accuracy"] == pytest.approx(1 / 3)
     assert results["data"]["classes"] == ["class_0", "class_1", "class_2"]
-    assert (out / "results.md").read_text().count("| flash |") == 2
-    assert (out / "results.md").read_text().count("| hub | 128 | 1 |") == 1
+    assert results["data"]["name"] == "docs" and results["data"]["chance"]["test_docs"] == 3
+    md = (out / "results.md").read_text()
+    assert md.startswith("# Long-document classification on docs")
+    assert md.count("| flash |") == 2 and md.count("| hub | 128 | 1 |") == 1
+    assert "test acc (chance 0.333)" in md and "Chance level: 0.333" in md
     with open(out / "labels.json") as f:
-        assert json.load(f)["attention"] == "hub"  # the saved, reloaded and predicting model
+        labels = json.load(f)
+    assert labels["attention"] == "hub"  # the saved, reloaded and predicting model
+    assert labels["data_set"] == "docs" and len(labels["vocabulary_sha256"]) == 64
     assert (out / "accuracy_vs_context.png").stat().st_size > 1000
     assert (out / "model.keras").exists() and (out / "saved_model" / "saved_model.pb").exists()
+    with open(tmp_path / "last_run.json") as f:
+        assert json.load(f)["model"] == str(out / "model.keras")
 
-    # predict.py on a new file, with the .keras model and with the SavedModel export
+    # predict.py on a new file: the last run's model by default (named), then the SavedModel export
     doc = tmp_path / "new.txt"
     doc.write_text(" ".join(["topic1word3", "common5", "topic1word7"] * 40))
-    for model in (out / "model.keras", out / "saved_model"):
-        proc = subprocess.run([sys.executable, os.path.join(EXAMPLE, "predict.py"), "--model",
-                               str(model), str(doc)], env=env, capture_output=True, text=True,
+    predict = [sys.executable, os.path.join(EXAMPLE, "predict.py")]
+    for model in ([], ["--model", str(out / "saved_model")]):
+        proc = subprocess.run(predict + model + [str(doc)], env=env, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        line = proc.stdout.strip().splitlines()[-1]
-        assert line.startswith(str(doc) + ": class_"), line
+        lines = proc.stdout.strip().splitlines()
+        assert lines[0].startswith(f"model: {model[1] if model else out / 'model.keras'} ("), lines
+        assert "last run" in lines[0] or model, lines
+        assert "trained on docs" in proc.stdout and "3 classes: class_0, class_1, class_2" in proc.stdout
+        assert "context 128 tokens" in proc.stdout
+        assert lines[-1].startswith(str(doc) + ": class_"), lines
+        assert [n for n in NOISE if n in proc.stdout + proc.stderr] == [], proc.stderr[-3000:]
+    # --data-dir: the run's own documents are accepted (classes and vocabulary match): its test split
+    proc = subprocess.run(predict + ["--data-dir", str(data)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the same classes and vocabulary" in proc.stdout
+    assert "test split: 3 documents" in proc.stdout and "chance 0.333" in proc.stdout
+
+
+def test_recipe_on_licence_texts(tmp_path, example_env):
+    """The README's recipe for your own documents, briefly: the licence texts of this machine as a
+    folder-per-class tree, two contexts of the example's model, the chance level reported."""
+    tree = tmp_path / "licenses"
+    if prepare_data.main(["--source", "licenses", "--out", str(tree), "--min-docs", "10"]) != 0:
+        pytest.skip("fewer than 2 licence families with 10 documents on this machine")
+    out = tmp_path / "out"
+    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--data-dir", str(tree), "--out", str(out),
+           "--contexts", "128,512", "--hub-contexts", "none", "--keras-contexts", "none",
+           "--max-docs-per-class", "20", "--epochs", "2", "--embed-dim", "16", "--ff-dim", "32",
+           "--vocab-size", "2000", "--no-save", "--in-process", "--verbose", "0"]
+    proc = subprocess.run(cmd, env=example_env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert [n for n in NOISE if n in log] == [], log[-4000:]
+    with open(out / "results.json") as f:
+        results = json.load(f)
+    assert results["data"]["name"] == "licenses" and results["data"]["chance"]["accuracy"] > 0
+    assert {(r["attention"], r["context"]) for r in results["runs"]} == {("flash", 128), ("flash", 512)}
+    assert all(r["status"] == "ok" and r["epochs"] <= 2 for r in results["runs"])
+    assert all(r["beats_chance"] in (True, False) for r in results["summary"])
+    md = (out / "results.md").read_text()
+    assert "Chance level:" in md and ("Every model that finished beat it" in md or "Not better than chance" in md)
+    assert "hub" not in md.split("Models:")[1].split("\n")[0]  # the footer names only the models that ran
+
+
+def test_best_epoch_on_validation_is_kept():
+    import keras
+
+    import common
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    shapes = [w.shape for w in model.get_weights()]
+    history = [(0.5, 1.0), (0.7, 0.9), (0.7, 0.8), (0.6, 0.7), (0.6, 0.6), (0.9, 0.1)]
+    for restore, patience, kept, stopped in ((True, 2, 2.0, 5), (False, 2, 4.0, 5), (True, 0, 5.0, None)):
+        callback = common.BestOnValidation(patience=patience, restore=restore)
+        callback.set_model(model)
+        model.stop_training = False
+        callback.on_train_begin()
+        for epoch, (acc, loss) in enumerate(history):
+            model.set_weights([np.full(s, float(epoch)) for s in shapes])  # "training" epoch `epoch`
+            callback.on_epoch_end(epoch, {"val_accuracy": acc, "val_loss": loss, "accuracy": 1.0})
+            if model.stop_training:
+                break
+        callback.on_train_end()
+        # ties in accuracy go to the lower loss: epoch 3 (1-based) beats epoch 2
+        assert callback.best_epoch == (6 if patience == 0 else 3)
+        assert callback.stopped_epoch == stopped
+        assert all(np.all(w == kept) for w in model.get_weights()), (restore, patience)
+
+
+def test_chance_level_and_advice():
+    import common
+    import train
+
+    labels = np.array([0] * 6 + [1] * 3 + [2] * 1 + [0, 0, 1, 2])
+    train_idx, test_idx = np.arange(10), np.arange(10, 14)
+    chance = common.chance_level(labels, train_idx, test_idx, [True, False, True, True])
+    assert chance["class_index"] == 0 and chance["accuracy"] == 0.5
+    assert chance["long_accuracy"] == pytest.approx(1 / 3) and chance["long_docs"] == 3
+    assert common.p_value_above_chance(1.0, 10, 0.5) == pytest.approx(0.5 ** 10)
+    assert common.beats_chance(0.9, 200, 0.5) and not common.beats_chance(0.55, 20, 0.5)
+    assert not common.beats_chance(0.5, 18, 0.5)  # exactly chance, the issue's case
+
+    reasons, tries = common.chance_advice(train_docs=144, smallest_class=72, test_docs=18, epochs=3,
+                                          train_accuracy=0.52, chance=0.5)
+    text = " ".join(reasons + tries)
+    assert "144 for training" in text and "did not fit" in text and "--epochs" in text
+    assert "18 documents" in text
+    reasons, _ = common.chance_advice(train_docs=144, smallest_class=72, test_docs=18, epochs=10,
+                                      train_accuracy=1.0, chance=0.5)
+    assert any("learned its training documents" in r for r in reasons)
+
+    info = {"split": [144, 18, 18], "smallest_train_class": 72}
+    chance = {"accuracy": 0.5, "class": "speeches", "test_docs": 18, "long_docs": 18, "long_accuracy": 0.5}
+    rows = [{"attention": "flash", "context": 512, "accuracy": 0.5, "epochs": 3, "train_accuracy": 0.5,
+             "test_docs": 18}, {"attention": "flash", "context": 4096, "accuracy": 0.95, "epochs": 3,
+                                "train_accuracy": 1.0, "test_docs": 18}]
+    train.chance_verdicts(rows, chance)
+    assert [r["beats_chance"] for r in rows] == [False, True]
+    text = train.chance_paragraph(rows, chance, info)
+    assert "Chance level: 0.500 on the 18 test documents (always 'speeches'" in text
+    assert "**Not better than chance: flash at 512 (0.500).**" in text and "Try:" in text
+    assert "Every model" in train.chance_paragraph(rows[1:], chance, info)
+
+
+def _fake_model(root, class_names, **extra):
+    """A model folder as train.py leaves it, as far as predict.py reads it before loading the model."""
+    os.makedirs(root)
+    with open(os.path.join(root, "model.keras"), "w") as f:
+        f.write("not loaded: predict.py refuses before it loads the model")
+    with open(os.path.join(root, "labels.json"), "w") as f:
+        json.dump({"class_names": class_names, "context": 512, "attention": "flash",
+                   "data_dir": "/elsewhere/admin-docs", "data_set": "admin-docs", "num_docs": 180,
+                   "trained": "2026-01-01 00:00 UTC", **extra}, f)
+    return os.path.join(root, "model.keras")
+
+
+def test_predict_refuses_a_model_of_other_documents(tmp_path, capsys, example_env):
+    import predict
+
+    data = tmp_path / "speeches"
+    _synthetic_tree(str(data), classes=2, docs_per_class=5)
+    doc = str(data / "class_0" / "doc0.txt")
+    # other classes: refused before TensorFlow is even needed, after the model is named
+    model = _fake_model(str(tmp_path / "run_a"), ["admin-guide", "arch", "networking"])
+    assert predict.main(["--model", model, "--data-dir", str(data), doc]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith(f"model: {model} (--model)") and "trained on admin-docs" in out
+    assert len(err.strip().splitlines()) == 1 and "not on the 2 classes of" in err
+    assert "not in the model: class_0, class_1" in err and "train.py --data-dir" in err
+    # the same class names, another vocabulary: refused too
+    model = _fake_model(str(tmp_path / "run_b"), ["class_0", "class_1"], vocabulary_sha256="0" * 64,
+                        vocabulary_size=300, vocab_size=2000, seed=1337, max_docs_per_class=0)
+    assert predict.main(["--model", model, "--data-dir", str(data), doc]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "vocabulary" in err and "other documents" in err
+    # the default model is the last run's, named as such
+    with open(tmp_path / "last_run.json", "w") as f:
+        json.dump({"model": model, "finished": "2026-01-01 00:00 UTC"}, f)
+    assert predict.main(["--data-dir", str(data), doc]) == 2
+    out, _ = capsys.readouterr()
+    assert out.startswith(f"model: {model} (the model of train.py's last run, 2026-01-01 00:00 UTC)")
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("train.py", ["--data-dir", "/nonexistent/docs"], "--data-dir is not a directory"),
+    ("train.py", ["--data-dir", "EMPTY"], "needs a folder per class"),
+    ("train.py", ["--epochs", "0", "--data-dir", "EMPTY"], "--epochs must be >= 1"),
+    ("train.py", ["--contexts", "512,abc"], "--contexts must be comma-separated integers"),
+    ("train.py", ["--preset", "huge"], "invalid choice"),
+    ("predict.py", ["--model", "/nonexistent/model.keras", "README.md"], "no model at"),
+    ("predict.py", ["missing.txt"], "no such file: missing.txt"),
+    ("predict.py", [], "give at least one document FILE"),
+    ("prepare_data.py", ["--doc-root", "/nonexistent/Documentation", "--out", "OUT"], "--doc-root"),
+])
+def test_bad_arguments_exit_with_one_line(tmp_path, example_env, script, args, message):
+    args = [str(tmp_path) if a == "EMPTY" else str(tmp_path / "out") if a == "OUT" else a for a in args]
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLE, script)] + args, env=example_env,
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"{script}: error: ") and message in proc.stderr, proc.stderr
 
 
 def test_summary_over_seeds():

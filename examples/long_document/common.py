@@ -3,6 +3,7 @@
 Importing this module registers the example's own Keras layer (``PositionEmbedding``), so
 ``keras.models.load_model`` finds it; ``import tf_flash`` registers the attention layers.
 """
+import hashlib
 import math
 import os
 import random
@@ -10,7 +11,9 @@ import sys
 
 import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import cli
+
+cli.import_tensorflow()  # without its start-up notices where the script asked for quiet
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -68,6 +71,20 @@ def stratified_split(labels, val_frac=0.1, test_frac=0.1, seed=1337):
     return tuple(np.sort(np.asarray(s, np.int64)) for s in (train, val, test))
 
 
+def load_split(data_dir, seed=1337, max_docs_per_class=0):
+    """The documents of a run: the tree, at most max_docs_per_class per class (0: all), split.
+
+    Returns (texts, labels, class_names, paths, (train, val, test)); train.py and predict.py's check
+    of a model against a data set both use it, so they see the same split.
+    """
+    texts, labels, class_names, paths = load_tree(data_dir)
+    if max_docs_per_class:
+        keep = np.concatenate([np.flatnonzero(labels == c)[:max_docs_per_class]
+                               for c in range(len(class_names))])
+        texts, labels, paths = [texts[i] for i in keep], labels[keep], [paths[i] for i in keep]
+    return texts, labels, class_names, paths, stratified_split(labels, seed=seed)
+
+
 def length_stats(lengths):
     lengths = np.asarray(lengths)
     return {"median": int(np.median(lengths)), "p90": int(np.percentile(lengths, 90)),
@@ -88,6 +105,11 @@ def build_vocabulary(train_texts, vocab_size):
     vec = make_vectorizer(max_tokens=vocab_size)
     vec.adapt(tf.data.Dataset.from_tensor_slices(train_texts).batch(64))
     return vec.get_vocabulary()
+
+
+def vocabulary_fingerprint(vocabulary):
+    """SHA-256 of the vocabulary (token ids depend on its order): models and runs compare by it."""
+    return hashlib.sha256("\n".join(vocabulary).encode("utf-8")).hexdigest()
 
 
 def tokenize(texts, vocabulary, batch_size=64):
@@ -183,6 +205,45 @@ class PositionEmbedding(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "max_length": self.max_length,
                 "initializer": keras.initializers.serialize(self.initializer)}
+
+
+class BestOnValidation(keras.callbacks.Callback):
+    """Keeps the model of the best epoch on the validation split.
+
+    Best: the highest validation accuracy, ties broken by the lower validation loss (a small
+    validation split often ties). Training stops after `patience` epochs without a better epoch
+    (0: never); at the end the best epoch's weights are restored unless restore=False (the last
+    epoch's weights stay). best_epoch is 1-based.
+    """
+
+    def __init__(self, patience=0, restore=True):
+        super().__init__()
+        self.patience, self.restore = int(patience), bool(restore)
+        self.best = self.best_epoch = self.best_weights = self.stopped_epoch = None
+        self.wait = 0
+
+    def on_train_begin(self, logs=None):
+        self.best = self.best_epoch = self.best_weights = self.stopped_epoch = None
+        self.wait = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if logs.get("val_accuracy") is None:
+            return
+        key = (float(logs["val_accuracy"]), -float(logs.get("val_loss", 0.0)))
+        if self.best is None or key > self.best:
+            self.best, self.best_epoch, self.wait = key, epoch + 1, 0
+            if self.restore:
+                self.best_weights = [np.array(w) for w in self.model.get_weights()]
+            return
+        self.wait += 1
+        if self.patience and self.wait >= self.patience:
+            self.stopped_epoch = epoch + 1
+            self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        if self.restore and self.best_weights is not None:
+            self.model.set_weights(self.best_weights)
 
 
 def import_tf_flash():
@@ -306,6 +367,64 @@ def macro_f1(y_true, y_pred, num_classes):
             continue
         f1s.append(2 * tp / (2 * tp + fp + fn))
     return float(np.mean(f1s)) if f1s else float("nan")
+
+
+def chance_level(labels, train, test, long_mask):
+    """The accuracy of always answering the training split's most frequent class: on the test split,
+    and on its documents longer than SHORT_CONTEXT tokens (long_mask over the test split)."""
+    labels = np.asarray(labels)
+    majority = int(np.bincount(labels[train]).argmax())
+    hits = labels[test] == majority
+    long_mask = np.asarray(long_mask, bool)
+    return {"class_index": majority, "accuracy": float(hits.mean()),
+            "long_accuracy": float(hits[long_mask].mean()) if long_mask.any() else None,
+            "test_docs": int(len(test)), "long_docs": int(long_mask.sum())}
+
+
+def p_value_above_chance(accuracy, n, chance):
+    """One-sided binomial test: the probability that a classifier right with probability `chance`
+    gets at least accuracy * n of n documents right."""
+    k = int(round(accuracy * n))
+    if n == 0 or chance <= 0:
+        return 0.0 if k > 0 else 1.0
+    if chance >= 1:
+        return 1.0
+
+    def log_pmf(i):
+        return (math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                + i * math.log(chance) + (n - i) * math.log1p(-chance))
+    return float(min(1.0, sum(math.exp(log_pmf(i)) for i in range(k, n + 1))))
+
+
+def beats_chance(accuracy, n, chance, alpha=0.05):
+    """True when `accuracy` on n test documents is above `chance` beyond what luck gives (p < alpha)."""
+    return accuracy is not None and accuracy > chance and p_value_above_chance(accuracy, n, chance) < alpha
+
+
+def chance_advice(train_docs, smallest_class, test_docs, epochs, train_accuracy, chance):
+    """Why a model may not have beaten chance and what to try, from the run's numbers: a list of
+    sentences."""
+    reasons, tries = [], []
+    if (smallest_class is not None and smallest_class < 50) or train_docs < 200:
+        reasons.append(f"few documents: {train_docs} for training"
+                       + (f", {smallest_class} in the smallest class" if smallest_class is not None else ""))
+        tries.append("more documents (a hundred or more per class)")
+    if train_accuracy is not None and train_accuracy < chance + 0.1:
+        reasons.append(f"the model did not fit even its training documents (training accuracy "
+                       f"{train_accuracy:.2f} after {epochs} epoch{'s' if epochs != 1 else ''})")
+        tries.append("more epochs (--epochs 20: the best epoch on validation is kept) or a higher "
+                     "--learning-rate")
+    elif train_accuracy is not None and train_accuracy > 0.9:
+        reasons.append(f"it learned its training documents (training accuracy {train_accuracy:.2f}) "
+                       f"but not what generalizes")
+        tries.append("more documents, or a smaller model and shorter context (--contexts 512)")
+    if test_docs < 100:
+        se = math.sqrt(max(chance * (1 - chance), 1e-9) / max(test_docs, 1))
+        reasons.append(f"a small test split: {test_docs} documents, one standard error ~{se:.2f}")
+        tries.append("--seeds 3 to see the spread between runs")
+    if not tries:
+        tries.append("more epochs (--epochs 10), more documents, or --seeds 3 to see the spread")
+    return reasons, tries
 
 
 def set_seed(seed):

@@ -12,7 +12,8 @@
 # A call is limited to 10 minutes: the script stops training at LD_TIME_LIMIT seconds (default 540; 420 in
 # the call that also builds the library) and a second call on the still-warm machine goes on where it
 # stopped (--resume).
-# Back here: python3 examples/long_document/train.py --replot --out <fetched folder> draws the plot.
+# Back here: python3 examples/long_document/train.py --replot --publish --out <fetched folder> draws
+# the plot and replaces examples/long_document/results/gpu/ (the log stays out of git).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [[ -n "${TF_FLASH_LIBRARY:-}" ]] || { echo "gpu_full: run it through tools/gpu.sh run" >&2; exit 1; }

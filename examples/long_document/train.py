@@ -7,7 +7,8 @@ affordable. This script
 1. reads a folder-per-class tree (default ``data/linux-doc``, made by ``prepare_data.py``), splits it
    (stratified, fixed seed) and prints class counts and length statistics;
 2. builds the vocabulary on the training split (``keras.layers.TextVectorization``);
-3. trains the classifiers once per run, each in its own process, so that its peak memory is its own:
+3. trains the classifiers once per run, each in its own process, so that its peak memory is its own,
+   and keeps each run's best epoch on the validation split (early stopping, ``--patience``):
    ``flash``, the example's encoder with ``tf_flash.layers.FlashMultiHeadAttention``, at each context
    length; ``hub``, a KerasHub encoder (``keras_hub.models.BertBackbone`` from its config, position
    embeddings sized to the context) whose ``keras.layers.MultiHeadAttention`` runs tf_flash's kernels
@@ -15,17 +16,21 @@ affordable. This script
    ``keras.layers.MultiHeadAttention`` (Keras' standard attention) at the long context. ``--seeds N``
    repeats the flash and hub runs with N seeds (data split and vocabulary fixed; initialization, dropout
    and batch order change) and the table reports mean +- standard deviation;
-4. writes the results table (``results.md``, ``results.json``) and ``accuracy_vs_context.png``;
+4. writes the results table (``results.md``, ``results.json``) and ``accuracy_vs_context.png``, each
+   accuracy beside the chance level (always the training split's most frequent class), and says which
+   models did not beat it, why that is likely and what to try;
 5. saves the long-context hub model (flash when no hub runs) (with its TextVectorization, so it takes raw text) as
    ``model.keras`` and as a SavedModel (``saved_model/``), reloads both in a fresh process and checks
-   that the predictions are identical, then classifies a test document with ``predict.py``.
+   that the predictions on the whole test split are identical, then classifies a test document with
+   ``predict.py``, whose default model is then this one (``runs/long_document/last_run.json``).
 
 Configurations (``--preset``):
 
 * ``cpu`` (default): finishes in minutes on 2 CPU cores. 1 block, width 64, 2 heads of 32,
-  flash at contexts 512 and 2048, hub at 2048, 3 epochs, batch 16, one seed; the Keras baseline at
-  2048 trains 1 epoch (for its time per epoch and memory; ``--keras-epochs 3`` for an equal
-  comparison).
+  flash at contexts 512 and 2048, hub at 2048, 3 epochs (more on a small data set: at least about 300
+  training steps, at most 30 epochs, unless ``--epochs`` is given), batch 16, one seed; the Keras
+  baseline at 2048 trains 1 epoch (for its time per epoch and memory; ``--keras-epochs 3`` for an
+  equal comparison).
 * ``full``: the real experiment, for a GPU: 4 blocks, width 256, 4 heads of 64, 512 tokens vs whole
   documents (16384 tokens, all of nearly every document: train.py prints the share), flash and hub, 3 seeds each, 10 epochs; the
   Keras baseline at 4096 and 16384 (1 epoch: its time and memory, and where it runs out of memory).
@@ -33,6 +38,11 @@ Configurations (``--preset``):
 
 Every preset value can be overridden (``--contexts 512,4096 --epochs 5 ...``). Runs that are already
 in ``OUT/runs/`` are reused with ``--resume`` (useful to run the full preset piece by piece).
+``--publish`` copies the results (table, json, plot) to ``examples/long_document/results/cpu`` or
+``gpu``, replacing the previous ones: the repository keeps one current result per device.
+
+TensorFlow's start-up notices (its GPU probe on a machine without one, the oneDNN and CPU-instruction
+notices) are hidden in the example's processes; ``--tf-logs`` shows them.
 """
 import argparse
 import json
@@ -48,24 +58,31 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import cli  # noqa: E402 (no TensorFlow: argument errors stay fast)
+
+RESULTS_DIR = os.path.join(HERE, "results")  # the repository's current results, one folder per device
+MAX_AUTO_EPOCHS = 30
+
 PRESETS = {
+    # min_steps: without --epochs, a small data set trains more epochs, up to about this many steps
+    # (at most MAX_AUTO_EPOCHS): three epochs of a hundred documents are too few steps to learn from.
     "cpu": dict(contexts="512,2048", keras_contexts="long", hub_contexts="long", seeds=1,
-                epochs=3, keras_epochs=1,
+                epochs=3, keras_epochs=1, min_steps=300, patience=5,
                 batch_size=16, embed_dim=64,
                 num_heads=2, ff_dim=128, num_layers=1, vocab_size=20000, learning_rate=2e-3,
                 hub_learning_rate=None, hub_warmup_epochs=0,
                 max_docs_per_class=0, mixed_precision="none"),
     "full": dict(contexts="512,16384", keras_contexts="4096,16384", hub_contexts="all", seeds=3,
-                 epochs=10, keras_epochs=1,
+                 epochs=10, keras_epochs=1, min_steps=0, patience=5,
                  batch_size=16, embed_dim=256, num_heads=4, ff_dim=512, num_layers=4,
                  vocab_size=30000, learning_rate=1e-3, max_docs_per_class=0,
                  # The post-LayerNorm BERT encoder is trained as BERT is: a lower rate after a warm-up.
-                 # At 1e-3 without warm-up it stalled or collapsed after a few epochs on the GPU, and
-                 # so did Keras' own attention in the same A/B on the CPU (results/gpu_full_seeds_20261123/).
+                 # At 1e-3 without warm-up it stalls or collapses after a few epochs in mixed_bfloat16,
+                 # with Keras' own attention as with tf_flash's: a property of the recipe.
                  hub_learning_rate=2e-4, hub_warmup_epochs=1,
                  mixed_precision="mixed_bfloat16"),
     "tiny": dict(contexts="64,256", keras_contexts="long", hub_contexts="long", seeds=1,
-                 epochs=1, keras_epochs=1,
+                 epochs=1, keras_epochs=1, min_steps=0, patience=0,
                  batch_size=8, embed_dim=16,
                  num_heads=2, ff_dim=32, num_layers=1, vocab_size=2000, learning_rate=3e-3,
                  hub_learning_rate=None, hub_warmup_epochs=0,
@@ -74,7 +91,7 @@ PRESETS = {
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     p.add_argument("--full", action="store_const", const="full", dest="preset",
                    help="same as --preset full")
@@ -98,7 +115,15 @@ def parse_args(argv):
     p.add_argument("--keras-epochs", type=int, default=None,
                    help="epochs of the keras-attention baseline runs (cpu preset: 1, enough for "
                         "its time and memory; its accuracy is then that of 1 epoch)")
-    for name, typ in [("epochs", int), ("batch_size", int), ("embed_dim", int), ("num_heads", int),
+    p.add_argument("--epochs", type=int, default=None,
+                   help="training epochs (cpu preset: 3, more on a small data set: about 300 steps, "
+                        "at most 30); the best epoch on validation is kept")
+    p.add_argument("--patience", type=int, default=None,
+                   help="stop a run after this many epochs without a better validation accuracy "
+                        "(0: train every epoch; the best epoch is kept either way; presets: 5)")
+    p.add_argument("--keep-last", action="store_true",
+                   help="keep the last epoch's model instead of the best one on validation")
+    for name, typ in [("batch_size", int), ("embed_dim", int), ("num_heads", int),
                       ("ff_dim", int), ("num_layers", int), ("vocab_size", int),
                       ("learning_rate", float), ("max_docs_per_class", int)]:
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
@@ -123,17 +148,41 @@ def parse_args(argv):
                    help="train every run in this process instead of one process per run (saves "
                         "the start-up time of each; on a GPU the peak memory stays per run, on a "
                         "CPU the RSS peak then accumulates over the runs)")
-    p.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bars)")
+    p.add_argument("--verbose", type=int, default=1, choices=[0, 1, 2],
+                   help="Keras fit verbosity (1: progress bars, 2: one line per epoch)")
+    p.add_argument("--tf-logs", action="store_true",
+                   help="show TensorFlow's own log lines (GPU probing, oneDNN notices), hidden by default")
+    p.add_argument("--publish", action="store_true",
+                   help="also copy results.md, results.json and the plot to "
+                        "examples/long_document/results/cpu (or gpu), replacing the current ones")
     p.add_argument("--replot", action="store_true",
-                   help="only redraw OUT/accuracy_vs_context.png from OUT/results.json (e.g. for "
-                        "results from a machine without matplotlib)")
+                   help="only rewrite OUT/results.md and redraw OUT/accuracy_vs_context.png from "
+                        "OUT/results.json (e.g. for results from a machine without matplotlib)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return args
+    args.epochs_given = args.epochs is not None
     for k, v in PRESETS[args.preset].items():
-        if getattr(args, k) is None:
+        if getattr(args, k, None) is None:
             setattr(args, k, v)
+    for name in ("epochs", "keras_epochs", "batch_size", "embed_dim", "num_heads", "ff_dim",
+                 "num_layers", "vocab_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1. Received: {name}={getattr(args, name)}")
+    if args.patience < 0:
+        p.error(f"--patience must be >= 0. Received: patience={args.patience}")
+    if args.learning_rate <= 0 or (args.hub_learning_rate is not None and args.hub_learning_rate <= 0):
+        p.error(f"learning rates must be positive. Received: learning_rate={args.learning_rate}, "
+                f"hub_learning_rate={args.hub_learning_rate}")
+    if not 0 <= args.dropout < 1:
+        p.error(f"--dropout must be in [0, 1). Received: dropout={args.dropout}")
+    if args.out is None:
+        args.out = os.path.join(REPO_ROOT, "runs", "long_document", args.preset)
+    if args.replot:
+        if not os.path.isfile(os.path.join(args.out, "results.json")):
+            p.error(f"--replot needs OUT/results.json. Received: out={args.out!r}")
+        return args
     try:
         args.contexts = sorted({int(c) for c in str(args.contexts).split(",")})
     except ValueError:
@@ -171,29 +220,67 @@ def parse_args(argv):
     if args.embed_dim % args.num_heads:
         p.error(f"--embed-dim must be divisible by --num-heads. Received: embed_dim="
                 f"{args.embed_dim}, num_heads={args.num_heads}")
-    if args.out is None:
-        args.out = os.path.join(REPO_ROOT, "runs", "long_document", args.preset)
+    problem = data_dir_problem(args.data_dir)
+    if problem:
+        p.error(problem)
     return args
+
+
+def data_dir_problem(data_dir):
+    """What is wrong with a --data-dir, in one line (None: a folder-per-class tree)."""
+    if not os.path.isdir(data_dir):
+        hint = ("run examples/long_document/prepare_data.py first" if os.path.abspath(data_dir) ==
+                os.path.join(REPO_ROOT, "data", "linux-doc") else "pass a folder-per-class tree")
+        return f"--data-dir is not a directory ({hint}). Received: data_dir={data_dir!r}"
+    classes = [d for d in sorted(os.listdir(data_dir))
+               if os.path.isdir(os.path.join(data_dir, d)) and not d.startswith(".")]
+    if len(classes) < 2:
+        return (f"--data-dir needs a folder per class, at least 2, each with text files. Received: "
+                f"data_dir={data_dir!r} with class folders {classes}")
+    empty = [c for c in classes if not any(f for _, _, fs in os.walk(os.path.join(data_dir, c))
+                                           for f in fs if not f.startswith("."))]
+    if empty:
+        return f"--data-dir has class folders without files: {', '.join(empty)}. Received: data_dir={data_dir!r}"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
 # Parent: data, runs, results
 # ----------------------------------------------------------------------------------------------
+def data_name(data_dir):
+    return os.path.basename(os.path.normpath(data_dir))
+
+
+def repo_relative(path):
+    """A path inside the repository as relative to it (results.json stays the same on every clone)."""
+    if not os.path.isabs(path):
+        return path
+    path = os.path.abspath(path)
+    return os.path.relpath(path, REPO_ROOT) if path.startswith(REPO_ROOT + os.sep) else path
+
+
 def prepare(args):
     import numpy as np
     import common
 
     t0 = time.time()
-    texts, labels, class_names, paths = common.load_tree(args.data_dir)
-    if args.max_docs_per_class:
-        keep = np.concatenate([np.flatnonzero(labels == c)[:args.max_docs_per_class]
-                               for c in range(len(class_names))])
-        texts, labels, paths = [texts[i] for i in keep], labels[keep], [paths[i] for i in keep]
-    train, val, test = common.stratified_split(labels, seed=args.seed)
+    texts, labels, class_names, paths, (train, val, test) = common.load_split(
+        args.data_dir, seed=args.seed, max_docs_per_class=args.max_docs_per_class)
     words = np.array([len(t.split()) for t in texts])
     vocab = common.build_vocabulary([texts[i] for i in train], args.vocab_size)
     tokens = common.tokenize(texts, vocab)
     lengths = np.array([len(t) for t in tokens])
+    chance = common.chance_level(labels, train, test, lengths[test] > common.SHORT_CONTEXT)
+    chance["class"] = class_names[chance["class_index"]]
+    train_counts = np.bincount(labels[train], minlength=len(class_names))
+    steps = math.ceil(len(train) / args.batch_size)
+    if not args.epochs_given and args.min_steps and steps * args.epochs < args.min_steps:
+        args.epochs = min(MAX_AUTO_EPOCHS, max(args.epochs, math.ceil(args.min_steps / steps)))
+        args.epochs_note = (f"{args.epochs} epochs, since {len(train)} training documents make {steps} "
+                            f"steps an epoch and learning takes about {args.min_steps} steps "
+                            f"(--epochs sets the number)")
+    else:
+        args.epochs_note = None
 
     print(f"\n{len(texts)} documents in {len(class_names)} classes from {args.data_dir}")
     print(f"split (stratified, seed {args.seed}): train {len(train)}, val {len(val)}, test {len(test)}")
@@ -208,7 +295,15 @@ def prepare(args):
     for c in args.contexts:
         print(f"  context {c:>6}: sees all of {np.mean(lengths <= c):.0%} of the documents, "
               f"{np.minimum(lengths, c).sum() / lengths.sum():.0%} of all tokens")
-    print(f"vocabulary: {len(vocab)} entries from the training split ({time.time() - t0:.1f}s)\n")
+    print(f"vocabulary: {len(vocab)} entries from the training split ({time.time() - t0:.1f}s)")
+    print(f"chance level: {chance['accuracy']:.3f} on the test split (always '{chance['class']}', the "
+          f"training split's most frequent class); a model must beat it to have learned anything")
+    if args.epochs_note:
+        print(args.epochs_note)
+    best = "the last epoch's model is kept" if args.keep_last else "the best epoch on validation is kept"
+    print(f"training: up to {args.epochs} epochs, {best}"
+          + (f", a run stops after {args.patience} epochs without a better one" if args.patience else "")
+          + "\n")
 
     os.makedirs(args.out, exist_ok=True)
     data_path = os.path.join(args.out, "data.npz")
@@ -218,9 +313,11 @@ def prepare(args):
         json.dump({"data_dir": os.path.abspath(args.data_dir), "class_names": class_names,
                    "vocabulary": vocab, "paths": paths, "num_docs": len(texts),
                    "split": {"train": len(train), "val": len(val), "test": len(test)},
-                   "words": ws, "tokens": ts}, f)
+                   "words": ws, "tokens": ts, "chance": chance}, f)
     return dict(class_names=class_names, paths=paths, test=test, words=ws, tokens=ts,
-                num_docs=len(texts), split=[len(train), len(val), len(test)])
+                num_docs=len(texts), split=[len(train), len(val), len(test)], chance=chance,
+                name=data_name(args.data_dir), smallest_train_class=int(train_counts.min()),
+                vocabulary_sha256=common.vocabulary_fingerprint(vocab))
 
 
 def estimated_score_gb(args, context):
@@ -278,13 +375,15 @@ def launch(args, attention, context, save, seed):
     return result
 
 
-def load_note(results):
+def load_note(results, cores):
     loads = [r["load_avg"] for r in results if r.get("load_avg") is not None]
     if not loads:
         return ""
+    if not cores:
+        return f" (load average {max(loads):.1f})"
     return (f" (1-minute load average {min(loads):.1f}-{max(loads):.1f} during the runs, "
-            f"{os.cpu_count()} cores: other processes shared the machine)" if max(loads) > 1.5 *
-            os.cpu_count() else f" (load average {max(loads):.1f}, {os.cpu_count()} cores)")
+            f"{cores} cores: other processes shared the machine)" if max(loads) > 1.5 * cores
+            else f" (load average {max(loads):.1f}, {cores} cores)")
 
 
 def fmt(v, spec):
@@ -306,16 +405,21 @@ def aggregate(results):
         runs = [r for r in results if (r["attention"], r["context"]) == key]
         done = [r for r in runs if r.get("status") == "ok"]
         row = {"attention": key[0], "context": key[1], "seeds": len(done), "runs": len(runs),
-               "epochs": done[0]["epochs"] if done else None,
+               "epochs": max(r["epochs"] for r in done) if done else None,
+               "best_epochs": [r["best_epoch"] for r in done if r.get("best_epoch")],
+               "train_accuracy": max((r["train_accuracy_best"] for r in done
+                                      if r.get("train_accuracy_best") is not None), default=None),
+               "test_docs": done[0].get("test_docs") if done else None,
                "status": "ok" if len(done) == len(runs) else
                (f"{len(done)}/{len(runs)} ok; " if done else "") + next(
                    r["status"] for r in runs if r.get("status") != "ok")}
         for metric in METRICS:
-            values = np.array([r[metric] for r in done], float)
+            values = np.array([r[metric] for r in done if r.get(metric) is not None], float)
             row[metric] = float(values.mean()) if len(values) else None
             row[metric + "_std"] = float(values.std(ddof=1)) if len(values) > 1 else None
         for metric in ("epoch_s", "epoch_cpu_s"):
-            row[metric] = float(np.mean([r[metric] for r in done])) if done else None
+            values = [r[metric] for r in done if r.get(metric) is not None]
+            row[metric] = float(np.mean(values)) if values else None
         row["peak_memory_gib"] = max((r["peak_memory_gib"] for r in done), default=None)
         rows.append(row)
     return rows
@@ -326,16 +430,79 @@ def fmt_mean(row, metric):
     return fmt(mean, ".3f") + ("" if std is None else f" +- {std:.3f}")
 
 
-def write_results(args, info, results, device, quiet=False):
-    summary = aggregate(results)
+def fmt_epochs(row):
+    """'3' (no validation record), 'best 2 of 3', or for several seeds 'best 4/6/5 of 10'."""
+    if row.get("epochs") is None:
+        return "-"
+    if not row.get("best_epochs"):
+        return str(row["epochs"])
+    return f"best {'/'.join(map(str, row['best_epochs']))} of {row['epochs']}"
+
+
+def chance_verdicts(summary, chance):
+    """Adds 'beats_chance' (True/False/None) to every summary row."""
+    import common
+
+    for row in summary:
+        n = row.get("test_docs") or (chance or {}).get("test_docs")
+        if chance is None or row.get("accuracy") is None or not n:
+            row["beats_chance"] = None
+        else:
+            row["beats_chance"] = bool(common.beats_chance(row["accuracy"], n, chance["accuracy"]))
+    return summary
+
+
+def chance_paragraph(summary, chance, info, epochs_note=None):
+    """The plain statement under the table: every model beat chance, or which did not, why that is
+    likely and what to try."""
+    import common
+
+    if chance is None:
+        return ""
+    failed = [r for r in summary if r.get("beats_chance") is False]
+    head = (f"Chance level: {chance['accuracy']:.3f} on the {chance['test_docs']} test documents "
+            f"(always '{chance['class']}', the training split's most frequent class)")
+    if chance.get("long_accuracy") is not None:
+        head += f", {chance['long_accuracy']:.3f} on the {chance['long_docs']} longer than 512 tokens"
+    head += "."
+    if not failed:
+        if not any(r.get("beats_chance") for r in summary):
+            return head
+        return head + (" Every model that finished beat it (one-sided binomial test on the test "
+                       "split, p < 0.05).")
+    names = ", ".join(f"{r['attention']} at {r['context']} ({r['accuracy']:.3f})" for r in failed)
+    train_acc = min((r["train_accuracy"] for r in failed if r.get("train_accuracy") is not None),
+                    default=None)
+    reasons, tries = common.chance_advice(
+        train_docs=info["split"][0], smallest_class=info.get("smallest_train_class"),
+        test_docs=chance["test_docs"], epochs=max(r["epochs"] or 0 for r in failed),
+        train_accuracy=train_acc, chance=chance["accuracy"])
+    text = (f"{head}\n\n**Not better than chance: {names}.** "
+            f"{'This model' if len(failed) == 1 else 'These models'} did not learn to classify these "
+            f"documents (the accuracy is within what always answering '{chance['class']}' or luck "
+            f"gives).")
+    if reasons:
+        text += " Likely: " + "; ".join(reasons) + "."
+    text += " Try: " + "; ".join(tries) + " (examples/README.md, \"Your own documents\")."
+    if epochs_note:
+        text += f" ({epochs_note}.)"
+    return text
+
+
+def write_results(args, info, results, device, quiet=False, date=None, cores=None):
+    summary = chance_verdicts(aggregate(results), info.get("chance"))
+    chance = info.get("chance") or {}
     rows = []
-    header = ("| model | context | seeds | epochs | test acc | macro-F1 | acc >512 tok | F1 >512 tok | "
-              "s/epoch | CPU s/epoch | peak mem GiB | status |")
-    rows.append(header)
-    rows.append("|" + "---|" * 12)
+    acc_head = "test acc" + (f" (chance {chance['accuracy']:.3f})" if chance else "")
+    long_head = "acc >512 tok" + (f" (chance {chance['long_accuracy']:.3f})"
+                                  if chance.get("long_accuracy") is not None else "")
+    rows.append(f"| model | context | seeds | epochs | {acc_head} | beats chance | macro-F1 | {long_head} | "
+                "F1 >512 tok | s/epoch | CPU s/epoch | peak mem GiB | status |")
+    rows.append("|" + "---|" * 13)
     for r in summary:
-        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            r["attention"], r["context"], r["seeds"], fmt(r["epochs"], "d"), fmt_mean(r, "accuracy"),
+        beats = {True: "yes", False: "**no**", None: "-"}[r.get("beats_chance")]
+        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            r["attention"], r["context"], r["seeds"], fmt_epochs(r), fmt_mean(r, "accuracy"), beats,
             fmt_mean(r, "macro_f1"), fmt_mean(r, "long_accuracy"), fmt_mean(r, "long_macro_f1"),
             fmt(r.get("epoch_s"), ".1f"), fmt(r.get("epoch_cpu_s"), ".0f"),
             fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
@@ -348,49 +515,90 @@ def write_results(args, info, results, device, quiet=False):
                 r["attention"], r["context"], r.get("seed", "-"), *(fmt(r.get(m), ".3f") for m in METRICS),
                 r["status"]))
         table += "\n\nEvery run:\n\n" + "\n".join(per_run)
+    verdict = chance_paragraph(summary, info.get("chance"), info, getattr(args, "epochs_note", None))
     ok = next((r for r in results if r.get("status") == "ok"), {})
     mem_kind = ok.get("memory_kind", "peak RSS of the training process" if device == "CPU" else "")
-    models = "; ".join(f"{k}: {v}" for k, v in MODEL_NAMES.items()
-                       if any(r["attention"] == k for r in results))
+    ran = [k for k in MODEL_NAMES if any(r["attention"] == k and r.get("status") == "ok" for r in results)]
+    lines = [f"Models: {'; '.join(f'{k}: {MODEL_NAMES[k]}' for k in ran) or 'none finished'}"
+             + (" (the hub model computes its attention with tf_flash's kernels through Keras' own "
+                "flash switch)" if "hub" in ran else "") + "."]
+    if args.seeds > 1:
+        lines[-1] += (f" Metrics over several seeds: mean +- sample standard deviation (seeds "
+                      f"{args.seed}..{args.seed + args.seeds - 1}; split and vocabulary fixed).")
+    kept = ("the last epoch's weights (--keep-last)" if args.keep_last else
+            "the weights of the best epoch on the validation split" +
+            (f" (a run stops after {args.patience} epochs without a better one)" if args.patience else ""))
+    lines.append(f"Data: {info['name']}, {info['num_docs']} documents, {len(info['class_names'])} "
+                 f"classes, split train/val/test {'/'.join(map(str, info['split']))}; tokens per "
+                 f"document median {info['tokens']['median']}, p90 {info['tokens']['p90']}, max "
+                 f"{info['tokens']['max']}.")
     hub_recipe = ""
-    if args.hub_contexts and (args.hub_learning_rate != args.learning_rate or args.hub_warmup_epochs):
-        hub_recipe = f" (hub: {args.hub_learning_rate}" + (f", {args.hub_warmup_epochs}-epoch warm-up then cosine decay"
-                                           if args.hub_warmup_epochs else "") + ")"
-    meta = (f"Models: {models} (the hub model computes its attention with tf_flash's kernels through "
-            f"Keras' own flash switch). Metrics with several seeds: mean +- sample standard "
-            f"deviation over the seeds (seeds {args.seed}..{args.seed + args.seeds - 1}; split and "
-            f"vocabulary fixed).\n"
-            f"Data: {info['num_docs']} documents, {len(info['class_names'])} classes "
-            f"({os.path.basename(os.path.normpath(args.data_dir))}), split train/val/test "
-            f"{'/'.join(map(str, info['split']))}; tokens per document median {info['tokens']['median']}, "
-            f"p90 {info['tokens']['p90']}, max {info['tokens']['max']}.\n"
-            f"Model: {args.num_layers} blocks, width {args.embed_dim}, {args.num_heads} heads, "
-            f"ff {args.ff_dim}, vocabulary {args.vocab_size}, {ok.get('params', '?')} parameters; "
-            f"batch {args.batch_size}, AdamW lr {args.learning_rate}{hub_recipe}, "
-            f"jit_compile={args.jit_compile}, precision {args.mixed_precision}.\n"
-            f"Test accuracy / macro-F1 on all test documents and on those longer than 512 tokens "
-            f"({ok.get('long_docs', '?')} of {ok.get('test_docs', '?')}); s/epoch: training + validation, "
-            f"mean over the epochs after the first (one epoch: without its first step, which "
-            f"traces the graph); CPU s/epoch: the process's CPU time per "
-            f"epoch (user + system, all threads: less sensitive to other load than wall time); "
-            f"peak memory: {mem_kind}.\n"
-            f"Device: {device}{load_note(results)}; TensorFlow {ok.get('tf_version', '?')}, Keras "
-            f"{ok.get('keras_version', '?')}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
-    md = f"# Long-document classification: context length ({args.preset} preset)\n\n{table}\n\n{meta}\n"
+    if "hub" in ran and (args.hub_learning_rate != args.learning_rate or args.hub_warmup_epochs):
+        hub_recipe = f" (hub: {args.hub_learning_rate}" + (
+            f", {args.hub_warmup_epochs}-epoch warm-up then cosine decay" if args.hub_warmup_epochs
+            else "") + ")"
+    baseline = ""
+    if "keras" in ran and args.attention != "keras" and args.keras_epochs != args.epochs:
+        baseline = f"; the keras baseline trains {args.keras_epochs} epoch{'s' if args.keras_epochs > 1 else ''}"
+    lines.append(f"Model: {args.num_layers} block{'s' if args.num_layers > 1 else ''}, width "
+                 f"{args.embed_dim}, {args.num_heads} heads, ff {args.ff_dim}, vocabulary "
+                 f"{args.vocab_size}, {ok.get('params', '?')} parameters; batch {args.batch_size}, "
+                 f"AdamW lr {args.learning_rate}{hub_recipe}, up to {args.epochs} epochs{baseline}; "
+                 f"evaluated with {kept}; jit_compile={args.jit_compile}, precision "
+                 f"{args.mixed_precision}; settings of the {args.preset} preset unless given.")
+    long_docs, test_docs = ok.get("long_docs", chance.get("long_docs", "?")), ok.get(
+        "test_docs", chance.get("test_docs", "?"))
+    lines.append(f"Test accuracy / macro-F1 on all {test_docs} test documents and on the {long_docs} "
+                 f"longer than 512 tokens; beats chance: a one-sided binomial test against the chance "
+                 f"level, p < 0.05; s/epoch: training + validation, mean over the epochs after the "
+                 f"first (one epoch: without its first step, which traces the graph); CPU s/epoch: the "
+                 f"process's CPU time per epoch (user + system, all threads: less sensitive to other "
+                 f"load than wall time); peak memory: {mem_kind}.")
+    if date is None:  # this run's, not a record's
+        date, cores = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.cpu_count()
+    lines.append(f"Device: {device}{load_note(results, cores)}; TensorFlow {ok.get('tf_version', '?')}, Keras "
+                 f"{ok.get('keras_version', '?')}; {date}.")
+    meta = "\n".join(lines)
+    md = (f"# Long-document classification on {info['name']}: accuracy against context length\n\n"
+          f"{table}\n\n{verdict}\n\n{meta}\n")
+    doc = {"preset": args.preset, "device": device, "date": date, "cores": cores, "config": {
+        k: (repo_relative(v) if k == "data_dir" else v) for k, v in vars(args).items()
+        if k not in ("worker", "out", "publish", "replot", "resume", "tf_logs")}, "data": {
+        "name": info["name"], "num_docs": info["num_docs"], "classes": info["class_names"],
+        "split": info["split"], "words": info["words"], "tokens": info["tokens"],
+        "chance": info.get("chance"), "smallest_train_class": info.get("smallest_train_class")},
+        "summary": summary, "runs": results}
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"preset": args.preset, "device": device, "config": {
-            k: v for k, v in vars(args).items() if k not in ("worker",)}, "data": {
-            "num_docs": info["num_docs"], "classes": info["class_names"], "split": info["split"],
-            "words": info["words"], "tokens": info["tokens"]}, "summary": summary, "runs": results},
-            f, indent=1)
+        json.dump(doc, f, indent=1)
     if not quiet:
-        print("\n" + table + "\n\n" + meta + "\n")
-    plot(args, results, quiet)
+        print("\n" + table + "\n\n" + verdict + "\n\n" + meta + "\n")
+    plot(doc, args.out, quiet)
+    if args.publish and not quiet:
+        publish(args.out, device)
 
 
-def plot(args, results, quiet=False):
+def publish(out, device):
+    """Copies the results to the repository's current results of this device, replacing them."""
+    import shutil
+
+    dest = os.path.join(RESULTS_DIR, "cpu" if device == "CPU" else "gpu")
+    os.makedirs(dest, exist_ok=True)
+    for name in ("results.md", "results.json", "accuracy_vs_context.png"):
+        if os.path.exists(os.path.join(out, name)):
+            shutil.copyfile(os.path.join(out, name), os.path.join(dest, name))
+    print(f"published to {repo_relative(dest)}")
+
+
+MODEL_LABELS = {"flash": "FlashMultiHeadAttention", "hub": "KerasHub BERT + tf_flash.keras",
+                "keras": "keras MultiHeadAttention"}
+
+
+def plot(doc, out, quiet=False):
+    """accuracy_vs_context.png from a results.json document: the models that finished, all test
+    documents (solid, filled markers) and those longer than 512 tokens (dashed, open markers), the
+    chance level, failed runs marked at their context."""
     try:
         import matplotlib
     except ImportError:
@@ -401,63 +609,116 @@ def plot(args, results, quiet=False):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    results, summary = doc["runs"], aggregate(doc["runs"])
+    data = doc.get("data", {})
+    chance = data.get("chance")
+    name = data.get("name") or os.path.basename(os.path.normpath(doc["config"]["data_dir"]))
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
     styles = {"flash": ("tab:blue", "o"), "hub": ("tab:green", "^"), "keras": ("tab:orange", "s")}
-    summary = aggregate(results)
+    # Models at the same context and accuracy would hide each other: each is drawn a little to the
+    # side of its context (the ticks mark the contexts).
+    shift = {"flash": 2 ** -0.08, "hub": 1.0, "keras": 2 ** 0.08}
+    epochs = {r["epochs"] for r in summary if r["seeds"]}
     for attention in ("flash", "hub", "keras"):
-        runs = [r for r in results if r["attention"] == attention]
         done = [r for r in summary if r["attention"] == attention and r["seeds"]]
         color, marker = styles[attention]
-        label = {"flash": "FlashMultiHeadAttention", "hub": "KerasHub BERT + tf_flash.keras",
-                 "keras": "keras MultiHeadAttention"}[attention]
-        if done and len({r["epochs"] for r in summary if r["seeds"]}) > 1:
+        label = MODEL_LABELS[attention]
+        if done and len(epochs) > 1:
             n = "/".join(sorted({str(r["epochs"]) for r in done}))
             label += f" ({n} epoch{'' if n == '1' else 's'})"
         if done:
+            xs = [r["context"] * shift[attention] for r in done]
+
             def errors(metric):
-                return [r[metric + "_std"] or 0.0 for r in done]
-            ax.errorbar([r["context"] for r in done], [r["accuracy"] for r in done], yerr=errors("accuracy"),
-                        marker=marker, color=color, capsize=3, label=f"{label}: all test docs")
-            ax.errorbar([r["context"] for r in done], [r["long_accuracy"] for r in done],
-                        yerr=errors("long_accuracy"), marker=marker, color=color, linestyle="--", capsize=3,
-                        label=f"{label}: docs > 512 tokens")
-        for r in runs:
-            if r.get("status") != "ok":
-                ax.axvline(r["context"], color=color, linestyle=":", alpha=0.6)
-                ax.annotate(r["status"].split(":")[0], (r["context"], 0.05), color=color, rotation=90,
-                            fontsize=8, ha="right")
+                return [r.get(metric + "_std") or 0.0 for r in done]
+            all_long = all(r.get("long_docs") == r.get("test_docs") for r in results
+                           if r["attention"] == attention and r.get("status") == "ok")
+            ax.errorbar(xs, [r["accuracy"] for r in done], yerr=errors("accuracy"), marker=marker,
+                        color=color, capsize=3, markersize=7,
+                        label=f"{label}: all test docs" + (" (all > 512 tokens)" if all_long else ""))
+            longs = [r.get("long_accuracy") for r in done]
+            if not all_long and all(v is not None for v in longs):
+                ax.errorbar(xs, longs, yerr=errors("long_accuracy"), marker=marker, color=color,
+                            linestyle="--", capsize=3, markersize=7, markerfacecolor="white",
+                            label=f"{label}: docs > 512 tokens")
+        for r in results:
+            if r["attention"] == attention and r.get("status") != "ok":
+                ax.axvline(r["context"] * shift[attention], color=color, linestyle=":", alpha=0.6)
+                ax.annotate(f"{attention}: {r['status'].split(':')[0]}", (r["context"] * shift[attention], 0.05),
+                            color=color, rotation=90, fontsize=8, ha="right")
+    if chance:
+        ax.axhline(chance["accuracy"], color="grey", linestyle=":", linewidth=1.5,
+                   label=f"chance: always '{chance['class']}' ({chance['accuracy']:.2f})")
+        if chance.get("long_accuracy") is not None and abs(chance["long_accuracy"] - chance["accuracy"]) > 0.01 \
+                and chance.get("long_docs") != chance.get("test_docs"):
+            ax.axhline(chance["long_accuracy"], color="grey", linestyle="-.", linewidth=1,
+                       label=f"chance on docs > 512 tokens ({chance['long_accuracy']:.2f})")
     ax.set_xscale("log", base=2)
     ticks = sorted({r["context"] for r in results})
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.minorticks_off()
+    if ticks:
+        ax.set_xlim(min(ticks) / 2 ** 0.5, max(ticks) * 2 ** 0.5)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("test accuracy")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     seeds = max((r["seeds"] for r in summary), default=1)
-    ax.set_title(f"Long-document classification ({args.preset} preset"
-                 + (f", mean +- std over {seeds} seeds)" if seeds > 1 else ")"))
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    path = os.path.join(args.out, "accuracy_vs_context.png")
-    fig.savefig(path, dpi=120)
+    test_docs = (chance or {}).get("test_docs") or next((r["test_docs"] for r in summary if r.get("test_docs")), None)
+    subtitle = (f"{test_docs} test documents" if test_docs else "") + (
+        f", mean +- std over {seeds} seeds" if seeds > 1 else "") + f", {doc.get('device', '')}"
+    ax.set_title(f"Long-document classification on {name}\n{subtitle.strip(', ')}", fontsize=10)
+    # Below the axes: inside, the legend would hide points.
+    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    path = os.path.join(out, "accuracy_vs_context.png")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     if not quiet:
         print(f"wrote {path}")
 
 
+def replot(args):
+    """results.md and the plot again from OUT/results.json, with the settings it records."""
+    with open(os.path.join(args.out, "results.json")) as f:
+        saved = json.load(f)
+    # Records without these settings were evaluated with the last epoch's weights.
+    config = {"patience": 0, "keep_last": True, "epochs_note": None, **saved["config"],
+              "out": args.out, "publish": args.publish}
+    data = saved["data"]
+    info = {"name": data.get("name") or data_name(config["data_dir"]), "num_docs": data["num_docs"],
+            "class_names": data["classes"], "split": data["split"], "words": data["words"],
+            "tokens": data["tokens"], "chance": data.get("chance"),
+            "smallest_train_class": data.get("smallest_train_class")}
+    write_results(argparse.Namespace(**config), info, saved["runs"], saved["device"],
+                  date=saved.get("date", "date not recorded"), cores=saved.get("cores"))
+
+
+def last_run_record(args, info):
+    """Points predict.py's default model at this run's saved model."""
+    path = cli.last_run_file()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"model": os.path.abspath(os.path.join(args.out, "model.keras")),
+                   "out": os.path.abspath(args.out), "data_dir": os.path.abspath(args.data_dir),
+                   "data_set": info["name"], "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                  f, indent=1)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    cli.quiet_tensorflow(tf_logs=getattr(args, "tf_logs", False))
     if args.worker:
+        cli.import_tensorflow()  # before the run imports Keras, which imports TensorFlow unfiltered
         return worker(args.worker)
     if args.replot:
-        with open(os.path.join(args.out, "results.json")) as f:
-            saved = json.load(f)
-        args.preset = saved["preset"]
-        plot(args, saved["runs"])
+        replot(args)
         return 0
     t_start = time.time()
-    info = prepare(args)
+    try:
+        info = prepare(args)
+    except (OSError, ValueError) as e:  # an unreadable tree: one line, as for a bad argument
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
     device = detect_device()
     seeds = [args.seed + i for i in range(args.seeds)]
     plan = []
@@ -485,8 +746,8 @@ def main(argv=None):
     status = 0
     if not args.no_save:
         status = check_saved(args, info)
-    print(f"\ntotal wall time {time.time() - t_start:.0f}s; results in {args.out}")
-    if any(r.get("status") == "ok" for r in results) is False:
+    print(f"\ntotal wall time {time.time() - t_start:.0f}s; results in {repo_relative(args.out)}")
+    if not any(r.get("status") == "ok" for r in results):
         status = 1
     return status
 
@@ -496,9 +757,10 @@ def check_saved(args, info):
     if not os.path.exists(model):
         print("no saved model (the saving run did not finish)")
         return 1
+    last_run_record(args, info)
     predict = os.path.join(HERE, "predict.py")
-    print("\n=== reload in a fresh process: .keras and SavedModel, predictions must be identical ===",
-          flush=True)
+    print(f"\n=== reload in a fresh process: .keras and SavedModel, predictions on the "
+          f"{len(info['test'])} test documents must be identical ===", flush=True)
     rc = subprocess.run([sys.executable, predict, "--model", model, "--verify",
                          os.path.join(args.out, "reference.json")]).returncode
     doc = info["paths"][int(info["test"][0])]
@@ -509,6 +771,8 @@ def check_saved(args, info):
 
 
 def detect_device():
+    if not cli.gpu_present():
+        return "CPU"
     out = subprocess.run([sys.executable, "-c",
                           "import os; os.environ['TF_CPP_MIN_LOG_LEVEL']='3'\n"
                           "import tensorflow as tf\n"
@@ -620,9 +884,11 @@ def train_run(spec):
     if gpus:
         tf.config.experimental.reset_memory_stats("GPU:0")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    best = common.BestOnValidation(patience=spec["patience"], restore=not spec["keep_last"])
     try:
+        # The batches shuffle themselves (documents of similar length stay together): shuffle=False.
         history = model.fit(train_b.dataset(), validation_data=val_b.dataset(), epochs=epochs,
-                            callbacks=[EpochTimer()], verbose=spec["verbose"])
+                            callbacks=[EpochTimer(), best], verbose=spec["verbose"], shuffle=False)
         probs = model.predict(test_b.dataset(), verbose=0)
     except tf.errors.ResourceExhaustedError as e:
         result.update(status="OOM", error=str(e).splitlines()[0][:300])
@@ -632,8 +898,17 @@ def train_run(spec):
     y_pred = probs.argmax(-1)
     long = np.array([len(tokens[i]) for i in test])[order] > common.SHORT_CONTEXT
     n = len(class_names)
+    hist = history.history
+    train_acc = [float(a) for a in hist.get("accuracy", [])]
+    best_epoch = best.best_epoch if not spec["keep_last"] else len(train_acc)
+    chance = meta.get("chance") or {}
     result.update(
-        status="ok", epochs=epochs, epoch_times_s=times,
+        status="ok", epochs=len(times), epochs_planned=epochs, best_epoch=best_epoch,
+        stopped_early=best.stopped_epoch is not None, kept="last" if spec["keep_last"] else "best",
+        train_accuracy=train_acc,
+        train_accuracy_best=train_acc[best_epoch - 1] if best_epoch and train_acc else None,
+        val_loss=[float(a) for a in hist.get("val_loss", [])],
+        chance_accuracy=chance.get("accuracy"), epoch_times_s=times,
         epoch_s=float(np.mean(times[1:]) if len(times) > 1 else after_first[0]),
         load_avg=float(np.mean(loads)) if loads else None, epoch_cpu_times_s=cpu_times,
         epoch_cpu_s=float(np.mean(cpu_times[1:]) if len(cpu_times) > 1 else cpu_times[0]),
@@ -643,14 +918,25 @@ def train_run(spec):
         long_accuracy=common.accuracy(y_true[long], y_pred[long]),
         long_macro_f1=common.macro_f1(y_true[long], y_pred[long], n),
         test_docs=int(len(y_true)), long_docs=int(long.sum()),
-        val_accuracy=[float(a) for a in history.history.get("val_accuracy", [])])
-    print(f"[{attention}_{context} seed {spec['seed']}] test accuracy {result['accuracy']:.3f}, macro-F1 "
-          f"{result['macro_f1']:.3f}; on the {result['long_docs']} documents > "
-          f"{common.SHORT_CONTEXT} tokens: accuracy {result['long_accuracy']:.3f}, macro-F1 "
-          f"{result['long_macro_f1']:.3f}; {result['epoch_s']:.1f}s/epoch", flush=True)
+        val_accuracy=[float(a) for a in hist.get("val_accuracy", [])])
+    kept = (f"best epoch {best_epoch} of {len(times)}" + (" (stopped early)" if result["stopped_early"] else "")
+            if not spec["keep_last"] else f"last of {len(times)} epochs")
+    chance_note = ""
+    if chance:
+        verdict = ("beats it" if common.beats_chance(result["accuracy"], result["test_docs"], chance["accuracy"])
+                   else "NOT better than chance")
+        chance_note = f" (chance {chance['accuracy']:.3f}: {verdict})"
+    long_note = (f"; on the {result['long_docs']} document{'s' if result['long_docs'] > 1 else ''} > "
+                 f"{common.SHORT_CONTEXT} tokens: accuracy "
+                 f"{result['long_accuracy']:.3f}" + (f" (chance {chance['long_accuracy']:.3f})"
+                                                     if chance.get("long_accuracy") is not None else "")
+                 + f", macro-F1 {result['long_macro_f1']:.3f}") if result["long_docs"] else ""
+    print(f"[{attention}_{context} seed {spec['seed']}] {kept}: test accuracy {result['accuracy']:.3f}"
+          f"{chance_note}, macro-F1 {result['macro_f1']:.3f}{long_note}; {result['epoch_s']:.1f}s/epoch",
+          flush=True)
     finish(spec, result, gpus, measure_only=True)
     if spec["save"]:
-        save(spec, model, vocab, class_names, meta["paths"], test)
+        save(spec, model, vocab, meta, test, result)
     return finish(spec, result, gpus)
 
 
@@ -673,8 +959,10 @@ def finish(spec, result, gpus, measure_only=False):
     return 0
 
 
-def save(spec, classifier, vocab, class_names, paths, test):
-    """Saves the model with its tokenizer (raw text in) as .keras and SavedModel + reference outputs."""
+def save(spec, classifier, vocab, meta, test, result):
+    """Saves the model with its tokenizer (raw text in) as .keras and SavedModel, what it was trained
+    on (labels.json: predict.py names the model and checks it against a data set with it), and its
+    predictions on the whole test split (reference.json: the reload check)."""
     import tensorflow as tf
     import common
 
@@ -685,14 +973,21 @@ def save(spec, classifier, vocab, class_names, paths, test):
     export_path = os.path.join(out, "saved_model")
     text_model.export(export_path, verbose=False)
     with open(os.path.join(out, "labels.json"), "w") as f:
-        json.dump({"class_names": class_names, "context": spec["context"],
-                   "attention": spec["attention"]}, f)
-    sample = [int(i) for i in test[:16]]
+        json.dump({"class_names": meta["class_names"], "context": spec["context"],
+                   "attention": spec["attention"], "data_dir": meta["data_dir"],
+                   "data_set": os.path.basename(os.path.normpath(meta["data_dir"])),
+                   "num_docs": meta["num_docs"], "split": meta["split"],
+                   "vocabulary_size": len(vocab), "vocabulary_sha256": common.vocabulary_fingerprint(vocab),
+                   "vocab_size": spec["vocab_size"], "seed": spec["seed"],
+                   "max_docs_per_class": spec["max_docs_per_class"], "preset": spec["preset"],
+                   "best_epoch": result.get("best_epoch"), "epochs": result.get("epochs"),
+                   "test_accuracy": result.get("accuracy"), "chance": meta.get("chance"),
+                   "trained": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, f, indent=1)
     texts = []
-    for i in sample:
-        with open(paths[i], "rb") as fh:
+    for i in test:
+        with open(meta["paths"][int(i)], "rb") as fh:
             texts.append(fh.read().decode("utf-8", errors="replace"))
-    probs = text_model.predict(tf.constant(texts), batch_size=4, verbose=0)
+    probs = text_model.predict(tf.constant(texts), batch_size=16, verbose=0)
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump({"texts": texts, "probs": probs.tolist()}, f)
     print(f"saved {keras_path} and {export_path}/ (raw text in, class probabilities out)")
