@@ -21,8 +21,11 @@ start=$(date +%s)
 if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
   bash scripts/install.sh
 fi
-"$PYTHON" -c "import tf_flash; tf_flash.layers.FlashMultiHeadAttention" \
-  || { echo "tf_flash does not import: see the errors above (scripts/install.sh)" >&2; exit 1; }
+# Its output (TensorFlow's start-up notices) only matters when the import fails.
+if ! out=$(TF_CPP_MIN_LOG_LEVEL=3 "$PYTHON" -c "import tf_flash; tf_flash.layers.FlashMultiHeadAttention" 2>&1); then
+  echo "$out" >&2
+  echo "tf_flash does not import: see the errors above (scripts/install.sh)" >&2; exit 1
+fi
 
 # 2. The documents: Debian's linux-doc-6.1 (Linux kernel documentation). Where the package is not
 # installed (or /usr/share/doc is filtered), prepare_data.py unpacks it with apt-get download + dpkg -x.
