@@ -8,8 +8,8 @@
 
 #include "cc/kernels/flash/params.h"
 
-// name, head dim, block M, block N, warps. (The serial-softmax and min-blocks-per-SM variants were
-// measured slower or equal and left the kernel.)
+// name, head dim, block M, block N, warps. (A serial softmax and a min-blocks-per-SM bound measure slower or
+// equal, so no variant offers them.)
 #define TF_FLASH_FWD_VARIANTS(X)             \
   X(0, "d128_128x64x4", 128, 128, 64, 4)     \
   X(1, "d128_128x128x8", 128, 128, 128, 8)   \

@@ -63,7 +63,7 @@ struct BwdTraitsSm90 {
   static constexpr int kProducerRegs = 24, kMmaRegs = 240;
   // Dropout masks drawn one tile ahead (see the consumer loop) at head dim 64; at 128 the extra live
   // registers spill. H100, bf16, ms per backward, ahead against in the tile: b4 s4k h16 d128 7.19 / 6.75,
-  // b16 s1k h12 d64 0.823 / 0.855 (benchmarks/results/tf_gpu_round11/bwd_sm90/).
+  // b16 s1k h12 d64 0.823 / 0.855.
   static constexpr bool kDropoutDrawAhead = kHeadDim <= 64;
   static_assert(!kSplitHeadDim || !kDropoutDrawAhead, "the kSplitHeadDim branch draws in the tile only");
   static_assert(kHeadDim % 64 == 0, "128-byte swizzled rows of 64 elements");
@@ -91,7 +91,7 @@ struct BwdTraitsSm90 {
                                                              cute::GMMA::Major::K, cute::GMMA::Major::MN>())>{},
       WarpGroupsKV{}));
   // dQ = dS K: (queries, head dim, keys); dS query-major, K head-dim-major. The warpgroups split 128 query rows
-  // (64 each, the whole head dim: GEMMs of N = 64 rather than 32 at d64, +4-7%; round 18), or else the head dim.
+  // (64 each, the whole head dim: GEMMs of N = 64 rather than 32 at d64, +4-7%), or else the head dim.
   static constexpr bool kdQSplitRows = kBlockM == 128;
   static constexpr int kdQPartRows = kdQSplitRows ? 64 : kBlockM, kdQPartCols = kdQSplitRows ? kHeadDim : kHeadDim / 2;
   using TiledMmadQ = decltype(cute::make_tiled_mma(
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   Tensor sdS = make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdS{});
   // dS^T and the dQ staging are written from registers through views with the swizzle in their layouts (position
   // independent), not in the pointer: a swizzled pointer is computed as an integer, which loses the shared address
-  // space, and the stores were generic (ST.E with 64-bit addresses, dQ's 8-byte stores split in two).
+  // space and makes the stores generic (ST.E with 64-bit addresses, dQ's 8-byte stores split in two).
   Tensor sdSt = as_position_independent_swizzle_tensor(
       make_tensor(make_smem_ptr(shared.ds.begin()), typename Traits::SmemLayoutdSt{}));
   // kSplitHeadDim: P^T, written like dS^T, and both read by dV's and dK's GEMMs.
@@ -496,8 +496,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           return 0u;
         };
         // The dQ tile staged at the end of a step is reduce-added in the next one, after its S^T and dP^T GEMMs
-        // are issued: by then its st.shared have completed, and the fence no longer waits for them behind the dK
-        // GEMM's shared-memory reads (+5-13% at head dim 128, +4-6% at 64; round 18).
+        // are issued: by then its st.shared have completed, so the fence does not wait for them behind the dK
+        // GEMM's shared-memory reads (+5-13% at head dim 128, +4-6% at 64).
         int staged_h = -1, staged_m0 = 0;  // staged_h < 0: nothing staged
         auto reduce_add_staged_dq = [&] {
           cutlass::arch::fence_view_async_shared();
@@ -587,9 +587,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
               CUTE_UNROLL
               for (int ni = 0; ni < kCols; ++ni) {
                 // Never above 0 (bwd_kernel.h's probabilities): a rounded lse must not make P > 1. Leaving out
-                // this clamp and the selects below in tiles that need neither (round 24's
-                // TF_FLASH_SM90_BWD_FAST_TILES, under a warp vote) was 0.91-1.0 of this: d64 spilled more, d128 ran
-                // 4-9% slower from 4k (benchmarks/results/tf_gpu_round24/harness_bwd/).
+                // this clamp and the selects below in tiles that need neither (under a warp vote) measures
+                // 0.91-1.0 of this: d64 spills more, d128 runs 4-9% slower from 4k.
                 const float prob = fast_exp2(fminf(S(mi, ni) * scale_log2 - lse2(ni), 0.f));
                 S(mi, ni) = (hidden >> (mi * kCols + ni)) & 1u ? 0.f : prob;
               }
@@ -777,7 +776,7 @@ template <class Element, int kHeadDim>
 cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
   using Traits = BwdTraitsSm90<kHeadDim, Element>;
   // The plain variant takes 128 query rows per tile at head dim 64: its GEMMs of 64 x 64 x 64 per warpgroup
-  // were too short to cover a tile's barriers, softmax and dQ staging (+9-19% from 1k; round 18). The others
+  // are too short to cover a tile's barriers, softmax and dQ staging (+9-19% from 1k). The others
   // keep 64 (their dropout, attn_mask and visibility bits are 32 per thread; the mask summaries are per 64
   // query rows).
   using PlainTraits = BwdTraitsSm90<kHeadDim, Element, kHeadDim == 64 ? 128 : 64>;

@@ -133,7 +133,7 @@ __device__ __forceinline__ auto convert_fragment(cute::Tensor<Engine, Layout> co
 
 // fp32 register tensor -> an existing register tensor of To over the same offsets (a layout that regroups
 // src's modes, such as a wgmma accumulator seen as an A operand), one register of two values at a time.
-// (Converting into a new tensor and copying it element by element made the compiler take each register's
+// (Converting into a new tensor and copying it element by element makes the compiler take each register's
 // 16-bit halves apart and put them back: ~160 more instructions per tile in the Hopper forward at d128.)
 template <class Engine, class Layout, class EngineOut, class LayoutOut>
 __device__ __forceinline__ void convert_fragment_into(cute::Tensor<Engine, Layout> const& src,
@@ -247,8 +247,8 @@ __device__ __forceinline__ void store_tile(TiledCopy const& tiled_copy, ThrCopy 
 
 // dQ accumulator (global, fp32) += this thread's part of acc_dq, by atomics: on sm_90 the accumulator's
 // (even, odd) column pairs are adjacent in memory, one 8-byte red per pair. 16-byte reds (lanes trading a column
-// pair, half the requests) measured 0.98-1.00 of this at d256 (benchmarks/results/tf_gpu_round25/): the L2 counts
-// the sectors written, not the requests.
+// pair, half the requests) measure 0.98-1.00 of this at d256: the L2 counts the sectors written, not the
+// requests.
 template <class AccDq, class GmemDq>
 __device__ __forceinline__ void atomic_add_dq(AccDq const& acc_dq, GmemDq& tdQgdQ) {
   using namespace cute;

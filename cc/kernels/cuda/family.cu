@@ -45,14 +45,6 @@ bool hopper_family_allowed() {
 
 int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
-bool hopper_forward_persistent() {
-  static const bool persistent = [] {
-    const char* choice = std::getenv("TF_FLASH_SM90_FORWARD_SCHEDULE");
-    return choice == nullptr || std::strcmp(choice, "tiles") != 0;
-  }();
-  return persistent;
-}
-
 }  // namespace cuda
 
 CudaKernelCounts flash_cuda_kernel_counts() {

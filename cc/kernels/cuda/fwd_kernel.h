@@ -189,11 +189,9 @@ __device__ __forceinline__ void mask_scores(Scores& s, CoordRC const& coord_rc, 
 // The sm_80 forward exponentiates s * scale_log2 - max * scale_log2, one FMA per score, while
 // |max * scale_log2| stays below this (the rounding of max * scale_log2 is then <= 2^-15). That rounding grows
 // with the logits, to hundreds at |logits| ~ 1e9, and 2^hundreds overflows P (issue #16): a warp with a
-// larger row max first subtracts the max from its scores, exactly as (s - max) * scale_log2. Measured on the
-// H100 at head dim 64 against the FMA alone (benchmarks/results/tf_gpu_round9/): 2-4% slower forward, either
-// family. The Hopper forward's plain and attn_mask variants vote likewise (exponentiate<true>; against always
-// subtracting, 1-4% faster through TF, tf_gpu_round23/; attn_mask 3-12% in the harness, tf_gpu_round24/); its
-// general variants always subtract (with dropout the vote was 6-9% slower, round 24).
+// larger row max first subtracts the max from its scores, exactly as (s - max) * scale_log2. The vote costs the
+// head-dim-64 forward 2-4% against the FMA alone (H100, either family). The Hopper forward's plain and attn_mask
+// variants vote likewise (exponentiate<true>); its general variants always subtract (fwd_kernel_sm90.h says why).
 constexpr float kFmaExponentLimit = 1024.f;
 
 // The running max and sum of this thread's score rows, base 2 (softmax_scale_log2).
@@ -237,11 +235,11 @@ struct OnlineSoftmax {
 
   // s -> 2^((s - ref) scale_log2) and the running sums (rescaled by correction); `shift`: subtract ref
   // from the scores first (kFmaExponentLimit). The sums as two interleaved partial chains per row.
-  // Every ex2 on MUFU: FlashAttention-4's emulation of a share of them by a cubic on the FMA pipe made the d64
-  // Hopper forward slower in proportion (1/8 of them: 0.95-0.98, 1/4: 0.93-0.95, 1/2: 0.86), its MUFU not the limit
-  // (benchmarks/results/tf_gpu_round24/harness_c/). The sums stay FADDs: summing P on the tensor cores instead (P
-  // times a tile of ones beside the P V GEMM) halved the d64 forward's FADDs yet ran 0.94-1.07 there (bf16 0.94-1.00),
-  // 0.90-0.98 at d128 non-causal, and summed the rounded 16-bit P (benchmarks/results/tf_gpu_round25/).
+  // Every ex2 on MUFU: FlashAttention-4's emulation of a share of them by a cubic on the FMA pipe makes the d64
+  // Hopper forward slower in proportion (1/8 of them: 0.95-0.98, 1/4: 0.93-0.95, 1/2: 0.86), its MUFU not being the
+  // limit. The sums stay FADDs: summing P on the tensor cores instead (P times a tile of ones beside the P V GEMM)
+  // halves the d64 forward's FADDs yet runs 0.94-1.07 there (bf16 0.94-1.00), 0.90-0.98 at d128 non-causal, and
+  // sums the rounded 16-bit P.
   template <class Scores>
   __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
                                                     const float (&correction)[kRows], float scale_log2,
@@ -311,13 +309,14 @@ struct OnlineSoftmax {
   // O (applied by the caller once its GEMM is done), then the exponentials and the running sum. kVote: one FMA
   // per score unless some row of the warp passes kFmaExponentLimit (update()'s vote); else always as
   // (s - max) * scale_log2. Rows may be entirely -inf.
-  // kLazy: a row keeps its reference max until a tile raises it by more than kLazyRescaleLog2 powers of two
+  // Lazily: a row keeps its reference max until a tile raises it by more than kLazyRescaleLog2 powers of two
   // (FlashAttention-4's conditional rescaling), so P stays <= 2^kLazyRescaleLog2 and O and the row sum need no
   // rescaling until then; after a row's first tiles that is rare. The exponents, the sums and the lse all use
-  // the reference, so the result is the same softmax. Returns whether O must be rescaled: with kLazy, a warp vote
-  // (uniform, for a branch); else always.
+  // the reference, so the result is the same softmax. O's rescale costs one FMUL per element of O per key tile
+  // (per score 0.5 / 1 / 4 at d64 / d128 / d256): rescaling only when needed makes the Hopper forward 4-9% faster
+  // at d256 through TF and 0-4% at d128. Returns whether O must be rescaled: a warp vote (uniform, for a branch).
   static constexpr float kLazyRescaleLog2 = 8.f;
-  template <bool kLazy, class Scores>
+  template <class Scores>
   __device__ __forceinline__ bool rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
                                               bool first) {
     bool moved = false;
@@ -325,12 +324,12 @@ struct OnlineSoftmax {
     for (int mi = 0; mi < kRows; ++mi) {
       const float mx = quad_max(thread_row_max(s, mi));
       // Kept also where both are -inf (the difference is NaN).
-      const bool keep = kLazy && !first && !((mx - row_max[mi]) * scale_log2 > kLazyRescaleLog2);
+      const bool keep = !first && !((mx - row_max[mi]) * scale_log2 > kLazyRescaleLog2);
       correction[mi] = first || keep ? 1.f : fast_exp2((row_max[mi] - reference(mx)) * scale_log2);
       if (!keep) row_max[mi] = mx;
       moved |= !keep && !first;
     }
-    return kLazy ? __any_sync(0xffffffffu, moved) : true;
+    return __any_sync(0xffffffffu, moved);
   }
   template <bool kVote, class Scores>
   __device__ __forceinline__ void exponentiate(Scores& s, const float (&correction)[kRows], float scale_log2) {
@@ -614,7 +613,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
       const bool has_attn = p.attn_mask.data != nullptr;
       const bool partial_blocks = !cover.all;
       staged = has_attn || partial_blocks;
-      // A key mask stages one row instead of kBlockM (a padding mask's cost was ~10x the plain kernel's).
+      // A key mask stages one row instead of kBlockM (with kBlockM rows a padding mask costs ~10x the plain kernel).
       key_mask = has_attn && p.attn_mask.row_stride == 0 && !partial_blocks;
       if (staged) {
         const uint32_t seen = stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, partial_blocks,

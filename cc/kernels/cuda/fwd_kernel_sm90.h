@@ -40,42 +40,6 @@
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
-// 0: one register buffer of P in every forward variant (an A/B switch for measurements; see kDoubleBufferP).
-#ifndef TF_FLASH_SM90_DOUBLE_BUFFER_P
-#define TF_FLASH_SM90_DOUBLE_BUFFER_P 1
-#endif
-// 1: the wgmma descriptors of Q, which stays put in shared memory across the forward's loops, are rebuilt at each
-// GEMM (loop_operand) instead of held in registers across them; an A/B switch for measurements, 0 unless set.
-// Rebuilt, the d128 and d256 variants do not spill (held: 20-44 and 72-124 bytes), yet through TF the d128 forward
-// was not faster (4k even, 8k and 16k 1-2% slower; harness +1-4%; d64 1-3% slower): benchmarks/results/tf_gpu_round21/.
-#ifndef TF_FLASH_SM90_REBUILD_DESCRIPTORS
-#define TF_FLASH_SM90_REBUILD_DESCRIPTORS 0
-#endif
-// 1: the plain variant (no soft-capping, dropout, block masks or attn_mask) exponentiates with one FMA per score
-// unless a row of the warp passes kFmaExponentLimit (fwd_kernel.h: a warp vote per tile, as in the sm_80 family),
-// rather than always (s - max) * scale_log2 (0: the general variants' way): one floating-point instruction fewer per
-// score, where round 23's ncu of the d64 forward counted FADD and FMUL 40% of the instructions and FFMA none.
-// Through TF (bf16, ten attentions per tf.function): d64 forward +1-4%, d128 +1-2%, causal even; harness d256
-// +3-12% (benchmarks/results/tf_gpu_round23/).
-#ifndef TF_FLASH_SM90_EXPONENT_VOTE
-#define TF_FLASH_SM90_EXPONENT_VOTE 1
-#endif
-// 1: the vote in the general variants too (dropout, soft-capping, block masks); an A/B switch, 0 unless set. The
-// attn_mask-only variant votes by default. Round 24's harness (bf16 d128, `feat`): the vote there gave attn_mask and
-// key masks +3-12%, but dropout -6..-9% and block-sparse -2..+5% (d128 general + attn_mask spills 44 -> 100 bytes):
-// benchmarks/results/tf_gpu_round24/harness_b/.
-#ifndef TF_FLASH_SM90_EXPONENT_VOTE_ALL
-#define TF_FLASH_SM90_EXPONENT_VOTE_ALL 0
-#endif
-// 1: lazy rescaling (fwd_kernel.h's rescale_max<true>): a row's reference max moves only when a tile raises it by
-// more than 2^8, and O is rescaled only in a warp where one did, instead of at every tile: O's rescale is one FMUL
-// per element of O per key tile, per score 0.5 / 1 / 4 at d64 / d128 / d256. Through TF (bf16, ten attentions per
-// tf.function, round 24): forward d256 +4-9%, d128 +0-4% (8k 594 -> 616), d64 -3..+7%, forward+backward even to
-// +2%; Keras step even (benchmarks/results/tf_gpu_round24/). 0: rescale at every tile.
-#ifndef TF_FLASH_SM90_LAZY_RESCALE
-#define TF_FLASH_SM90_LAZY_RESCALE 1
-#endif
-
 namespace tf_flash {
 namespace cuda {
 
@@ -160,17 +124,15 @@ struct FwdTraitsSm90 {
 // Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V): Traits, and
 // BandedTraits for windowed attention and causal attention over fewer than 4k keys
 // (run_flash_fwd_sm90), whose diagonal tiles waste more in larger query tiles.
-// Measured on the H100 (benchmarks/results/tf_gpu_round5/, tf_gpu_round7/): wider key tiles (d128: 160)
-// spill registers and were slower at 1k-4k tokens (d128 non-causal 4k: 497 against 594 TFLOP/s); again in round 21
-// with one wgmma of N = 160 or 176 a k-slice (CuTe's extended shapes) and with 192, for unmasked non-causal work:
-// 0.69-0.93x at 512-4k, 0.98-1.00x at 8k-16k (tf_gpu_round21/). Head dim
-// 64 non-causal runs three consumers (192 query rows): with two, each K/V tile fed too few GEMM rows
-// (bf16 16k: 420 against 350 TFLOP/s, 2k: 356 against 305; key tiles of 96 or 64 were slower). Causal
-// keeps two below 4k keys (three: 1k 164 against 197 TFLOP/s) and takes three from 4k on (8k: 366 against
-// 315).
+// Wider key tiles are slower: d128 with 160 keys spills registers (non-causal 4k: 497 against 594 TFLOP/s), and
+// 160 or 176 keys as one wgmma a k-slice (CuTe's extended shapes) or 192 keys, for unmasked non-causal work, run
+// 0.69-0.93x at 512-4k tokens and 0.98-1.00x at 8k-16k (one P buffer beside a wider S, 148-404 bytes of spills).
+// Head dim 64 non-causal runs three consumers (192 query rows): with two, each K/V tile feeds too few GEMM rows
+// (bf16 16k: 420 against 350 TFLOP/s, 2k: 356 against 305; key tiles of 96 or 64 are slower). Causal keeps two
+// below 4k keys (three: 1k 164 against 197 TFLOP/s) and takes three from 4k on (8k: 366 against 315).
 template <int kHeadDim, class Element> struct FwdConfigSm90;
 template <class E> struct FwdConfigSm90<64, E> {
-  // Three or four K/V stages instead of two measured even (harness, tf_gpu_round23/harness_b/).
+  // Three or four K/V stages measure no faster than two.
   using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
   using BandedTraits = FwdTraitsSm90<64, 128, 2, E, 2>;
 };
@@ -276,17 +238,6 @@ __host__ __device__ constexpr auto gmma_acc_as_mma_atoms(Layout layout) {
                            cute::get<0, 2>(layout));
 }
 
-// A shared-memory tensor that a loop's GEMMs read at every step (its buffer and layout, as the kernel makes it),
-// behind a pointer the compiler cannot see through: the wgmma descriptors made from it at each GEMM are rebuilt
-// there (a few integer instructions) rather than held live across the loop, 64 bits per k-slice, which ptxas
-// otherwise does and, where registers run short, spills and reloads (benchmarks/results/tf_gpu_round20/). Used
-// for Q under TF_FLASH_SM90_REBUILD_DESCRIPTORS.
-template <class Element, class SmemLayout>
-__device__ __forceinline__ auto loop_operand(Element* ptr, SmemLayout layout) {
-  asm volatile("" : "+l"(ptr));
-  return cute::make_tensor(cute::make_smem_ptr(ptr), layout);
-}
-
 // Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
 // waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
 template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
@@ -376,14 +327,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   constexpr int kMmaThreads = Traits::kMmaThreads;
   // Two register buffers of P (see the consumers' loop) where the registers allow: two consumers (240 each) at
   // head dims up to 128, in the plain variant (bytes of spills with two buffers: d256 plain 192, d128 with dropout
-  // or masks more than with one).
-  constexpr bool kDoubleBufferP = TF_FLASH_SM90_DOUBLE_BUFFER_P && Traits::kMmaWarpGroups == 2 &&
-                                  kHeadDim <= 128 && !kGeneral && !kAttnMask;
-  // One FMA per score under a warp vote (TF_FLASH_SM90_EXPONENT_VOTE) in the plain and attn_mask variants; the
-  // general ones (dropout, soft-capping, block masks) always subtract the max unless TF_FLASH_SM90_EXPONENT_VOTE_ALL.
-  constexpr bool kExponentVote =
-      TF_FLASH_SM90_EXPONENT_VOTE && (TF_FLASH_SM90_EXPONENT_VOTE_ALL || !kGeneral);
-  constexpr bool kLazyRescale = TF_FLASH_SM90_LAZY_RESCALE;
+  // or masks more than with one). The softmax then overlaps the consumer's own P V: non-causal d128 runs 2-9% faster
+  // than with one buffer at every length (b4 s4k h16: 0.87 against 0.91 ms, the tensor pipe 71% active against 66%).
+  constexpr bool kDoubleBufferP = Traits::kMmaWarpGroups == 2 && kHeadDim <= 128 && !kGeneral && !kAttnMask;
+  // One FMA per score under a warp vote (fwd_kernel.h's kFmaExponentLimit) in the plain and attn_mask variants,
+  // rather than (s - max) * scale_log2 always: one floating-point instruction fewer per score, where FADD and FMUL
+  // are 40% of the d64 forward's instructions (d64 forward +1-4% through TF, d128 +1-2%, d256 +3-12%; attn_mask
+  // and key masks +3-12%). The general variants (dropout, soft-capping, block masks) always subtract the max: the
+  // vote makes dropout 6-9% slower there and block-sparse work -2..+5%.
+  constexpr bool kExponentVote = !kGeneral;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename Pipeline::PipelineState;
 
@@ -562,14 +514,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
     auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
-    // Q, S's A operand, stays put across the loops (TF_FLASH_SM90_REBUILD_DESCRIPTORS: descriptors rebuilt per GEMM).
+    // Q, S's A operand, stays put across the loops, and so do its wgmma descriptors, in registers. Rebuilt at each
+    // GEMM instead, they would spare the d128 and d256 variants their spills (20-44 and 72-124 bytes), yet the d128
+    // forward then runs even to 2% slower through TF (+1-4% in the harness) and d64 1-3% slower.
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-    auto q_operand = [&]() -> decltype(auto) {
-      if constexpr (TF_FLASH_SM90_REBUILD_DESCRIPTORS)
-        return thr_qk.partition_fragment_A(loop_operand(shared.q.begin(), typename Traits::SmemLayoutQ{}));
-      else
-        return static_cast<decltype(tSrQ)&>(tSrQ);  // a reference (EDG warns on `return (tSrQ);` in a lambda)
-    };
     Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K, stage)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, MMA_N, MMA_K, stage)
     // (row, column) inside the score tile of each accumulator element.
@@ -588,8 +536,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // barrier_q_free: each consumer thread arrives once done with a tile's Q (after its last P V), or, where O
     // goes through Q's buffer, at the start of each tile with work but the CTA's first tile, once the stores of
     // the tiles before have read the buffer; the producer waits for that before loading the next Q. (Freeing it
-    // after a tile's last S instead, so that the next Q loads during the last softmax and P V, measured even at
-    // d64 and d128: benchmarks/results/tf_gpu_round23/.)
+    // after a tile's last S instead, so that the next Q loads during the last softmax and P V, measures even at
+    // d64 and d128.)
     TileWork w;
     for (int wave = 0; wave < kMaxWaves && tile_work(wave, w); ++wave) {
       const int h = w.h, b = w.b;
@@ -738,11 +686,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             if (state & kTileValuesNonFinite) publish_seen_keys();
           }
-          if constexpr (kLazyRescale) {
-            rescale_o = softmax.template rescale_max<true>(s_rc, correction, scale_log2, first_tile);
-          } else {
-            softmax.template rescale_max<false>(s_rc, correction, scale_log2, first_tile);
-          }
+          rescale_o = softmax.rescale_max(s_rc, correction, scale_log2, first_tile);
           softmax.template exponentiate<kExponentVote>(s_rc, correction, scale_log2);
         };
         // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
@@ -754,9 +698,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           }
         };
         auto rescale_output = [&]() __attribute__((always_inline)) {
-          if constexpr (kLazyRescale) {
-            if (!rescale_o) return;
-          }
+          if (!rescale_o) return;
           CUTE_UNROLL
           for (int mi = 0; mi < size<0>(o_rc); ++mi) {
             CUTE_UNROLL
@@ -771,7 +713,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (element_masked(state)) load_mask_bits(n, bits);
         // First tile: S, softmax, P (no P V yet).
         pipeline_k.consumer_wait(read);
-        warpgroup_gemm<true>(mma_qk, q_operand(), tSrK(_, _, _, read.index()), tSrS);
+        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
         warpgroup_wait<0>();
         pipeline_k.consumer_release(read);
         softmax_of_tile(n, true, state, bits);
@@ -789,13 +731,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
           if (element_masked(state)) load_mask_bits(tile, bits);
           pipeline_k.consumer_wait(read);
           named_sync(kIssueThreads, Sm90Barrier::kIssueWg0, wg);
-          warpgroup_gemm<true>(mma_qk, q_operand(), tSrK(_, _, _, read.index()), tSrS);
+          warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), tSrS);
         };
         if constexpr (kDoubleBufferP) {
           // P of tile n goes to the register buffer that the P V in flight does not read, so a step never waits
           // for its P V: the next step's first wait finds it done, and only then is O rescaled (by n_prev's
           // factor, before the P V that adds n_prev's part). With one buffer the new P overwrites the registers P V
-          // reads, and ptxas places the wait for P V before the softmax (it did, in every variant): the softmax
+          // reads, and ptxas places the wait for P V before the softmax (it does, in every variant): the softmax
           // then overlaps only the other consumers' GEMMs.
           PipelineState read_v_done;  // the V stage of the P V in flight
           bool pv_in_flight = false;

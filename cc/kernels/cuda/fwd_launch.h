@@ -33,7 +33,7 @@ cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
   if (masks) {  // dropout off at rate 0
     // Blocks that do not hold whole 128-row tiles take 64-row ones (64 x 64 blocks: skipped or run unmasked
     // whole instead of masked per element, 6x faster at 16k); the rest keeps 128 rows (attn_mask, key masks
-    // and tile-sized blocks measured faster there, benchmarks/results/tf_gpu_round12/).
+    // and tile-sized blocks measure faster there).
     const bool fine_blocks = params.block_mask.data != nullptr &&
                              (params.block_q % Traits::kBlockM != 0 || params.block_k % Traits::kBlockN != 0);
     return fine_blocks ? launch_flash_fwd<typename Config::MaskedTraits, true, true>(params, stream)

@@ -105,16 +105,15 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   if (err != cudaSuccess) return err;
   // One CTA per SM (the kernel holds all of an SM's registers), each running its share of the query tiles, or a
   // CTA per tile, which the hardware hands out as CTAs finish: where the kernel makes a tile table (once per CTA),
-  // with TF_FLASH_SM90_FORWARD_SCHEDULE=tiles, and under a causal mask over more than 4k keys, whose tiles differ
-  // too much for the static schedule (bf16 d128 16k: 368 against 483 TFLOP/s). Measured on the H100
-  // (benchmarks/results/tf_gpu_round15/): persistent CTAs gain most where tiles are short (d128 512 / 1k
-  // tokens: 381 / 456 against 345 / 439 before them), and with them query tiles go head after head (heads
-  // grouped for L2 cost up to 7% at d128 4k); a CTA per causal tile goes in the L2 groups (d256 8k: 550 against
-  // 510 head after head). Persistent CTAs taking long causal tiles from a counter (a dynamic schedule) measured
-  // even at d64 / d128 and 0.92-0.94x at d256 8k / 16k (tf_gpu_round22/): the hardware's hand-out already is one.
+  // and under a causal mask over more than 4k keys, whose tiles differ too much for the static schedule (bf16 d128
+  // 16k: 368 against 483 TFLOP/s). On the H100 persistent CTAs gain most where tiles are short (d128 512 / 1k
+  // tokens: 381 / 456 against 345 / 439 TFLOP/s with a CTA per tile), and with them query tiles go head after head
+  // (heads grouped for L2 cost up to 7% at d128 4k); a CTA per causal tile goes in the L2 groups (d256 8k: 550
+  // against 510 head after head). Persistent CTAs taking long causal tiles from a counter (a dynamic schedule)
+  // measure even at d64 / d128 and 0.92-0.94x at d256 8k / 16k: the hardware's hand-out already is one.
   const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
   const bool long_causal = p.causal && p.seqlen_k > 4096;
-  const bool persistent = !tile_table && !long_causal && hopper_forward_persistent() && device_sm_count() > 0;
+  const bool persistent = !tile_table && !long_causal && device_sm_count() > 0;
   args.schedule = make_fwd_schedule<Traits>(p, /*by_l2=*/p.causal && !persistent);
   const int64_t ctas = persistent ? std::min<int64_t>(args.schedule.tiles, device_sm_count()) : args.schedule.tiles;
   if (ctas > std::numeric_limits<int>::max()) return cudaErrorNoKernelImageForDevice;  // the sm_80 family runs it
@@ -135,7 +134,7 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   if constexpr (!std::is_same_v<typename Config::Traits, typename Config::BandedTraits>) {
     // Windows, and causal attention over short keys, leave too few key tiles per query tile for the
     // taller tile of Traits to pay off; causal from 4k keys on gains from it (d64, H100: 4k / 8k / 16k
-    // keys 310 / 360 / 372 against 294 / 323 / 342 TFLOP/s, benchmarks/results/tf_gpu_round8/).
+    // keys 310 / 360 / 372 against 294 / 323 / 342 TFLOP/s).
     // Block masks and attn_mask take the 128-row tiles (the tile table: a block mask's query tile lies in one
     // query block, fwd_api.h).
     const bool windowed = p.window_left >= 0 || p.window_right >= 0;

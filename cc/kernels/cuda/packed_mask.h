@@ -1,10 +1,10 @@
 // attn_mask as the Hopper kernels read it: one bit per entry, packed by a pass that runs before each kernel
 // into device memory of the caller's (the forward's FlashFwdParams::mask_workspace, sized by
 // flash_fwd_cuda_workspace_bytes; the backward's scratch, bwd_launch.h). The sm_80 family reads the boolean
-// mask itself, a byte per entry staged through shared memory: what cost it 3-10x its unmasked time
-// (benchmarks/results/tf_gpu_round12/); here a consumer thread loads one word per row of its accumulator and
-// tile. The words follow a wgmma accumulator's columns: the thread at lane % 4 == q holds columns 8 i + 2 q + e
-// (e < 2) of its tile, which are bits 2 i + e of word q.
+// mask itself, a byte per entry staged through shared memory: what costs it 3-10x its unmasked time; here a
+// consumer thread loads one word per row of its accumulator and tile. The words follow a wgmma accumulator's
+// columns: the thread at lane % 4 == q holds columns 8 i + 2 q + e (e < 2) of its tile, which are bits 2 i + e of
+// word q.
 //  - Forward (queries x keys): per (mask plane, mask row, chunk of 128 keys) four 32-bit words; a 64-key tile
 //    is half a chunk (bits 0-15 or 16-31).
 //  - Backward (keys x queries, the S^T tile): per (mask plane, key, chunk of 64 queries) four 16-bit words.
