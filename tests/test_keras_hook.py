@@ -386,24 +386,9 @@ def test_keras_errors_are_kept(rng):
             keras.ops.dot_product_attention(q, q, q, flash_attention=True)
 
 
-def test_xla_without_an_xla_kernel_falls_back(rng):
-    if flash_keras.has_xla_kernel():
-        pytest.skip("this tf_flash build has an XLA kernel (see test_xla_runs_the_kernel)")
-    q, k, v = _qkv(rng, 1, 15, 15, 2, 2, 8)
-    expected = keras.ops.dot_product_attention(q, k, v, is_causal=True)
-    flash_keras._warned.clear()
-    with flash_keras.enabled(), pytest.warns(UserWarning, match="XLA"):
-        got = tf.function(lambda: keras.ops.dot_product_attention(q, k, v, is_causal=True, flash_attention=True),
-                          jit_compile=True)()
-    np.testing.assert_allclose(to_numpy(got), to_numpy(expected), atol=1e-6)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_xla_runs_the_kernel(rng, device):
     with tf.device(device):
-        if not flash_keras.has_xla_kernel():
-            pytest.skip("this tf_flash build registers no XLA kernel for TfFlash>FlashAttention "
-                        "(the XLA front door is not built in)")
         q, k, v = _qkv(rng, 2, 37, 37, 4, 2, 16)
         mask = _mask(rng, "B1TS", 2, 4, 37, 37)
         flash_keras._warned.clear()
@@ -419,8 +404,6 @@ def test_xla_runs_the_kernel(rng, device):
 def test_xla_padding_product_branches(rng, device, keys):
     """Under jit_compile the padding-product routing is a tf.cond whose every branch XLA compiles (the key
     mask, the causal key mask, the mask as given); each gives Keras' result, outputs and gradients."""
-    if not flash_keras.has_xla_kernel():
-        pytest.skip("this tf_flash build registers no XLA kernel for TfFlash>FlashAttention")
     q, k, v = _qkv(rng, 2, 29, 29, 4, 2, 16)
     valid = np.arange(29)[None, :] < np.array([29, 13])[:, None]
     mask = valid[:, :, None] & valid[:, None, :]

@@ -11,7 +11,7 @@ from reference import reference_attention  # tests/reference.py (float64 NumPy)
 try:
     import tf_flash  # noqa: F401  (loads the op library)
     from tf_flash.layers import FlashAttention, FlashMultiHeadAttention
-    from tf_flash.layers import _common
+    from tf_flash import _masks
     HAVE_OP = True
 except ImportError:  # the op library is not built
     HAVE_OP = False
@@ -280,10 +280,10 @@ def test_keras_masking_from_embedding(causal, padding, mode):
         np.testing.assert_array_equal(get_keras_mask(x), tokens != 0)
 
 
-def test_padding_lengths_detects_prefix_masks_in_graph():
+def test_prefix_lengths_detects_prefix_masks_in_graph():
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.bool)])
     def lengths(mask):
-        return _common.padding_lengths(mask)
+        return _masks.prefix_lengths(mask)
 
     prefix = _prefix([2, 0, 5], 5)
     lens, is_prefix = lengths(prefix)
@@ -299,13 +299,13 @@ def test_prefix_masks_reach_the_op_as_lengths(padding, monkeypatch):
     """Padding at the end -> q_lengths/kv_lengths and no element mask (the kernel skips the padding);
     any other pattern -> the general attention_mask path."""
     calls = []
-    real = _common._flash_ops.flash_attention
+    real = tf_flash.ops.flash_attention
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_common._flash_ops, "flash_attention", spy)
+    monkeypatch.setattr(tf_flash.ops, "flash_attention", spy)
     tokens = np.array([[3, 4, 5, 0, 0, 0], [1, 2, 3, 4, 5, 6]], "int32")
     if padding == "holes":
         tokens[1, 2] = 0

@@ -299,7 +299,7 @@ def test_raw_gradient_op_names_rng_state():
 # One rule for the score scale on every device and in every front door: finite and >= 0 (0 is allowed: it
 # gives the mean of the visible values). The Python API and the layers refuse it with one message; the op
 # itself (cc/kernels/flash_attention_params.cc, what a SavedModel or XLA reaches, before any device's
-# kernel) with the same words, on the CPU here and on the GPU through the same check.
+# kernel) with its own, on the CPU here and on the GPU through the same check.
 @pytest.mark.parametrize("scale", [-0.5, float("inf"), float("-inf"), float("nan")])
 def test_scale_must_be_finite_and_non_negative_everywhere(scale):
     q = tf.zeros([B, S, H, D])

@@ -38,6 +38,8 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from tf_flash import _checks
+from tf_flash import _masks
 from tf_flash import ops as _flash_ops
 
 __all__ = ["enable", "disable", "enabled", "is_enabled", "TESTED_KERAS_VERSIONS"]
@@ -47,7 +49,6 @@ TESTED_KERAS_VERSIONS = ("3.15",)
 # Set to "1" to enable the hook on an untested Keras; the internals are still checked.
 _ALLOW_UNTESTED_ENV = "TF_FLASH_KERAS_ALLOW_UNTESTED"
 
-_MAX_HEAD_DIM = 256
 _FLASH_DTYPES = ("float32", "float16", "bfloat16")
 _OP_PARAMETERS = ["query", "key", "value", "bias", "mask", "scale", "is_causal", "flash_attention",
                   "attn_logits_soft_cap"]
@@ -269,8 +270,8 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
         return None, "the head count or head dim is not known statically"
     if head_dim != head_dim_k or heads_kv == 0 or heads % heads_kv or value.shape[2] != heads_kv:
         return None, _DELEGATE
-    if max(head_dim, head_dim_v) > _MAX_HEAD_DIM:
-        return None, f"head dim {max(head_dim, head_dim_v)} > {_MAX_HEAD_DIM}"
+    if max(head_dim, head_dim_v) > _checks.MAX_HEAD_DIM:
+        return None, f"head dim {max(head_dim, head_dim_v)} > {_checks.MAX_HEAD_DIM}"
     scale = _python_scale(scale, head_dim)
     if scale is None:
         return None, "`scale` is a symbolic tensor (tf_flash takes a Python number)"
@@ -282,21 +283,14 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
             return None, _DELEGATE
         if mask.shape.rank < 2:
             mask = tf.reshape(mask, [1] * (2 - mask.shape.rank) + ([-1] if mask.shape.rank == 1 else []))
-    soft_cap_kwargs = {}
-    if soft_cap is not None:
-        if (isinstance(soft_cap, bool) or not isinstance(soft_cap, numbers.Real) or not math.isfinite(soft_cap)
-                or soft_cap <= 0):
-            raise ValueError("`attn_logits_soft_cap` must be None or a positive finite number. "
-                             f"Received: attn_logits_soft_cap={soft_cap!r}")
-        if "softcap" not in inspect.signature(_flash_ops.flash_attention).parameters:
-            return None, "this tf_flash build has no soft cap"
-        soft_cap_kwargs["softcap"] = float(soft_cap)
-    if _in_xla_context() and not has_xla_kernel():
-        return None, "the call is XLA-compiled (jit_compile=True) and this tf_flash build has no XLA kernel"
+    if soft_cap is not None and (_checks.is_bool(soft_cap) or not isinstance(soft_cap, numbers.Real)
+                                 or not math.isfinite(soft_cap) or soft_cap <= 0):
+        raise ValueError("`attn_logits_soft_cap` must be None or a positive finite number. "
+                         f"Received: attn_logits_soft_cap={soft_cap!r}")
 
     query, key, value = (tf.cast(x, compute_dtype) for x in (query, key, value))
     attend = functools.partial(_flash_ops.flash_attention, query, key, value, causal=bool(is_causal), scale=scale,
-                               dropout_rate=dropout_rate, seed=seed, return_lse=True, **soft_cap_kwargs)
+                               softcap=soft_cap, dropout_rate=dropout_rate, seed=seed, return_lse=True)
     rows_seeing_keys = None  # [B|1, 1, T, 1] with a padding product: rows that see some key
     if mask is None:
         output, lse = attend()
@@ -308,26 +302,22 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
     else:
         output, lse = attend(attention_mask=mask)
     if mask is not None:
-        # Keras masks with a large negative logit, not -inf: a query row that sees no key gets a
-        # uniform softmax, i.e. the mean of the values over all keys (tf_flash returns 0 there).
-        empty = tf.equal(tf.transpose(lse, [0, 2, 1]), -np.inf)[..., None]  # [B, T, N, 1]
+        masked_rows = None
         if rows_seeing_keys is not None:
-            empty = tf.logical_or(empty, tf.logical_not(tf.transpose(rows_seeing_keys, [0, 2, 1, 3])))
-        fill = tf.reduce_mean(tf.cast(value, tf.float32), axis=1, keepdims=True)  # [B, 1, K, H]
-        if heads != heads_kv:
-            fill = tf.repeat(fill, heads // heads_kv, axis=2)
-        output = tf.where(empty, tf.cast(fill, output.dtype), output)
+            masked_rows = tf.logical_not(tf.transpose(rows_seeing_keys, [0, 2, 1, 3]))  # [B|1, T, 1, 1]
+        output = _masks.fill_empty_rows(output, lse, value, masked_rows)
     return output, None
 
 
 def _attend_with_key_mask(attend, mask, key_shape):
-    """attend() under a [B|1, 1, 1, S|1] key mask: as kv lengths when it is a prefix per batch row (outside
-    XLA, whose shapes cannot depend on it), else as the key mask (the kernels read one row per tile).
-    key_shape: (batch, keys) of the key tensor."""
-    if _in_xla_context():
-        return attend(attention_mask=mask)
-    mask, kv_lengths = _key_padding_as_lengths(mask, key_shape)
-    return attend(attention_mask=mask, kv_lengths=kv_lengths)
+    """attend() under a [B|1, 1, 1, S|1] key mask (KerasHub's padding masks): as kv lengths when it is a prefix
+    per batch row, so that the kernel skips the padding instead of reading the mask; else as the key mask
+    (the kernels read one row per tile). key_shape: (batch, keys) of the key tensor (a mask broadcast over
+    the keys covers all of them)."""
+    batch, size = key_shape[0], key_shape[1]
+    keys = tf.broadcast_to(mask[:, 0, 0, :], tf.stack([tf.shape(mask)[0], size]))
+    mask, kv_lengths = _masks.key_padding(keys, mask)
+    return attend(attention_mask=mask, kv_lengths=tf.broadcast_to(kv_lengths, tf.reshape(batch, [1])))
 
 
 def _attend_with_padding_product(attend, mask, key_shape, try_causal):
@@ -359,20 +349,6 @@ def _attend_with_padding_product(attend, mask, key_shape, try_causal):
     return result, rows
 
 
-def _key_padding_as_lengths(mask, key_shape):
-    """A [B|1, 1, 1, S|1] key mask (KerasHub's padding masks) that is a prefix per batch row becomes kv
-    lengths, so the kernel skips the padding instead of reading the mask; any other pattern is kept.
-    key_shape: (batch, keys) of the key tensor (a mask broadcast over the keys covers all of them)."""
-    batch, size = key_shape[0], key_shape[1]
-    keys = tf.broadcast_to(mask[:, 0, 0, :], tf.stack([tf.shape(mask)[0], size]))
-    lengths = tf.reduce_sum(tf.cast(keys, tf.int32), axis=1)
-    is_prefix = tf.reduce_all(tf.equal(keys, tf.sequence_mask(lengths, size)))
-    lengths = tf.broadcast_to(tf.where(is_prefix, lengths, size), tf.reshape(batch, [1]))
-    # The op reads an empty [0, 0, 0, 0] mask as "no mask" (the shape tf_flash.ops passes for None).
-    mask = tf.cond(is_prefix, lambda: tf.zeros([0, 0, 0, 0], tf.bool), lambda: mask)
-    return mask, lengths
-
-
 def _python_scale(scale, head_dim):
     if scale is None:
         return 1.0 / float(head_dim) ** 0.5
@@ -381,30 +357,6 @@ def _python_scale(scale, head_dim):
     if isinstance(scale, tf.Tensor) and hasattr(scale, "numpy") and scale.shape.rank == 0:
         return float(scale.numpy())  # an eager tensor
     return None
-
-
-def _in_xla_context():
-    try:
-        from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
-        return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-    except (ImportError, AttributeError):  # private TF API: if it moved, assume XLA may be on
-        return True
-
-
-def _probe_attention(query):
-    return _flash_ops.flash_attention(query, query, query)
-
-
-@functools.lru_cache(maxsize=None)
-def has_xla_kernel():
-    """Whether the loaded tf_flash library compiles under XLA (found by compiling a tiny call once)."""
-    with tf.init_scope():
-        probe = tf.zeros([1, 2, 1, 8])
-        try:
-            tf.function(_probe_attention, jit_compile=True, autograph=False)(probe)
-        except (tf.errors.OpError, ValueError, NotImplementedError):
-            return False
-    return True
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -24,69 +24,33 @@ import numbers
 
 import numpy as np
 
+from tf_flash import _checks
+
 __all__ = ["num_blocks", "dense", "local", "global_local", "butterfly", "random_blocks", "density",
            "to_element_mask"]
 
 
-def _is_int(value):
-    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _check_seqlen(value, name):
-    if not _is_int(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
-    return int(value)
-
-
-def _block_pair(block_size):
-    if _is_int(block_size):
-        pair = (block_size, block_size)
-    elif isinstance(block_size, (tuple, list)) and len(block_size) == 2:
-        pair = tuple(block_size)
-    else:
-        pair = None
-    if pair is None or not all(_is_int(side) and side > 0 for side in pair):
-        raise ValueError("`block_size` must be a positive int or a pair (block_q, block_k) of positive ints. "
-                         f"Received: block_size={block_size!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def _non_negative(value, name):
-    if not _is_int(value) or value < 0:
-        raise ValueError(f"`{name}` must be a non-negative int. Received: {name}={value!r}")
-    return int(value)
-
-
 def _window_pair(window):
-    if _is_int(window):
-        pair = (window, window)
-    elif isinstance(window, (tuple, list)) and len(window) == 2:
-        pair = tuple(window)
-    else:
-        pair = None
-    if pair is None or not all(_is_int(side) and side >= 0 for side in pair):
+    pair = _checks.int_pair(window, lambda side: _checks.is_int(side) and side >= 0)
+    if pair is None:
         raise ValueError("`window` must be a non-negative int (blocks on each side) or a pair (left, right) of "
                          f"non-negative ints. Received: window={window!r}")
-    return int(pair[0]), int(pair[1])
+    return pair
+
+
+def _geometry(seqlen_q, seqlen_k, block_size):
+    """The checked (seqlen_q, seqlen_k, block_q, block_k)."""
+    return (_checks.check_int(seqlen_q, "seqlen_q", minimum=1), _checks.check_int(seqlen_k, "seqlen_k", minimum=1),
+            *_checks.normalize_block_size(block_size))
 
 
 def _check_heads(num_heads):
-    if num_heads is not None and (not _is_int(num_heads) or num_heads <= 0):
-        raise ValueError(f"`num_heads` must be a positive int or None. Received: num_heads={num_heads!r}")
-    return num_heads
-
-
-def _check_seed(seed):
-    if seed is not None and (not _is_int(seed) or seed < 0):
-        raise ValueError(f"`seed` must be a non-negative int or None. Received: seed={seed!r}")
-    return seed
+    return _checks.check_int(num_heads, "num_heads", minimum=1, optional=True)
 
 
 def num_blocks(seqlen_q, seqlen_k, block_size=128):
     """(num_q_blocks, num_k_blocks) that a block mask for these lengths must have (last blocks partial)."""
-    seqlen_q = _check_seqlen(seqlen_q, "seqlen_q")
-    seqlen_k = _check_seqlen(seqlen_k, "seqlen_k")
-    block_q, block_k = _block_pair(block_size)
+    seqlen_q, seqlen_k, block_q, block_k = _geometry(seqlen_q, seqlen_k, block_size)
     return -(-seqlen_q // block_q), -(-seqlen_k // block_k)
 
 
@@ -138,9 +102,7 @@ def local(seqlen_q, seqlen_k, block_size=128, *, window=1, causal=False, num_hea
     Returns:
       (block_mask bool [nqb, nkb], density float)
     """
-    seqlen_q = _check_seqlen(seqlen_q, "seqlen_q")
-    seqlen_k = _check_seqlen(seqlen_k, "seqlen_k")
-    block_q, block_k = _block_pair(block_size)
+    seqlen_q, seqlen_k, block_q, block_k = _geometry(seqlen_q, seqlen_k, block_size)
     left, right = _window_pair(window)
     if causal:
         right = 0
@@ -180,14 +142,12 @@ def global_local(seqlen_q, seqlen_k, block_size=128, *, window=1, num_global=1, 
     Returns:
       (block_mask, density)
     """
-    seqlen_q = _check_seqlen(seqlen_q, "seqlen_q")
-    seqlen_k = _check_seqlen(seqlen_k, "seqlen_k")
-    block_q, block_k = _block_pair(block_size)
+    seqlen_q, seqlen_k, block_q, block_k = _geometry(seqlen_q, seqlen_k, block_size)
     left, right = _window_pair(window)
-    num_global = _non_negative(num_global, "num_global")
-    num_random = _non_negative(num_random, "num_random")
+    num_global = _checks.check_int(num_global, "num_global", minimum=0)
+    num_random = _checks.check_int(num_random, "num_random", minimum=0)
     num_heads = _check_heads(num_heads)
-    seed = _check_seed(seed)
+    seed = _checks.check_int(seed, "seed", minimum=0, optional=True)
     base = _band(seqlen_q, seqlen_k, block_q, block_k, left, right)
     base[:num_global, :] = True
     base[:, :num_global] = True
@@ -219,11 +179,11 @@ def butterfly(seqlen_q, seqlen_k, block_size=128, *, max_stride=None, num_global
       (block_mask, density)
     """
     nqb, nkb = num_blocks(seqlen_q, seqlen_k, block_size)
-    num_global = _non_negative(num_global, "num_global")
+    num_global = _checks.check_int(num_global, "num_global", minimum=0)
     full = 1 << (max(nqb, nkb) - 1).bit_length()
     if max_stride is None:
         max_stride = full
-    if not _is_int(max_stride) or max_stride < 1 or max_stride & (max_stride - 1):
+    if not _checks.is_int(max_stride) or max_stride < 1 or max_stride & (max_stride - 1):
         raise ValueError(f"`max_stride` must be a power of two >= 1. Received: max_stride={max_stride!r}")
     xor = np.arange(nqb)[:, None] ^ np.arange(nkb)[None, :]
     mask = (xor == 0) | (((xor & (xor - 1)) == 0) & (xor < max_stride))
@@ -249,9 +209,9 @@ def random_blocks(seqlen_q, seqlen_k, block_size=128, *, density=0.25, seed=0, n
     """
     nqb, nkb = num_blocks(seqlen_q, seqlen_k, block_size)
     target = density
-    if not isinstance(target, numbers.Real) or isinstance(target, bool) or not 0.0 < target <= 1.0:
+    if not isinstance(target, numbers.Real) or _checks.is_bool(target) or not 0.0 < target <= 1.0:
         raise ValueError(f"`density` must be a float in (0, 1]. Received: density={target!r}")
-    seed = _check_seed(seed)
+    seed = _checks.check_int(seed, "seed", minimum=0, optional=True)
     num_heads = _check_heads(num_heads)
     rng = np.random.default_rng(seed)
     total = nqb * nkb
@@ -284,6 +244,6 @@ def to_element_mask(block_mask, seqlen_q, seqlen_k, block_size=128):
         raise ValueError(f"`block_mask` must end in ({nqb}, {nkb}) blocks for seqlen_q={seqlen_q}, "
                          f"seqlen_k={seqlen_k}, block_size={block_size}. Received: block_mask with shape "
                          f"{block_mask.shape}")
-    block_q, block_k = _block_pair(block_size)
+    block_q, block_k = _checks.normalize_block_size(block_size)
     expanded = np.repeat(np.repeat(block_mask, block_q, axis=-2), block_k, axis=-1)
     return np.ascontiguousarray(expanded[..., :seqlen_q, :seqlen_k])

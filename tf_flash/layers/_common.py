@@ -1,9 +1,10 @@
-"""Shared pieces of the Keras layers: argument checks, Keras masks to op arguments, explicit scores."""
-import numbers
-
+"""Shared pieces of the Keras layers: their common options, Keras masks to op arguments, explicit scores."""
+import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_flash import _checks
+from tf_flash import _masks
 from tf_flash import ops as _flash_ops
 
 # Keras' masked softmax fills masked logits with a large negative number, not -inf, so that a row
@@ -11,34 +12,61 @@ from tf_flash import ops as _flash_ops
 _LARGE_NEGATIVE = -1e9
 
 
-# An int that is not a bool: the op module's test, so the layers and the op accept the same values.
-is_int = _flash_ops._is_int
-Size = _flash_ops.Size
+def read_only_properties(*names):
+    """A class decorator: for each name, a read-only property that returns the attribute `_name`. The layers
+    keep their configuration in private attributes, read through properties (the style of Keras'
+    MultiHeadAttention); `seed` and the dropout's `seed_generator` are public attributes, as in Keras' layers."""
+    def decorate(cls):
+        for name in names:
+            setattr(cls, name, property(lambda self, attribute="_" + name: getattr(self, attribute)))
+        return cls
+    return decorate
 
 
-def check_dropout(dropout):
-    if not isinstance(dropout, numbers.Real) or isinstance(dropout, bool) or not 0.0 <= dropout < 1.0:
-        raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
-    return float(dropout)
+@read_only_properties("window", "dropout", "block_mask", "block_size", "softcap", "deterministic")
+class FlashOptionsLayer(keras.layers.Layer):
+    """A Keras layer with the options both tf_flash layers take: checked, kept, and saved by get_config."""
+
+    def __init__(self, *, window, dropout, block_mask, block_size, seed, softcap, deterministic, **kwargs):
+        window = None if window is None else _checks.normalize_window(window)
+        dropout = _checks.check_rate(dropout, "dropout")
+        block_mask = _check_block_mask(block_mask)
+        block_q, block_k = _checks.normalize_block_size(block_size)
+        seed = _checks.check_int(seed, "seed", optional=True)
+        softcap = _checks.normalize_softcap(softcap) or None
+        deterministic = _checks.check_bool(deterministic, "deterministic", optional=True)
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.supports_jit = True  # the op has an XLA lowering (typed-FFI custom calls)
+        self._window = window
+        self._dropout = dropout
+        self._block_mask = block_mask
+        self._block_size = block_q if _checks.is_int(block_size) else (block_q, block_k)  # the user's form
+        self._softcap = softcap
+        self._deterministic = deterministic
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
+
+    def _dropout_and_seed(self, training):
+        """(dropout_rate, seed) of one call: dropout only in training, with a fresh seed each call."""
+        if training and self._dropout > 0:
+            return self._dropout, tf.cast(self.seed_generator.next(), tf.int64)
+        return 0.0, None
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "window": self._window,
+            "dropout": self._dropout,
+            "block_mask": None if self._block_mask is None else self._block_mask.tolist(),
+            "block_size": self._block_size,
+            "seed": self.seed,
+            "softcap": self._softcap,
+            "deterministic": self._deterministic,
+        }
 
 
-def check_seed(seed):
-    if seed is not None and not is_int(seed):
-        raise ValueError(f"`seed` must be an int or None. Received: seed={seed!r}")
-    return seed
-
-
-def check_window(window):
-    """None, an int w (symmetric: i sees i-w .. i+w) or (left, right) with None = unlimited."""
-    return None if window is None else _flash_ops.normalize_window(window)
-
-
-def check_block_size(block_size):
-    block_q, block_k = _flash_ops.normalize_block_size(block_size)
-    return block_q if is_int(block_size) else (block_q, block_k)
-
-
-def check_block_mask(block_mask):
+def _check_block_mask(block_mask):
     """A static block pattern ([nqb, nkb], [H, nqb, nkb] or [B, H, nqb, nkb]) as a NumPy bool array."""
     if block_mask is None:
         return None
@@ -53,34 +81,30 @@ def check_block_mask(block_mask):
     return array
 
 
-def block_mask_to_config(block_mask):
-    return None if block_mask is None else block_mask.tolist()
-
-
 def to_bool(mask, name="mask"):
     """A Keras mask (bool, or numbers where nonzero = keep) as a bool tensor; anything else is refused."""
     original = mask
-    mask = _flash_ops._to_tensor(mask, name)
+    mask = _checks.to_tensor(mask, name)
     if mask.dtype == tf.bool:
         return mask
     if not (mask.dtype.is_integer or mask.dtype.is_floating):
         raise ValueError(f"`{name}` must be a bool (or numeric, nonzero = keep) tensor. Received: {name} of "
-                         f"dtype {mask.dtype.name} ({name}={_flash_ops._describe(original)})")
+                         f"dtype {mask.dtype.name} ({name}={_checks.describe(original)})")
     return tf.cast(mask, tf.bool)
 
 
-def and_masks(first, second):
-    """AND of two optional bool masks (None = absent)."""
+def combine(first, second, operation):
+    """`operation(first, second)` of two optional tensors; the one given when the other is None."""
     if first is None:
         return second
     if second is None:
         return first
-    return tf.logical_and(first, second)
+    return operation(first, second)
 
 
 def check_padding_mask(mask, name, batch, seqlen):
     """A Keras padding mask [batch, seq] (None passes) as bool, its shape checked: its errors name it,
-    not the lengths or attention_mask it becomes. batch, seqlen: Sizes (dim())."""
+    not the lengths or attention_mask it becomes. batch, seqlen: Sizes."""
     if mask is None:
         return None
     mask = to_bool(mask, name)
@@ -89,15 +113,15 @@ def check_padding_mask(mask, name, batch, seqlen):
                          f"Received: {name}.shape={mask.shape}")
     if mask.shape.rank is None:
         mask = tf.ensure_shape(
-            _flash_ops._checked(mask, tf.equal(tf.rank(mask), 2),
-                                f"`{name}` must have shape [batch, seq] (a Keras padding mask). Received: "
-                                f"{name}.shape=", tf.shape(mask)), [None, None])
-    return _flash_ops.check_dims(mask, name, (batch, seqlen), "[batch, seq]")
+            _checks.checked(mask, tf.equal(tf.rank(mask), 2),
+                            f"`{name}` must have shape [batch, seq] (a Keras padding mask). Received: "
+                            f"{name}.shape=", tf.shape(mask)), [None, None])
+    return _checks.check_dims(mask, name, (batch, seqlen), "[batch, seq]")
 
 
 def expand_attention_mask(mask, batch, heads, seqlen_q, seqlen_k):
     """A Keras-style attention mask ([Sq, Sk], [B, Sq, Sk] or [B, H, Sq, Sk]) as rank 4, its shape checked
-    (each axis the full size or 1). batch, heads, seqlen_q, seqlen_k: Sizes (dim()).
+    (each axis the full size or 1). batch, heads, seqlen_q, seqlen_k: Sizes.
 
     Missing axes are inserted before the query axis, as Keras' MultiHeadAttention broadcasts them
     (a rank-3 mask is [B, Sq, Sk], not [H, Sq, Sk]).
@@ -110,117 +134,47 @@ def expand_attention_mask(mask, batch, heads, seqlen_q, seqlen_k):
     layout = {2: ("[seq_q, seq_k]", (seqlen_q, seqlen_k)), 3: ("[batch, seq_q, seq_k]", (batch, seqlen_q, seqlen_k)),
               4: ("[batch, heads, seq_q, seq_k]", (batch, heads, seqlen_q, seqlen_k))}
     what, expected = layout[rank]
-    mask = _flash_ops.check_dims(mask, "attention_mask", expected, what, broadcast=True)
+    mask = _checks.check_dims(mask, "attention_mask", expected, what, broadcast=True)
     while mask.shape.rank < 4:
         mask = tf.expand_dims(mask, axis=-3)
     return mask
 
 
-def check_lengths(lengths, name, batch, seqlen):
-    """User lengths [batch] in [0, seq] as int32, checked at run time too: the layer turns them into masks,
-    which no kernel checks."""
-    return _flash_ops.check_lengths(lengths, name, batch, seqlen, runtime_range_check=True)
-
-
-def dim(tensor, axis):
-    """The Size (static int or None, tensor() on demand) of one axis of `tensor`."""
-    return _flash_ops.axis_size(tensor, axis)
-
-
-def check_bool_or_none(value, name):
-    if value is not None and not _flash_ops._is_bool(value):
-        raise ValueError(f"`{name}` must be a bool or None. Received: {name}={_flash_ops._describe(value)}")
-    return None if value is None else bool(value)
-
-
-def padding_lengths(mask):
-    """[B, S] padding mask -> (lengths [B] int32, is_prefix scalar bool), decided in the graph.
-
-    A mask is a prefix when every row is True up to its length and False after (padding at the end);
-    then the lengths describe it exactly. Otherwise the lengths returned are the full length S.
-    """
-    mask = to_bool(mask)
-    size = tf.shape(mask)[1]
-    lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-    is_prefix = tf.reduce_all(tf.equal(mask, tf.sequence_mask(lengths, size)))
-    return tf.where(is_prefix, lengths, size), is_prefix
-
-
-def check_scale(scale):
-    """None (1/sqrt(head dim)) or a finite float >= 0 (the check of tf_flash.flash_attention)."""
-    return None if scale is None else _flash_ops.normalize_scale(scale)
-
-
-def check_softcap(softcap):
-    """None (off) or a positive finite number (the check of tf_flash.flash_attention)."""
-    value = _flash_ops.normalize_softcap(softcap)
-    return None if value == 0.0 else value
-
-
-def _in_xla_context():
-    """Whether the call is being traced for XLA (tf.function(jit_compile=True), Keras jit_compile)."""
-    try:
-        from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
-        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
-    except Exception:  # pylint: disable=broad-except  (private TF API: fall back to the static form)
-        return True
-
-
-def check_deterministic(deterministic):
-    if deterministic is not None and not isinstance(deterministic, bool):
-        raise ValueError(f"`deterministic` must be None or a bool. Received: deterministic={deterministic!r}")
-    return deterministic
-
-
-def _empty_mask():
-    return tf.zeros([0, 0, 0, 0], tf.bool)
-
-
-def attend(query, key, value, *, query_mask=None, kv_mask=None, attention_mask=None, causal=False,
-           window=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None, scale=None,
-           softcap=None, deterministic=None, empty_rows="zeros"):
+def attend(query, key, value, *, query_mask=None, kv_mask=None, q_lengths=None, kv_lengths=None,
+           attention_mask=None, causal=False, window=None, block_mask=None, block_size=128, dropout_rate=0.0,
+           seed=None, scale=None, softcap=None, deterministic=None, empty_rows="zeros"):
     """flash_attention on [B, S, H, D] heads with Keras padding masks.
 
     query_mask [B, Sq] / kv_mask [B, Sk]: prefix masks become q_lengths / kv_lengths (the kernel
-    skips the padding); any other pattern goes through the general attention_mask path (kv) or is
-    applied to the output rows (query). attention_mask must already be rank 4.
+    skips the padding), combined with the lengths given; any other pattern goes through the general
+    attention_mask path (kv) or is applied to the output rows (query). attention_mask must already be
+    rank 4.
 
     empty_rows: what a query row that sees no key (or is masked out by query_mask) returns:
     "zeros" (the op's convention) or "mean" (the mean of the values over all keys: what Keras'
     MultiHeadAttention returns there on its default path, a uniform softmax over masked logits).
     """
-    q_lengths = kv_lengths = None
     if query_mask is not None:
-        q_lengths, _ = padding_lengths(query_mask)
+        q_lengths = combine(q_lengths, _masks.prefix_lengths(query_mask)[0], tf.minimum)
     if kv_mask is not None:
-        kv_lengths, kv_prefix = padding_lengths(kv_mask)
         kv_mask4 = kv_mask[:, None, None, :]
-        if attention_mask is not None:
-            attention_mask = tf.logical_and(attention_mask, kv_mask4)
-        elif _in_xla_context():
-            # XLA needs static shapes (a cond between an absent and a present mask has none): the mask
-            # goes in always, all True when it is a prefix (then the lengths alone do the work).
-            attention_mask = tf.logical_or(kv_mask4, kv_prefix)
+        if attention_mask is None:
+            attention_mask, mask_lengths = _masks.key_padding(kv_mask, kv_mask4)
         else:
-            # Only a non-prefix padding mask pays for the general path.
-            attention_mask = tf.cond(kv_prefix, _empty_mask, lambda: kv_mask4)
+            attention_mask = tf.logical_and(attention_mask, kv_mask4)
+            mask_lengths, _ = _masks.prefix_lengths(kv_mask)
+        kv_lengths = combine(kv_lengths, mask_lengths, tf.minimum)
     output, lse = _flash_ops.flash_attention(
         query, key, value, causal=causal, window=window, q_lengths=q_lengths, kv_lengths=kv_lengths,
         attention_mask=attention_mask, block_mask=block_mask, block_size=block_size,
         dropout_rate=dropout_rate, seed=seed, scale=scale, softcap=softcap, deterministic=deterministic,
         return_lse=True)
-    # Without masks, a window or a block pattern every row sees key 0 (causal included): no fill.
-    may_have_empty_rows = any(arg is not None for arg in (query_mask, kv_mask, attention_mask, window,
+    # Without lengths, masks, a window or a block pattern every row sees key 0 (causal included): no fill.
+    may_have_empty_rows = any(arg is not None for arg in (q_lengths, kv_lengths, attention_mask, window,
                                                           block_mask))
     if empty_rows == "mean" and may_have_empty_rows:
-        empty = tf.equal(tf.transpose(lse, [0, 2, 1]), -np.inf)[..., None]  # [B, Sq, H, 1]
-        if query_mask is not None:
-            empty = tf.logical_or(empty, tf.logical_not(query_mask)[:, :, None, None])
-        fill = tf.reduce_mean(value, axis=1, keepdims=True)  # [B, 1, Hkv, Dv]
-        groups = query.shape[2] // value.shape[2]
-        if groups > 1:
-            fill = tf.repeat(fill, groups, axis=2)
-        output = tf.where(empty, fill, output)
+        masked_rows = None if query_mask is None else tf.logical_not(query_mask)[:, :, None, None]
+        output = _masks.fill_empty_rows(output, lse, value, masked_rows)
     elif query_mask is not None:
         output = tf.where(query_mask[:, :, None, None], output, tf.zeros([], output.dtype))
     return output
@@ -249,7 +203,7 @@ def dense_visibility(batch, heads, seqlen_q, seqlen_k, *, query_mask=None, kv_ma
     if attention_mask is not None:
         visible = tf.logical_and(visible, attention_mask)
     if block_mask is not None:
-        block_q, block_k = (block_size, block_size) if is_int(block_size) else block_size
+        block_q, block_k = _checks.normalize_block_size(block_size)
         blocks = to_bool(block_mask)
         while blocks.shape.rank < 4:
             blocks = blocks[None]

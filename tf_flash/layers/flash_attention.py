@@ -2,11 +2,13 @@
 import keras
 import tensorflow as tf
 
+from tf_flash import _checks
 from tf_flash.layers import _common
 
 
 @keras.saving.register_keras_serializable(package="tf_flash")
-class FlashAttention(keras.layers.Layer):
+@_common.read_only_properties("causal", "scale")
+class FlashAttention(_common.FlashOptionsLayer):
     """Exact attention on projected heads with `tf_flash.flash_attention`; no weights.
 
     The [Sq, Sk] score matrix is never materialized. Use it inside your own attention block; for a
@@ -55,29 +57,12 @@ class FlashAttention(keras.layers.Layer):
 
     def __init__(self, causal=False, window=None, dropout=0.0, scale=None, block_mask=None,
                  block_size=128, seed=None, softcap=None, deterministic=None, **kwargs):
-        if not isinstance(causal, bool):
-            raise ValueError(f"`causal` must be a bool. Received: causal={causal!r}")
-        window = _common.check_window(window)
-        dropout = _common.check_dropout(dropout)
-        scale = _common.check_scale(scale)
-        block_mask = _common.check_block_mask(block_mask)
-        block_size = _common.check_block_size(block_size)
-        seed = _common.check_seed(seed)
-        softcap = _common.check_softcap(softcap)
-        deterministic = _common.check_deterministic(deterministic)
-        super().__init__(**kwargs)
-        self.supports_masking = True
-        self.supports_jit = True  # the op has an XLA lowering (typed-FFI custom calls)
-        self.causal = causal
-        self.softcap = softcap
-        self.deterministic = deterministic
-        self.window = window
-        self.dropout = dropout
-        self.scale = None if scale is None else float(scale)
-        self.block_mask = block_mask
-        self.block_size = block_size
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
+        causal = _checks.check_bool(causal, "causal")
+        scale = None if scale is None else _checks.normalize_scale(scale)
+        super().__init__(window=window, dropout=dropout, block_mask=block_mask, block_size=block_size, seed=seed,
+                         softcap=softcap, deterministic=deterministic, **kwargs)
+        self._causal = causal
+        self._scale = scale
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         self.built = True
@@ -92,32 +77,28 @@ class FlashAttention(keras.layers.Layer):
         query, key, value = (tf.cast(t, dtype) for t in (query, key, value))
         # Every mask and length is checked against the inputs here, under its own name (the op would
         # report what they become: lengths, attention_mask).
-        batch, heads = _common.dim(query, 0), _common.dim(query, 2)
-        seqlen_q, seqlen_k = _common.dim(query, 1), _common.dim(key, 1)
+        batch, heads = _checks.axis_size(query, 0), _checks.axis_size(query, 2)
+        seqlen_q, seqlen_k = _checks.axis_size(query, 1), _checks.axis_size(key, 1)
         query_mask = _common.check_padding_mask(query_mask, "query_mask", batch, seqlen_q)
-        kv_mask = _common.and_masks(_common.check_padding_mask(value_mask, "value_mask", batch, seqlen_k),
-                                    _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k))
+        kv_mask = _common.combine(_common.check_padding_mask(value_mask, "value_mask", batch, seqlen_k),
+                                  _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k),
+                                  tf.logical_and)
         if attention_mask is not None:
             attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
-        if q_lengths is not None:
-            q_lengths = _common.check_lengths(q_lengths, "q_lengths", batch, seqlen_q)
-            query_mask = _common.and_masks(query_mask, tf.sequence_mask(q_lengths, seqlen_q.tensor()))
-        if kv_lengths is not None:
-            kv_lengths = _common.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k)
-            kv_mask = _common.and_masks(kv_mask, tf.sequence_mask(kv_lengths, seqlen_k.tensor()))
-        use_causal_mask = _common.check_bool_or_none(use_causal_mask, "use_causal_mask")
-        causal = self.causal if use_causal_mask is None else use_causal_mask
-        dropout_rate, seed = 0.0, None
-        if training and self.dropout > 0:
-            dropout_rate = self.dropout
-            seed = tf.cast(self.seed_generator.next(), tf.int64)
+        # Checked at run time too: a padding mask may lower them (tf.minimum) before the kernels see them,
+        # and the GPU kernels clamp lengths instead of checking them.
+        q_lengths = _checks.check_lengths(q_lengths, "q_lengths", batch, seqlen_q, runtime_range_check=True)
+        kv_lengths = _checks.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k, runtime_range_check=True)
+        use_causal_mask = _checks.check_bool(use_causal_mask, "use_causal_mask", optional=True)
+        causal = self._causal if use_causal_mask is None else use_causal_mask
+        dropout_rate, seed = self._dropout_and_seed(training)
         if block_mask is None:
-            block_mask = self.block_mask
+            block_mask = self._block_mask
         return _common.attend(
-            query, key, value, query_mask=query_mask, kv_mask=kv_mask, attention_mask=attention_mask,
-            causal=causal, window=self.window, block_mask=block_mask, block_size=self.block_size,
-            dropout_rate=dropout_rate, seed=seed, scale=self.scale, softcap=self.softcap,
-            deterministic=self.deterministic, empty_rows="zeros")
+            query, key, value, query_mask=query_mask, kv_mask=kv_mask, q_lengths=q_lengths,
+            kv_lengths=kv_lengths, attention_mask=attention_mask, causal=causal, window=self._window,
+            block_mask=block_mask, block_size=self._block_size, dropout_rate=dropout_rate, seed=seed,
+            scale=self._scale, softcap=self._softcap, deterministic=self._deterministic, empty_rows="zeros")
 
     def compute_mask(self, query, previous_mask=None):
         return previous_mask
@@ -134,16 +115,4 @@ class FlashAttention(keras.layers.Layer):
         return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
     def get_config(self):
-        config = {
-            "causal": self.causal,
-            "window": self.window,
-            "dropout": self.dropout,
-            "scale": self.scale,
-            "block_mask": _common.block_mask_to_config(self.block_mask),
-            "block_size": self.block_size,
-            "seed": self.seed,
-            "softcap": self.softcap,
-            "deterministic": self.deterministic,
-        }
-        return {**super().get_config(), **config}
-
+        return {**super().get_config(), "causal": self._causal, "scale": self._scale}

@@ -8,6 +8,7 @@ from keras import constraints
 from keras import initializers
 from keras import regularizers
 
+from tf_flash import _checks
 from tf_flash.layers import _common
 
 try:  # Keras keeps these private; they are what its own MultiHeadAttention uses.
@@ -25,7 +26,9 @@ except ImportError:  # pragma: no cover
 
 
 @keras.saving.register_keras_serializable(package="tf_flash")
-class FlashMultiHeadAttention(keras.layers.Layer):
+@_common.read_only_properties("num_heads", "key_dim", "value_dim", "num_key_value_heads", "use_bias", "attention_axes",
+                              "query_dense", "key_dense", "value_dense", "output_dense")
+class FlashMultiHeadAttention(_common.FlashOptionsLayer):
     """Multi-head attention computed by `tf_flash.flash_attention`: a drop-in for
     `keras.layers.MultiHeadAttention` (Keras 3.15).
 
@@ -96,28 +99,25 @@ class FlashMultiHeadAttention(keras.layers.Layer):
                  kernel_constraint=None, bias_constraint=None, use_gate=False, seed=None,
                  num_key_value_heads=None, window=None, block_mask=None, block_size=128, softcap=None,
                  deterministic=None, **kwargs):
-        for name, value, optional in (("num_heads", num_heads, False), ("key_dim", key_dim, False),
-                                      ("value_dim", value_dim, True),
-                                      ("num_key_value_heads", num_key_value_heads, True)):
-            if (value is None and optional) or (_common.is_int(value) and value > 0):
-                continue
-            raise ValueError(f"`{name}` must be a positive int{' or None' if optional else ''}. "
-                             f"Received: {name}={value!r}")
+        num_heads = _checks.check_int(num_heads, "num_heads", minimum=1)
+        key_dim = _checks.check_int(key_dim, "key_dim", minimum=1)
+        value_dim = _checks.check_int(value_dim, "value_dim", minimum=1, optional=True)
+        num_key_value_heads = _checks.check_int(num_key_value_heads, "num_key_value_heads", minimum=1,
+                                                optional=True)
         if num_key_value_heads is not None and num_heads % num_key_value_heads:
             raise ValueError("`num_key_value_heads` must divide `num_heads`. Received: "
                              f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}")
-        dropout = _common.check_dropout(dropout)
         if output_shape:
-            if _common.is_int(output_shape):
+            if _checks.is_int(output_shape):
                 output_shape = (output_shape,)
             if not isinstance(output_shape, (tuple, list)) or not all(
-                    _common.is_int(dim) and dim > 0 for dim in output_shape):
+                    _checks.is_int(dim) and dim > 0 for dim in output_shape):
                 raise ValueError("`output_shape` must be None, a positive int or a tuple of positive "
                                  f"ints. Received: output_shape={output_shape!r}")
             output_shape = tuple(int(dim) for dim in output_shape)
         else:
             output_shape = None
-        if _common.is_int(attention_axes):
+        if _checks.is_int(attention_axes):
             attention_axes = (attention_axes,)
         if attention_axes is not None:
             if not isinstance(attention_axes, (tuple, list)) or tuple(attention_axes) not in ((1,), (-2,)):
@@ -127,42 +127,26 @@ class FlashMultiHeadAttention(keras.layers.Layer):
                     "is not supported; flatten them into one sequence axis first). "
                     f"Received: attention_axes={attention_axes!r}")
             attention_axes = (1,)
-        if sliding_window is not None and not (_common.is_int(sliding_window) and 0 < sliding_window <= 2**31):
+        if sliding_window is not None and not (_checks.is_int(sliding_window) and 0 < sliding_window <= 2**31):
             raise ValueError("`sliding_window` must be None or an int in [1, 2**31]. "
                              f"Received: sliding_window={sliding_window!r}")
-        window = _common.check_window(window)
         if sliding_window is not None and window is not None:
             raise ValueError("Give `sliding_window` (Keras: |i - j| < sliding_window) or `window` "
                              f"(left, right), not both. Received: sliding_window={sliding_window}, "
-                             f"window={window}")
-        if flash_attention not in (None, True, False):
-            raise ValueError("`flash_attention` must be None or a bool. "
-                             f"Received: flash_attention={flash_attention!r}")
-        if not isinstance(use_gate, bool):
-            raise ValueError(f"`use_gate` must be a bool. Received: use_gate={use_gate!r}")
-        seed = _common.check_seed(seed)
-        block_mask = _common.check_block_mask(block_mask)
-        block_size = _common.check_block_size(block_size)
-        softcap = _common.check_softcap(softcap)
-        deterministic = _common.check_deterministic(deterministic)
-        super().__init__(**kwargs)
-        self.supports_masking = True
-        self.supports_jit = True  # the op has an XLA lowering (typed-FFI custom calls)
+                             f"window={window!r}")
+        flash_attention = _checks.check_bool(flash_attention, "flash_attention", optional=True)
+        use_gate = _checks.check_bool(use_gate, "use_gate")
+        super().__init__(window=window, dropout=dropout, block_mask=block_mask, block_size=block_size, seed=seed,
+                         softcap=softcap, deterministic=deterministic, **kwargs)
         self._num_heads = num_heads
         self._key_dim = key_dim
         self._value_dim = value_dim if value_dim else key_dim
         self._num_key_value_heads = num_key_value_heads or num_heads
-        self._dropout = dropout
         self._use_bias = bool(use_bias)
         self._output_shape = output_shape
         self._attention_axes = attention_axes
         self._sliding_window = sliding_window
         self._flash_attention = flash_attention
-        self._window = window
-        self._block_mask = block_mask
-        self._block_size = block_size
-        self._softcap = softcap
-        self._deterministic = deterministic
         self._kernel_initializer = initializers.get(kernel_initializer)
         self._bias_initializer = initializers.get(bias_initializer)
         self._kernel_regularizer = regularizers.get(kernel_regularizer)
@@ -171,23 +155,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         self._kernel_constraint = constraints.get(kernel_constraint)
         self._bias_constraint = constraints.get(bias_constraint)
         self._use_gate = use_gate
-        self.seed = seed
         self._inverse_sqrt_key_dim = 1.0 / math.sqrt(float(key_dim))
-        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
-
-    num_heads = property(lambda self: self._num_heads)
-    key_dim = property(lambda self: self._key_dim)
-    value_dim = property(lambda self: self._value_dim)
-    num_key_value_heads = property(lambda self: self._num_key_value_heads)
-    dropout = property(lambda self: self._dropout)
-    softcap = property(lambda self: self._softcap)
-    deterministic = property(lambda self: self._deterministic)
-    use_bias = property(lambda self: self._use_bias)
-    attention_axes = property(lambda self: self._attention_axes)
-    query_dense = property(lambda self: self._query_dense)
-    key_dense = property(lambda self: self._key_dense)
-    value_dense = property(lambda self: self._value_dense)
-    output_dense = property(lambda self: self._output_dense)
 
     @classmethod
     def from_keras(cls, layer, **overrides):
@@ -273,12 +241,14 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             key = value
         if query_mask is None:
             query_mask = _get_keras_mask(query)
-        return_attention_scores = _common.check_bool_or_none(return_attention_scores, "return_attention_scores")
-        use_causal_mask = bool(_common.check_bool_or_none(use_causal_mask, "use_causal_mask"))
+        return_attention_scores = _checks.check_bool(return_attention_scores, "return_attention_scores",
+                                                     optional=True)
+        use_causal_mask = bool(_checks.check_bool(use_causal_mask, "use_causal_mask", optional=True))
         # Masks are checked against the inputs here, under their own names (the op would report what they
         # become: lengths, attention_mask).
-        batch, seqlen_q, seqlen_k = _common.dim(query, 0), _common.dim(query, 1), _common.dim(key, 1)
-        heads = _common.Size(self._num_heads, None)
+        batch, seqlen_q = _checks.axis_size(query, 0), _checks.axis_size(query, 1)
+        seqlen_k = _checks.axis_size(key, 1)
+        heads = _checks.Size(self._num_heads, None)
         query_mask = _common.check_padding_mask(query_mask, "query_mask", batch, seqlen_q)
         value_mask = _common.check_padding_mask(value_mask, "value_mask", batch, seqlen_k)
         key_mask = _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k)
@@ -294,7 +264,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         query = self._query_dense(query)
         key = self._key_dense(key)
         value = self._value_dense(value)
-        kv_mask = _common.and_masks(value_mask, key_mask)
+        kv_mask = _common.combine(value_mask, key_mask, tf.logical_and)
         attention_output, attention_scores = self._compute_attention(
             query, key, value, query_mask=query_mask, kv_mask=kv_mask,
             attention_mask=attention_mask, training=training,
@@ -318,10 +288,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
         Unlike Keras' hook of the same name it takes the padding masks separately (so that prefix
         masks can become lengths) and `attention_mask` as rank 4.
         """
-        dropout_rate, seed = 0.0, None
-        if training and self._dropout > 0:
-            dropout_rate = self._dropout
-            seed = tf.cast(self.seed_generator.next(), tf.int64)
+        dropout_rate, seed = self._dropout_and_seed(training)
         if block_mask is None:
             block_mask = self._block_mask
         masks = dict(query_mask=query_mask, kv_mask=kv_mask, attention_mask=attention_mask,
@@ -369,7 +336,6 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             "num_heads": self._num_heads,
             "key_dim": self._key_dim,
             "value_dim": self._value_dim,
-            "dropout": self._dropout,
             "use_bias": self._use_bias,
             "use_gate": self._use_gate,
             "output_shape": self._output_shape,
@@ -383,13 +349,7 @@ class FlashMultiHeadAttention(keras.layers.Layer):
             "activity_regularizer": regularizers.serialize(self._activity_regularizer),
             "kernel_constraint": constraints.serialize(self._kernel_constraint),
             "bias_constraint": constraints.serialize(self._bias_constraint),
-            "seed": self.seed,
             "num_key_value_heads": self._num_key_value_heads,
-            "window": self._window,
-            "block_mask": _common.block_mask_to_config(self._block_mask),
-            "block_size": self._block_size,
-            "softcap": self._softcap,
-            "deterministic": self._deterministic,
         }
         return {**super().get_config(), **config}
 
