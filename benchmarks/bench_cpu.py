@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CPU benchmark of tf_flash (protocol: benchmarks/README.md; issues 2 and 3).
+"""CPU benchmark of tf_flash (method: docs/performance.md).
 
 float32, b=1, h=8, d=64, s in 512..8192 (and 16k..64k for tf_flash only with --long), causal and not:
 forward and forward+backward time and GFLOP/s (fwd = 4 b s^2 h d, halved when causal; fwd+bwd = 3.5 fwd)
@@ -9,11 +9,15 @@ the dropout overhead (p=0.1 vs 0).
 
 Every configuration runs in its own subprocess, so that each peak RSS (VmHWM; getrusage's ru_maxrss
 where /proc is missing) belongs to that configuration alone and a configuration that runs out of memory
-does not end the run. With --torch-python, torch's CPU scaled_dot_product_attention (the CPU peer of
-benchmarks/README.md) runs in processes of that interpreter, e.g. a venv with
+does not end the run. With --torch-python, torch's CPU scaled_dot_product_attention (the CPU peer)
+runs in processes of that interpreter, e.g. a venv with
 `pip install /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl numpy`.
 
-    python benchmarks/bench_cpu.py            # full run (~30-40 min on 2 cores), results/cpu_<date>.*
+Output: results/cpu.json and results/cpu.png (plot.py: GFLOP/s against sequence length beside TF's
+attention, peak memory, block-sparse speedups), rewritten after every configuration, so an interrupted run
+keeps what it measured; the run's log in results/cpu.log.
+
+    python benchmarks/bench_cpu.py            # full run (~30-40 min on 2 cores)
     python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k (~30 min more; shorten with
                                               #   --long-seqlens 16384 32768 or --long-modes fwd)
     python benchmarks/bench_cpu.py --quick    # smoke run (a few minutes), results/quick/ (git-ignored)
@@ -28,6 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import plot  # noqa: E402
 
 BATCH, HEADS, DIM = 1, 8, 64
 IMPLS = ["tf_flash", "tf_standard", "tf_standard_xla"]
@@ -245,152 +250,12 @@ def build_tasks(args):
     return tasks
 
 
-def _get(entry, mode, key):
-    r = entry["result"]
-    return r[mode][key] if r.get("ok") and mode in r else None
-
-
-def _density_of(task):
-    spec = (task.get("extra") or {}).get("block_mask")
-    if spec is None:
-        return 1.0
-    sys.path.insert(0, common.REPO)
-    import importlib.util
-    path = os.path.join(common.REPO, "tf_flash", "sparsity.py")
-    mod_spec = importlib.util.spec_from_file_location("_sparsity_for_bench", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    builder = getattr(mod, spec["builder"])
-    return builder(task["seqlen"], task["seqlen"], spec.get("block_size", 128), **spec.get("kwargs", {}))[1]
-
-
-def report(entries, info, args, stem):
-    matmul = [e["result"].get("gflops") for e in entries if e["section"] == "matmul" and e["result"].get("ok")]
-    matmul_rate = max(matmul) if matmul else None
-    lines = [f"# tf_flash CPU benchmark{' (quick smoke run)' if args.quick else ''}", "", common.info_markdown(info),
-             "", f"Config: float32, b={BATCH}, h={HEADS}, d={DIM}; times are medians over the timed calls "
-             "(after warm-up, tracing excluded); GFLOP/s with fwd = 4 b s^2 h d (halved when causal), "
-             "fwd+bwd = 3.5 fwd. Peak RSS: high-water mark (VmHWM) of a process that ran only that configuration "
-             "(fwd, then fwd+bwd); `base` is the peak after importing the framework and creating the inputs.", "",
-             "TF float32 matmul 2048^3: " + ", ".join(f"{m:.1f}" for m in matmul) + " GFLOP/s (start, end)", ""]
-    torch_mm = [e["result"] for e in entries if e["section"] == "torch_matmul" and e["result"].get("ok")]
-    if torch_mm:
-        lines[-1:-1] = [f"torch {torch_mm[0].get('torch', '')} float32 matmul 2048^3: "
-                        f"{torch_mm[0]['gflops']:.1f} GFLOP/s ({os.cpu_count()} threads)"]
-    main = [e for e in entries if e["section"] == "main"]
-    rows = []
-    for e in sorted(main, key=lambda e: (e["impl"], e["causal"], e["seqlen"])):
-        r = e["result"]
-        fwd_gf, fb_gf = _get(e, "fwd", "gflops"), _get(e, "fwd_bwd", "gflops")
-        rows.append([e["impl"], "yes" if e["causal"] else "no", e["seqlen"],
-                     common.fmt(_get(e, "fwd", "median_s") and _get(e, "fwd", "median_s") * 1e3),
-                     common.fmt(fwd_gf), common.fmt(fwd_gf and matmul_rate and 100 * fwd_gf / matmul_rate, 0),
-                     common.fmt(_get(e, "fwd_bwd", "median_s") and _get(e, "fwd_bwd", "median_s") * 1e3),
-                     common.fmt(fb_gf), common.fmt(_get(e, "fwd", "peak_rss_mb"), 0),
-                     common.fmt(_get(e, "fwd_bwd", "peak_rss_mb"), 0), common.fmt(r.get("rss_base_mb"), 0),
-                     "" if r.get("ok") else r.get("error", "")[:80]])
-    lines += ["## Dense attention", "", common.markdown_table(
-        ["impl", "causal", "seqlen", "fwd ms", "fwd GFLOP/s", "fwd % matmul", "fwd+bwd ms", "fwd+bwd GFLOP/s",
-         "peak RSS fwd MB", "peak RSS fwd+bwd MB", "base MB", "error"], rows), ""]
-
-    # Ratios the issues ask for.
-    def find(impl, causal, s):
-        for e in main:
-            if e["impl"] == impl and e["causal"] == causal and e["seqlen"] == s:
-                return e
-        return None
-
-    ratio_rows = []
-    for s in sorted({e["seqlen"] for e in main}):
-        flash, flash_c = find("tf_flash", False, s), find("tf_flash", True, s)
-        std, std_c = find("tf_standard", False, s), find("tf_standard", True, s)
-        def div(a, b):
-            return a / b if a and b else None
-        ratio_rows.append([
-            s, common.fmt(div(flash and _get(flash, "fwd", "gflops"), matmul_rate), 2),
-            common.fmt(div(std and _get(std, "fwd", "gflops"), matmul_rate), 2),
-            common.fmt(div(std and _get(std, "fwd_bwd", "median_s"), flash and _get(flash, "fwd_bwd", "median_s")), 2),
-            common.fmt(div(std_c and _get(std_c, "fwd_bwd", "median_s"),
-                           flash_c and _get(flash_c, "fwd_bwd", "median_s")), 2),
-            common.fmt(div(flash and _get(flash, "fwd", "median_s"), flash_c and _get(flash_c, "fwd", "median_s")), 2),
-            common.fmt(div(flash and _get(flash, "fwd_bwd", "median_s"),
-                           flash_c and _get(flash_c, "fwd_bwd", "median_s")), 2)])
-        torch_e, torch_c = find("torch_sdpa", False, s), find("torch_sdpa", True, s)
-        if torch_e or torch_c:
-            ratio_rows[-1] += [common.fmt(div(torch_e and _get(torch_e, m, "median_s"),
-                                              flash and _get(flash, m, "median_s")), 2) for m in ("fwd", "fwd_bwd")]
-            ratio_rows[-1] += [common.fmt(div(torch_c and _get(torch_c, m, "median_s"),
-                                              flash_c and _get(flash_c, m, "median_s")), 2) for m in ("fwd", "fwd_bwd")]
-    ratio_headers = ["seqlen", "tf_flash fwd / matmul", "TF std fwd / matmul", "fwd+bwd speedup vs TF std",
-                     "same, causal", "causal speedup fwd", "causal speedup fwd+bwd"]
-    if any(len(r) > len(ratio_headers) for r in ratio_rows):
-        ratio_headers += ["vs torch fwd", "vs torch fwd+bwd", "vs torch causal fwd", "vs torch causal fwd+bwd"]
-        ratio_rows = [r + ["-"] * (len(ratio_headers) - len(r)) for r in ratio_rows]
-    lines += ["## Ratios", "", "Targets (issue 2): fwd >= 0.70 of matmul; fwd+bwd >= 1.3x TF standard; causal "
-              "close to 2x faster. Speedups are time ratios (other / tf_flash; > 1 = tf_flash faster).", "",
-              common.markdown_table(ratio_headers, ratio_rows), ""]
-
-    sparse = [e for e in entries if e["section"] == "sparse"]
-    if sparse:
-        base = next((e for e in sparse if e["pattern"] == "none"), None)
-        rows = []
-        for e in sparse:
-            speed = [None, None]
-            for i, mode in enumerate(("fwd", "fwd_bwd")):
-                t, t0 = _get(e, mode, "median_s"), base and _get(base, mode, "median_s")
-                speed[i] = t0 / t if t and t0 else None
-            rows.append([e["pattern"], common.fmt(_density_of(e), 4),
-                         common.fmt(_get(e, "fwd", "median_s") and _get(e, "fwd", "median_s") * 1e3),
-                         common.fmt(speed[0], 2),
-                         common.fmt(_get(e, "fwd_bwd", "median_s") and _get(e, "fwd_bwd", "median_s") * 1e3),
-                         common.fmt(speed[1], 2), "" if e["result"].get("ok") else e["result"].get("error", "")[:80]])
-        lines += [f"## Block-sparse (s={args.sparse_seqlen}, block {args.block_size}, non-causal)", "",
-                  "Target (issue 3): density 1/8 >= 5x faster than dense.", "", common.markdown_table(
-                      ["pattern", "density", "fwd ms", "fwd speedup", "fwd+bwd ms", "fwd+bwd speedup", "error"], rows),
-                  ""]
-
-    drop = [e for e in entries if e["section"] == "dropout"]
-    if drop:
-        rows = []
-        for s in sorted({e["seqlen"] for e in drop}):
-            pair = {e["rate"]: e for e in drop if e["seqlen"] == s}
-            cells = [s]
-            for mode in ("fwd", "fwd_bwd"):
-                t0 = pair.get(0.0) and _get(pair[0.0], mode, "median_s")
-                t1 = pair.get(0.1) and _get(pair[0.1], mode, "median_s")
-                cells += [common.fmt(t0 and t0 * 1e3), common.fmt(t1 and t1 * 1e3),
-                          common.fmt(t0 and t1 and 100 * (t1 / t0 - 1), 0)]
-            rows.append(cells)
-        lines += ["## Dropout overhead (non-causal)", "", "Target (issue 3): at most 30%.", "", common.markdown_table(
-            ["seqlen", "fwd p=0 ms", "fwd p=0.1 ms", "fwd overhead %", "fwd+bwd p=0 ms", "fwd+bwd p=0.1 ms",
-             "fwd+bwd overhead %"], rows), ""]
-
-    # Plots.
-    def series(mode, key, scale=1.0):
-        out = {}
-        for e in main:
-            value = _get(e, mode, key)
-            label = f"{e['impl']}{' causal' if e['causal'] else ''}"
-            out.setdefault(label, []).append((e["seqlen"], value * scale if value is not None else None))
-        return out
-
-    plots = []
-    for name, mode, key, scale, ylabel in (
-            ("runtime_fwd", "fwd", "median_s", 1e3, "forward time (ms)"),
-            ("runtime_fwd_bwd", "fwd_bwd", "median_s", 1e3, "forward + backward time (ms)"),
-            ("memory", "fwd_bwd", "peak_rss_mb", 1.0, "peak RSS, fwd+bwd (MB)")):
-        path = common.plot_vs_seqlen(os.path.join(args.out_dir, f"{stem}_{name}.png"), series(mode, key, scale),
-                                     ylabel, f"CPU float32 b{BATCH} h{HEADS} d{DIM}: {ylabel}")
-        if path:
-            plots.append(os.path.basename(path))
-    if plots:
-        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    text = "\n".join(lines)
-    with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as f:
-        f.write(text)
-    common.write_json(os.path.join(args.out_dir, f"{stem}.json"),
-                      {"info": info, "args": vars(args), "matmul_gflops": matmul, "entries": entries})
-    return text
+def write_results(entries, info, args, command):
+    """results/<tag>.json and .png (plot.py). Returns the tables for the terminal."""
+    payload = {"benchmark": "cpu", "info": info, "command": command, "args": vars(args),
+               "shape": {"batch": BATCH, "heads": HEADS, "dim": DIM}, "entries": entries}
+    plot.save(payload, os.path.join(args.out_dir, f"{args.tag}.json"))
+    return plot.tables(payload)
 
 
 def main():
@@ -413,10 +278,9 @@ def main():
                         help="python of a venv with torch (CPU build): adds torch's scaled_dot_product_attention "
                              "as the CPU peer, run in its own processes")
     parser.add_argument("--out-dir", default=None, help="default results/ (results/quick/ with --quick, git-ignored)")
-    parser.add_argument("--tag", default=None, help="file stem (default cpu_<date> or cpu_quick)")
+    parser.add_argument("--tag", default="cpu", help="file stem (default cpu: results/cpu.json)")
     args = parser.parse_args()
-    if args.out_dir is None:
-        args.out_dir = os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR
+    args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:
         worker_main(args.worker)
         return
@@ -431,26 +295,17 @@ def main():
     if args.quick:
         args.long_seqlens = [2048]
     info = common.machine_info()
-    stem = args.tag or ("cpu_quick" if args.quick else "cpu_" + info["date_utc"][:10].replace("-", ""))
-    os.makedirs(args.out_dir, exist_ok=True)
-    log_path = os.path.join(args.out_dir, f"{stem}.log")
-    log_file = open(log_path, "w")
-
-    def log(msg):
-        print(msg, flush=True)
-        log_file.write(msg + "\n")
-        log_file.flush()
-
+    command = common.command_line()
+    log = common.RunLog(os.path.join(args.out_dir, f"{args.tag}.log"))
     log(f"tf_flash CPU benchmark, {info['date_utc']}, {info['cpu']} x{info['cpu_count']}, "
         f"TF {info.get('tensorflow')}, tf_flash {info.get('tf_flash')}")
     entries = []
     for task in build_tasks(args):
         entries.append(run_task(task, args.timeout, log))
-        report(entries, info, args, stem)  # keep the files current: a long run stopped midway keeps its results
-    text = report(entries, info, args, stem)
-    print()
-    print(text.split("## Plots")[0])
-    log_file.close()
+        text = write_results(entries, info, args, command)  # a run stopped midway keeps what it measured
+    log("")
+    log(text)
+    log.close()
 
 
 if __name__ == "__main__":

@@ -1,20 +1,25 @@
-"""Cost of the deterministic GPU backward (issue 16: target <= 15% on forward+backward at s >= 4k).
+"""Cost of the deterministic GPU backward (method: docs/performance.md).
 
     python benchmarks/bench_determinism.py [--seqlens 4096 8192 16384] [--batch 2] [--heads 16] [--dim 128]
-                                           [--dropout 0.1]
+                                           [--dropout 0.1] [--json results/determinism.json]
 
 Times forward+backward (bf16, tf.function) with deterministic=False (dQ by float atomics) and True (per-CTA
 dQ accumulators summed in a fixed order), checks that two deterministic runs are bit-identical, and
 prints one line per shape: milliseconds of each, the overhead and the backward kernel family that ran
-(TF_FLASH_CUDA_FAMILY=sm80 holds every GPU on the sm_80 family).
+(TF_FLASH_CUDA_FAMILY=sm80 holds every GPU on the sm_80 family). Output: results/determinism.json and
+results/determinism.png (plot.py).
 """
 import argparse
-import time
+import os
+import sys
 
 import numpy as np
 import tensorflow as tf
 
-import tf_flash
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import plot  # noqa: E402
+import tf_flash  # noqa: E402  (after common, which puts the checkout's tf_flash first on the path)
 
 
 def _step(deterministic, causal, dropout):
@@ -28,15 +33,9 @@ def _step(deterministic, causal, dropout):
     return step
 
 
-def _median_ms(step, args, repeats):
-    for _ in range(3):
-        step(*args)[0].numpy()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(*args)[0].numpy()
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+def _median_ms(step, inputs, repeats):
+    stats = common.time_calls(lambda: step(*inputs)[0].numpy(), warmup=3, repeats=repeats)
+    return 1e3 * stats["median_s"]
 
 
 def main():
@@ -47,9 +46,10 @@ def main():
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--dropout", type=float, default=0.0)
+    common.add_json_argument(parser, "determinism")
     args = parser.parse_args()
-    if not tf.config.list_physical_devices("GPU"):
-        raise SystemExit("bench_determinism: needs a GPU")
+    common.require_gpu("bench_determinism.py")
+    rows = []
     for causal in (False, True):
         for s in args.seqlens:
             shape = (args.batch, s, args.heads, args.dim)
@@ -64,6 +64,12 @@ def main():
             print(f"b{args.batch} s{s} h{args.heads} d{args.dim} causal={causal} dropout={args.dropout}: "
                   f"atomics {fast:.2f} ms, deterministic {det:.2f} ms ({100 * (det / fast - 1):+.1f}%), "
                   f"bit-identical={identical}, deterministic backward {family}", flush=True)
+            rows.append({"batch": args.batch, "seqlen": s, "heads": args.heads, "dim": args.dim, "causal": causal,
+                         "dropout": args.dropout, "atomics_ms": fast, "deterministic_ms": det,
+                         "bit_identical": identical, "family": family})
+    plot.save({"benchmark": "determinism", "info": common.machine_info(gpu=True), "command": common.command_line(),
+               "rows": rows}, args.json)
+    print(f"results: {args.json}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark of tf_flash (protocol: benchmarks/README.md), for the lent H100/H200.
+"""GPU benchmark of tf_flash (method: docs/performance.md), for the lent H100/H200.
 
 Grid (FA2 paper): hidden 2048, head dim d in {64, 128} (+256 with --dims), heads = 2048/d,
 (batch, seqlen) in (32,512) (16,1k) (8,2k) (4,4k) (2,8k) (1,16k); causal and not; bf16 and fp16
@@ -24,8 +24,13 @@ configuration; out-of-memory and other errors are recorded and the worker goes o
 (TF's standard attention aborts at b*h*s^2 >= 2^31) the parent records the crash and starts a new worker
 for the remaining configurations.
 
-    python benchmarks/bench_gpu.py --torch               # full grid, results/gpu_<device>_<date>.*
-    python benchmarks/bench_gpu.py --quick --torch       # smoke run
+Output: results/gpu_<dtype>.json and .png for each dtype measured (plot.py; the figure: TFLOP/s against
+sequence length per head dim, forward and forward+backward, causal and not), rewritten every 30 s while
+the run goes on; the workers' output in results/gpu.log.
+
+    python benchmarks/bench_gpu.py --torch               # full grid
+    python benchmarks/bench_gpu.py --quick --torch       # smoke run: results/quick/ (git-ignored)
+    python benchmarks/bench_gpu.py --merge A.json B.json # one result from runs split by --impls / --torch-only
 """
 import argparse
 import json
@@ -37,6 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import plot  # noqa: E402
 
 FA2_GRID = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
 TF_IMPLS = ["tf_flash", "tf_standard", "tf_standard_xla", "keras_mha"]
@@ -207,6 +213,10 @@ def worker_main(args):
             raise SystemExit("no GPU visible to TensorFlow")
     run = _torch_run_config if is_torch else _tf_run_config
     with open(args.results, "a") as out:
+        if is_torch:  # the peer's versions, as this process sees them
+            import torch
+            out.write(json.dumps({"torch": f"{torch.__version__}, CUDA {torch.version.cuda}, "
+                                           f"cuDNN {torch.backends.cudnn.version()}"}) + "\n")
         for cfg in configs:
             if args.deadline and time.time() > args.deadline:
                 out.write(json.dumps({"id": cfg["id"], "result": {"error": "skipped: --time-limit"}}) + "\n")
@@ -273,9 +283,10 @@ def build_configs(args):
     return configs
 
 
-def run_group(configs, args, log, on_progress=None):
-    """Runs configs (one implementation) in worker processes, restarting after a crash. Returns {id: result}.
-    on_progress(results) is called now and then while results come in (to keep the result files current)."""
+def run_group(configs, args, info, log, on_progress=None):
+    """Runs configs (one implementation) in worker processes, restarting after a crash. Returns {id: result};
+    a torch worker's versions go to info["torch"]. on_progress(results) is called now and then while results
+    come in (to keep the result files current)."""
     results, remaining = {}, list(configs)
     last_progress = time.perf_counter()
     while remaining:
@@ -305,7 +316,7 @@ def run_group(configs, args, log, on_progress=None):
                 break
             except subprocess.TimeoutExpired:
                 pass
-            seen = _drain(res_path, seen, results, log, configs)
+            seen = _drain(res_path, seen, results, info, log, configs)
             if on_progress and time.perf_counter() - last_progress > 30:
                 on_progress(results)
                 last_progress = time.perf_counter()
@@ -314,7 +325,7 @@ def run_group(configs, args, log, on_progress=None):
                 proc.communicate()
                 last_line = f"group timeout after {args.group_timeout}s"
                 break
-        _drain(res_path, seen, results, log, configs)
+        _drain(res_path, seen, results, info, log, configs)
         with open(res_path) as f:
             for line in f:
                 rec = json.loads(line)
@@ -342,7 +353,7 @@ def run_group(configs, args, log, on_progress=None):
     return results
 
 
-def _drain(res_path, seen, results, log, configs):
+def _drain(res_path, seen, results, info, log, configs):
     by_id = {c["id"]: c for c in configs}
     with open(res_path) as f:
         lines = f.readlines()
@@ -351,7 +362,9 @@ def _drain(res_path, seen, results, log, configs):
             break
         seen += 1
         rec = json.loads(line)
-        if "id" in rec:
+        if "torch" in rec:
+            info["torch"] = rec["torch"]
+        elif "id" in rec:
             results[rec["id"]] = rec["result"]
             log("  " + _describe(by_id[rec["id"]], rec["result"]))
     return seen
@@ -371,161 +384,28 @@ def _describe(cfg, result):
     return head + " " + " | ".join(parts)
 
 
-def _cell(result, mode, key, scale=1.0, digits=1):
-    r = result.get(mode, {})
-    if key in r:
-        return common.fmt(r[key] * scale, digits)
-    if result.get("crashed"):
-        return "crash"
-    return r.get("error", result.get("error", "-"))[:40]
-
-
-def report(configs, results, info, args, stem):
-    speed = [c for c in configs if c["kind"] == "speed" and c["id"] in results and "extras" not in c]
-    extras = [c for c in configs if "extras" in c and c["id"] in results]
-    memory = [c for c in configs if c["kind"] == "memory" and c["id"] in results]
-    impls = [i for i in list(args.impls) + (TORCH_IMPLS if args.torch else [])]
-    lines = [f"# tf_flash GPU benchmark{' (quick smoke run)' if args.quick else ''}", "", common.info_markdown(info),
-             "", "FLOPs: fwd = 4 b s^2 h d (halved when causal), fwd+bwd = 3.5 fwd; TFLOP/s = 1e12 FLOP/s. "
-             f"Median of {args.repeats} samples after {args.warmup} warm-up calls; spread = (q3 - q1) / median."
-             + (f" TF rows: {args.calls_per_function} chained attentions per tf.function call, times and TFLOP/s per "
-                "attention (torch's calls are one each)." if args.calls_per_function > 1 else ""), ""]
-    # Pivot: one row per (dtype, d, causal, b, s), one column per impl, fwd and fwd+bwd TFLOP/s.
-    for mode, title in (("fwd", "Forward"), ("fwd_bwd", "Forward + backward")):
-        rows = []
-        keys = sorted({(c["dtype"], c["dim"], c["causal"], c["seqlen"], c["batch"]) for c in speed})
-        for dtype, dim, causal, seqlen, batch in keys:
-            row = [dtype, dim, "yes" if causal else "no", batch, seqlen]
-            for impl in impls:
-                match = [c for c in speed if (c["impl"], c["dtype"], c["dim"], c["causal"], c["seqlen"], c["batch"])
-                         == (impl, dtype, dim, causal, seqlen, batch)]
-                row.append(_cell(results[match[0]["id"]], mode, "tflops") if match else "-")
-            rows.append(row)
-        lines += [f"## {title} TFLOP/s", "",
-                  common.markdown_table(["dtype", "d", "causal", "b", "s"] + impls, rows), ""]
-    # Long format with times and spread.
-    rows = []
-    for c in speed:
-        r = results[c["id"]]
-        for mode in c["modes"]:
-            m = r.get(mode, {})
-            spread = (m["q3_s"] - m["q1_s"]) / m["median_s"] * 100 if "median_s" in m else None
-            rows.append([c["impl"], c["dtype"], c["dim"], "yes" if c["causal"] else "no", c["batch"], c["seqlen"], mode,
-                         _cell(r, mode, "median_s", 1e3, 3), _cell(r, mode, "tflops"), common.fmt(spread, 1),
-                         m.get("calls_per_sample", ""), m.get("kernels", "")])
-    lines += ["## All timings", "", common.markdown_table(
-        ["impl", "dtype", "d", "causal", "b", "s", "mode", "median ms", "TFLOP/s", "spread %", "calls/sample",
-         "kernels"],
-        rows), ""]
-    if extras:
-        rows = []
-        for group in ("sparse", "dropout"):
-            members = [c for c in extras if c["extras"] == group]
-            base = members[0] if members else None
-            for c in members:
-                r, r0 = results[c["id"]], results[base["id"]]
-                row = [c["pattern"]]
-                for mode in ("fwd", "fwd_bwd"):
-                    t, t0 = r.get(mode, {}).get("median_s"), r0.get(mode, {}).get("median_s")
-                    row += [_cell(r, mode, "median_s", 1e3, 3), common.fmt(t0 / t if t and t0 else None, 2)]
-                rows.append(row)
-        c0 = extras[0]
-        lines += [f"## tf_flash block-sparse and dropout ({c0['dtype']} b{c0['batch']} s{c0['seqlen']} h{c0['heads']} "
-                  f"d{c0['dim']}, block {args.block_size}, non-causal; speedup vs the first row of its group)", "",
-                  common.markdown_table(["pattern", "fwd ms", "fwd speedup", "fwd+bwd ms", "fwd+bwd speedup"], rows),
-                  ""]
-    if memory:
-        rows = []
-        for mem_set in sorted({c["mem_set"] for c in memory}):
-            for seqlen in sorted({c["seqlen"] for c in memory if c["mem_set"] == mem_set}):
-                row = [mem_set, seqlen]
-                for impl in impls:
-                    match = [c for c in memory if (c["impl"], c["mem_set"], c["seqlen"]) == (impl, mem_set, seqlen)]
-                    r = results[match[0]["id"]] if match else {}
-                    row.append(common.fmt(r["peak_mb"], 0) if "peak_mb" in r else r.get("error", "-")[:30])
-                rows.append(row)
-        lines += [f"## Peak memory, fwd+bwd, MB ({memory[0]['dtype']}; TF: get_memory_info peak, torch: "
-                  "max_memory_allocated; includes inputs and gradients)", "",
-                  common.markdown_table(["config", "s"] + impls, rows), ""]
-    # Plots: bf16/first dtype, d=128 (or first), non-causal: runtime vs s; memory vs s.
-    plots = []
-    if speed:
-        dtype0 = args.dtypes[0]
-        dim0 = 128 if 128 in args.dims else args.dims[0]
-        for mode in ("fwd", "fwd_bwd"):
-            series = {}
-            for c in speed:
-                if c["dtype"] == dtype0 and c["dim"] == dim0:
-                    r = results[c["id"]].get(mode, {})
-                    label = c["impl"] + (" causal" if c["causal"] else "")
-                    series.setdefault(label, []).append((c["seqlen"], r["median_s"] * 1e3 if "median_s" in r else None))
-            path = common.plot_vs_seqlen(os.path.join(args.out_dir, f"{stem}_runtime_{mode}.png"), series,
-                                         f"{mode} time (ms)", f"{dtype0} d{dim0} hidden {args.hidden}: {mode}")
-            if path:
-                plots.append(os.path.basename(path))
-    if memory:
-        series = {}
-        for c in memory:
-            if c["mem_set"] == "b1 h16 d128":
-                r = results[c["id"]]
-                series.setdefault(c["impl"], []).append((c["seqlen"], r.get("peak_mb")))
-        path = common.plot_vs_seqlen(os.path.join(args.out_dir, f"{stem}_memory.png"), series, "peak memory (MB)",
-                                     "fwd+bwd peak memory, b1 h16 d128")
-        if path:
-            plots.append(os.path.basename(path))
-    if plots:
-        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    with open(os.path.join(args.out_dir, f"{stem}.md"), "w") as f:
-        f.write("\n".join(lines))
-    common.write_json(os.path.join(args.out_dir, f"{stem}.json"),
-                      {"info": info, "args": vars(args),
-                       "entries": [dict(c, result=results[c["id"]]) for c in configs if c["id"] in results]})
-    # Short table for the terminal: d=128 (or first), first dtype, TFLOP/s per impl.
-    short = []
-    dtype0 = args.dtypes[0]
-    dim0 = 128 if 128 in args.dims else args.dims[0]
-    for causal in (False, True):
-        for batch, seqlen in args.grid:
-            row = [f"{'causal' if causal else 'full'} b{batch} s{seqlen}"]
-            for impl in impls:
-                match = [c for c in speed if (c["impl"], c["dtype"], c["dim"], c["causal"], c["seqlen"])
-                         == (impl, dtype0, dim0, causal, seqlen)]
-                r = results[match[0]["id"]] if match else {}
-                row.append("/".join(_cell(r, m, "tflops", digits=0) for m in ("fwd", "fwd_bwd")) if r else "-")
-            short.append(row)
-    return (f"{dtype0} d{dim0}, TFLOP/s fwd/fwd+bwd\n" +
-            common.markdown_table(["config"] + impls, short))
+def write_results(entries, info, run_args, command, out_dir, stem):
+    """One result per dtype: out_dir/<stem>_<dtype>.json and .png (plot.py). Returns the tables for the terminal."""
+    text = []
+    for dtype in dict.fromkeys(e["dtype"] for e in entries):
+        payload = {"benchmark": "gpu", "info": info, "command": command, "args": run_args,
+                   "entries": [e for e in entries if e["dtype"] == dtype]}
+        plot.save(payload, os.path.join(out_dir, f"{stem}_{dtype}.json"))
+        text.append(plot.tables(payload))
+    return "\n".join(text)
 
 
 def merge_main(args):
-    """One report from several result files (e.g. runs split by --impls to fit the lent machine's limits)."""
-    import types
-    configs, results, impls, infos = [], {}, [], []
-    first = None
-    for path in args.merge:
-        with open(path) as f:
-            payload = json.load(f)
-        first = first or payload
-        infos.append(payload["info"])
-        for entry in payload["entries"]:
-            cfg = {k: v for k, v in entry.items() if k != "result"}
-            cfg["id"] = len(configs)
-            configs.append(cfg)
-            results[cfg["id"]] = entry["result"]
-            if cfg["impl"] not in impls:
-                impls.append(cfg["impl"])
-    merged = types.SimpleNamespace(**first["args"])
-    merged.impls = [i for i in impls if not i.startswith("torch")]
-    merged.torch = any(i.startswith("torch") for i in impls)
-    merged.grid = [tuple(g) for g in merged.grid]
-    merged.out_dir = args.out_dir
-    merged.dtypes = sorted({c["dtype"] for c in configs}, key=["bf16", "fp16", "fp32"].index)
-    merged.dims = sorted({c["dim"] for c in configs if "extras" not in c and c["kind"] == "speed"}) or merged.dims
-    info = dict(infos[0], merged_from=[os.path.basename(p) for p in args.merge],
-                dates=sorted({i.get("date_utc") for i in infos}))
-    stem = args.tag or "gpu_merged"
-    os.makedirs(args.out_dir, exist_ok=True)
-    print(report(configs, results, info, merged, stem))
+    """One result from several result files (e.g. runs split by --impls to fit the lent machine's limits)."""
+    payloads = [plot.load(path) for path in args.merge]
+    entries = [e for p in payloads for e in p["entries"]]
+    info = dict(payloads[0]["info"], merged_from=[os.path.basename(p) for p in args.merge],
+                dates=sorted({p["info"].get("date_utc") for p in payloads}))
+    torch = [p["info"]["torch"] for p in payloads if p["info"].get("torch")]
+    if torch:
+        info["torch"] = torch[0]
+    command = " + ".join(p["command"] for p in payloads) + " (merged)"
+    print(write_results(entries, info, payloads[0]["args"], command, args.out_dir, args.tag or "gpu"))
 
 
 def main():
@@ -554,19 +434,18 @@ def main():
                         help="seconds: start no configuration after this (the lent machine allows 10 min a command)")
     parser.add_argument("--deadline", type=float, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--merge", nargs="+", default=None,
-                        help="result .json files of earlier runs (e.g. one per --impls subset): one combined report")
+                        help="result .json files of earlier runs (e.g. one per --impls subset): one result per dtype")
     parser.add_argument("--skip-extras", action="store_true", help="no block-sparse sweep / dropout overhead")
     parser.add_argument("--extras-shape", default=None, help="batch:seqlen of the extras (default 2:8192)")
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--group-timeout", type=float, default=3600, help="seconds per implementation worker")
     parser.add_argument("--out-dir", default=None, help="default results/ (results/quick/ with --quick, git-ignored)")
-    parser.add_argument("--tag", default=None)
+    parser.add_argument("--tag", default=None, help="file stem before _<dtype> (default gpu: results/gpu_bf16.json)")
     parser.add_argument("--device", default="GPU:0", help="TF device (CPU:0 only to smoke-test this script)")
     args = parser.parse_args()
     if args.calls_per_function < 1:
         parser.error(f"--calls-per-function must be >= 1. Received: {args.calls_per_function}")
-    if args.out_dir is None:
-        args.out_dir = os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR
+    args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:
         worker_main(args)
         return
@@ -603,40 +482,26 @@ def main():
     except (ImportError, RuntimeError):
         pass
     info = common.machine_info(gpu=True)
-    if args.torch:
-        try:
-            info["torch"] = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__, "
-                                            "torch.version.cuda, torch.backends.cudnn.version())"],
-                                           capture_output=True, text=True, timeout=120).stdout.strip()
-        except (OSError, subprocess.SubprocessError) as err:
-            info["torch"] = f"unavailable: {err}"
-    device = (info.get("gpus") or ["gpu"])[0].split(",")[0].strip().replace(" ", "-").lower()
-    stem = args.tag or (f"gpu_{device}_quick" if args.quick else
-                        f"gpu_{device}_" + info["date_utc"][:10].replace("-", ""))
-    os.makedirs(args.out_dir, exist_ok=True)
-    log_file = open(os.path.join(args.out_dir, f"{stem}.log"), "w")
-
-    def log(msg):
-        print(msg, flush=True)
-        log_file.write(msg + "\n")
-        log_file.flush()
-
+    command = common.command_line()
+    stem = args.tag or "gpu"
+    log = common.RunLog(os.path.join(args.out_dir, f"{stem}.log"))
     log(f"tf_flash GPU benchmark {info['date_utc']} on {info.get('gpus')}, TF {info.get('tensorflow')}, "
-        f"tf_flash {info.get('tf_flash')} {info.get('tf_flash_build', '')}, torch {info.get('torch', '-')}")
+        f"tf_flash {info.get('tf_flash')} {info.get('tf_flash_build', '')}")
     configs = build_configs(args)
     results = {}
+
+    def write(done):
+        entries = [dict(c, result=done[c["id"]]) for c in configs if c["id"] in done]
+        return write_results(entries, info, vars(args), command, args.out_dir, stem)
+
     for impl in list(args.impls) + (TORCH_IMPLS if args.torch else []):
         group = [c for c in configs if c["impl"] == impl]
         log(f"== {impl}: {len(group)} configurations")
-
-        def progress(partial):
-            report(configs, {**results, **partial}, info, args, stem)
-
-        results.update(run_group(group, args, log, progress))
-        short = report(configs, results, info, args, stem)
+        results.update(run_group(group, args, info, log, lambda partial: write({**results, **partial})))
+        text = write(results)
     log("")
-    log(short)
-    log_file.close()
+    log(text)
+    log.close()
 
 
 if __name__ == "__main__":

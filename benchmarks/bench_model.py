@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""End-to-end training step of a Keras transformer encoder (benchmarks/README.md; issue 12).
+"""End-to-end training step of a Keras transformer encoder (method: docs/performance.md).
 
 Model: token + position embedding, N blocks of (attention, residual, LayerNorm, GELU MLP 4x width,
 residual, LayerNorm), mean pooling, a dense classification head; width 768, 12 heads of 64; N = 4
@@ -34,26 +34,27 @@ started with TF_FLASH_CUDA_FAMILY=sm80 (the sm_80 kernels on an H100): both fami
 Repeats: `--repeats N` runs the whole mode list N times, modes interleaved (A B A B ...), each run in new
 worker processes; the table gives the median run and the detail every run's median. Runs of one
 configuration in different processes differ by up to ~10% on the H100 (XLA autotunes the model's GEMMs
-per compilation; clocks): compare configurations with repeats, not with one run each
-(benchmarks/results/tf_gpu_round7/).
+per compilation; clocks): compare configurations with repeats, not with one run each.
 
 Processes: each mode runs in its own worker process over the lengths in ascending order (`--isolate run`
 starts one process per (mode, length) instead, at one TF start-up each). An OOM is recorded and the
 longer lengths of that mode are skipped (memory grows with the length at fixed tokens per batch); a
 worker that crashes or exceeds `--timeout` (seconds per length, the first one including the process
 start-up) is recorded and a new worker goes on with the remaining lengths. `--time-limit` starts no
-run past that many seconds after the start and marks the rest skipped. Results (markdown, json, plots)
-are rewritten after every run, so an interrupted run keeps what it measured.
+run past that many seconds after the start and marks the rest skipped.
+
+Output: results/model.json and results/model.png (plot.py: time per step and peak memory against
+tokens, one line per mode), rewritten after every run, so an interrupted run keeps what it measured; the
+workers' output in results/model.log. `--out STEM` writes STEM.json, STEM.png and STEM.log instead.
 
     python benchmarks/bench_model.py --quick             # CPU smoke run, every mode at 64 tokens: results/quick/
     python benchmarks/bench_model.py                     # GPU: 4 blocks, 512..16k, all modes (XLA: ~1 min per run)
     python benchmarks/bench_model.py --blocks 12 --lengths 512,4096,16384,32768 --time-limit 0
+    python benchmarks/bench_model.py --merge A.json B.json --out benchmarks/results/model
 """
 import argparse
-import datetime
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -64,6 +65,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import plot  # noqa: E402
 
 # mode -> (attention layer, jit_compile given to compile(); "auto" = compile()'s default, not passed)
 MODES = {  # in the order they run by default: what matters most first, should --time-limit cut the run
@@ -299,16 +301,13 @@ def _switch_module_present():
     return PathFinder.find_spec("keras", [os.path.join(common.REPO, "tf_flash")]) is not None
 
 
-def _gpu_slug():
+def _gpu_present():
+    """Whether nvidia-smi lists a GPU (asked without importing TensorFlow in this process)."""
     try:
-        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30).stdout.strip().splitlines()
+        return bool(subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                   text=True, timeout=30).stdout.strip())
     except (OSError, subprocess.SubprocessError):
-        return "cpu"
-    if not name:
-        return "cpu"
-    match = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", name[0])
-    return (match.group(1) if match else re.sub(r"\W+", "_", name[0])).lower()
+        return False
 
 
 def base_mode(mode):
@@ -459,124 +458,15 @@ def _gib(value):
     return None if value is None else value / 2**30
 
 
-def _cell(rec, base):
-    if rec is None:
-        return "-"
-    if rec["status"] != "ok":
-        return {"oom": "OOM", "timeout": "timeout", "crashed": "crashed", "unavailable": "unavailable",
-                "skipped": "skipped"}.get(rec["status"], rec["status"])
-    text = f"{rec['median_ms']:.1f}"
-    if base is not None and base.get("status") == "ok":
-        text += f" ({base['median_ms'] / rec['median_ms']:.2f}x)"
-    if not rec.get("xla_used") and rec["jit_compile"] in (True, "auto"):  # asked for, or Keras' default, not had
-        text += " [no XLA]"
-    return text
-
-
-def combine_repeats(records):
-    """One record per (mode, length): with --repeats, the run whose median is the median of the runs'
-    medians (the lower middle for an even count), with every run's median in run_medians_ms; a failed
-    run is reported only when no run of that (mode, length) succeeded."""
-    groups = {}
-    for r in records:
-        groups.setdefault((r["mode"], r["seq_len"]), []).append(r)
-    combined = []
-    for runs in groups.values():
-        ok = sorted((r for r in runs if r["status"] == "ok"), key=lambda r: r["median_ms"])
-        if not ok:
-            combined.append(runs[-1])
-        elif len(runs) == 1:
-            combined.append(ok[0])
-        else:
-            combined.append(dict(ok[(len(ok) - 1) // 2], run_medians_ms=[r["median_ms"] for r in ok],
-                                 failed_runs=len(runs) - len(ok)))
-    return combined
-
-
-def report(records, state, args, cfg):
-    """The markdown report of `records`, one per (mode, length) (combine_repeats)."""
-    modes = args.modes
-    by_key = {(r["mode"], r["seq_len"]): r for r in records}
-    lengths = sorted({r["seq_len"] for r in records} | set(cfg["lengths"]))
-    env = state["envs"][0] if state["envs"] else {}
-    title = (f"# End-to-end training step: encoder {cfg['blocks']} blocks x width {cfg['width']}, "
-             f"{cfg['heads']} heads, {cfg['dtype']}, {cfg['tokens_per_batch']} tokens per batch"
-             + (f", packed documents of {cfg['doc_tokens']} tokens" if cfg.get("doc_tokens") else ""))
-    lines = [title, "", f"Device: {env.get('device_name', '?')}. Command: `{state['command']}`", ""]
-    lines.append("## ms/step (median; speedup vs keras_mha_xla)")
-    rows = []
-    for s in lengths:
-        base = by_key.get((BASELINE, s))
-        batch = max(1, cfg["tokens_per_batch"] // s)
-        rows.append([f"{s} x {batch}"] + [_cell(by_key.get((m, s)), base) for m in modes])
-    lines += [common.markdown_table(["tokens x batch"] + modes, rows), ""]
-    lines.append("## Peak memory (GiB; " + ("GPU peak of the timed steps" if env.get("device") == "GPU"
-                                            else "CPU peak RSS") + ")")
-    rows = [[str(s)] + [common.fmt(_gib(by_key.get((m, s), {}).get("peak_bytes")), 2) for m in modes] for s in lengths]
-    lines += [common.markdown_table(["tokens"] + modes, rows), ""]
-    lines.append("## Detail (spread p10-p90, tokens/s, XLA used, tf_flash op in the graph, first step, run time)")
-    headers = ["mode", "tokens x batch", "status", "ms/step", "p10-p90 ms", "tokens/s", "XLA", "flash op",
-               "first step s", "run s"]
-    repeated = any("run_medians_ms" in r for r in records)
-    if repeated:
-        headers.append("ms/step of each run")
-    rows = []
-    for m in modes:
-        for s in lengths:
-            r = by_key.get((m, s))
-            if r is None:
-                continue
-            ok = r["status"] == "ok"
-            rows.append([m, f"{s} x {r.get('batch', '-')}", r["status"] if ok else r.get("detail", r["status"])[:120],
-                         common.fmt(r.get("median_ms"), 2),
-                         f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}" if ok else "-",
-                         f"{r['tokens_per_s']:.0f}" if ok else "-",
-                         ("yes" if r["xla_used"] else "no") if ok else "-",
-                         ("yes" if r["flash_op_in_graph"] else "no") if ok else "-",
-                         common.fmt(r.get("first_step_s"), 1), common.fmt(r.get("wall_s"), 1)])
-            if repeated:
-                runs = " ".join(f"{ms:.2f}" for ms in r.get("run_medians_ms", []))
-                rows[-1].append(runs + (f" ({r['failed_runs']} failed)" if r.get("failed_runs") else ""))
-    lines += [common.markdown_table(headers, rows), ""]
-    startups = [e.get("startup_s") for e in state["envs"] if e.get("startup_s") is not None]
-    lines.append(f"Worker processes: {len(startups)}, start-up (Python + TF import + GPU init) "
-                 f"{min(startups):.1f}-{max(startups):.1f} s each; " if startups else "Worker processes: 0; ")
-    lines[-1] += f"whole run {state['elapsed_s']:.0f} s. Warm-up {cfg['warmup']} steps, {cfg['steps']} timed steps."
-    lines.append("")
-    if state.get("interrupted"):
-        lines += [state["interrupted"], ""]
-    lines += [state["plot_note"], "", "## Environment", common.info_markdown(env)]
-    for key in ("device_name", "compute_capability"):
-        if key in env:
-            lines.append(f"- {key}: {env[key]}")
-    return "\n".join(lines) + "\n"
-
-
 def write_outputs(records, state, args, cfg):
-    stem = args.out
-    state["elapsed_s"] = time.time() - state["t0"]
-    combined = combine_repeats(records)
-    series_ms, series_mem = {}, {}
-    for r in combined:
-        if r["status"] == "ok":
-            series_ms.setdefault(r["mode"], []).append((r["seq_len"], r["median_ms"]))
-            series_mem.setdefault(r["mode"], []).append((r["seq_len"], _gib(r["peak_bytes"])))
-    plots = []
-    if series_ms:
-        what = f"{cfg['blocks']}-block encoder, {cfg['tokens_per_batch']} tokens/batch"
-        plots = [common.plot_vs_seqlen(stem + "_time.png", series_ms, "ms / training step", f"Training step: {what}"),
-                 common.plot_vs_seqlen(stem + "_memory.png", series_mem, "peak memory (GiB)", f"Peak memory: {what}")]
-    if any(plots):
-        state["plot_note"] = "Plots: " + ", ".join(os.path.basename(p) for p in plots if p)
-    else:
-        state["plot_note"] = "Plots: none (matplotlib is not installed)" if series_ms else "Plots: none yet"
-    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
-    with open(stem + ".md", "w") as f:
-        f.write(report(combined, state, args, cfg))
-    common.write_json(stem + ".json", {"config": cfg, "modes": args.modes, "command": state["command"],
-                                       "environment": state["envs"][0] if state["envs"] else None,
-                                       "worker_environments": state["envs"][1:], "elapsed_s": state["elapsed_s"],
-                                       "results": records})
+    """STEM.json and STEM.png (plot.py); returns the payload."""
+    payload = {"benchmark": "model", "info": state["envs"][0] if state["envs"] else common.host_info(),
+               "command": state["command"], "config": cfg, "modes": args.modes,
+               "worker_environments": state["envs"][1:], "elapsed_s": time.time() - state["t0"], "results": records}
+    if state.get("interrupted"):
+        payload["interrupted"] = state["interrupted"]
+    plot.save(payload, args.out + ".json")
+    return payload
 
 
 def _progress_line(rec, t0):
@@ -625,7 +515,7 @@ def parse_args(argv=None):
                    "(--xla_gpu_per_fusion_autotune_cache_dir): later workers skip re-autotuning (XLA's first step "
                    "takes 50-90 s per length) and every mode gets the same GEMM algorithms; off by default")
     p.add_argument("--no-skip-after-oom", action="store_true", help="try the longer lengths after an OOM")
-    p.add_argument("--out", default=None, help="output stem (default OUT_DIR/model_<device>_<date>)")
+    p.add_argument("--out", default=None, help="output stem (default OUT_DIR/model)")
     p.add_argument("--out-dir", default=None, help="folder of the default stem (benchmarks/results; with --quick "
                    "benchmarks/results/quick, git-ignored)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="write one report from the json files of runs of the "
@@ -636,7 +526,7 @@ def parse_args(argv=None):
 
 
 def make_config(args):
-    gpu = _gpu_slug() != "cpu"
+    gpu = _gpu_present()
     base = {"width": 768, "heads": 12, "blocks": 4, "vocab": 30522, "classes": 8, "tokens_per_batch": 16384,
             "lengths": GPU_LENGTHS, "warmup": 3, "steps": 20, "dtype": "mixed_bfloat16" if gpu else "float32",
             "timeout": 300, "time_limit": 420 if gpu else 0}
@@ -661,10 +551,7 @@ def make_config(args):
 
 
 def merge_main(args):
-    payloads = []
-    for path in args.merge:
-        with open(path) as f:
-            payloads.append(json.load(f))
+    payloads = [plot.load(path) for path in args.merge]
     cfg = payloads[0]["config"]
     for path, payload in zip(args.merge[1:], payloads[1:]):
         differing = sorted(k for k in set(cfg) | set(payload["config"])
@@ -681,12 +568,12 @@ def merge_main(args):
         modes += [m for m in payload["modes"] if m not in modes]
     cfg = dict(cfg, lengths=sorted({s for p in payloads for s in p["config"]["lengths"]}))
     args.modes = sorted(modes, key=lambda m: (list(MODES).index(base_mode(m)), m))
-    envs = [e for p in payloads for e in [p.get("environment")] + p.get("worker_environments", []) if e]
-    state = {"t0": time.time() - sum(p["elapsed_s"] for p in payloads), "envs": envs, "plot_note": "",
+    envs = [e for p in payloads for e in [p.get("info")] + p.get("worker_environments", []) if e]
+    state = {"t0": time.time() - sum(p["elapsed_s"] for p in payloads), "envs": envs,
              "command": " + ".join(p["command"] for p in payloads) + " (merged)"}
-    args.out = args.out or os.path.splitext(args.merge[0])[0] + "_merged"
-    write_outputs(list(merged.values()), state, args, cfg)
-    print(f"bench_model: merged {len(args.merge)} runs into {args.out}.md, .json")
+    args.out = args.out or os.path.join(common.RESULTS_DIR, "model")
+    payload = write_outputs(list(merged.values()), state, args, cfg)
+    print(f"bench_model: merged {len(args.merge)} runs into {args.out}.json\n\n{plot.tables(payload)}")
     return 0
 
 
@@ -710,14 +597,11 @@ def main(argv=None):
         raise SystemExit(f"--families must be a comma-separated list from: default, sm80. "
                          f"Received: families={args.families}")
     args.modes = expand_families(args.modes, families)
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
-    if args.out is None:
-        folder = args.out_dir or (os.path.join(common.RESULTS_DIR, "quick") if args.quick else common.RESULTS_DIR)
-        args.out = os.path.join(folder, f"model_{_gpu_slug()}_{date}")
+    args.out = args.out or os.path.join(common.output_dir(args.out_dir, args.quick), "model")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     t0 = time.time()
     state = {"t0": t0, "deadline": t0 + cfg["time_limit"] if cfg["time_limit"] else 0, "envs": [],
-             "log_path": args.out + ".log", "plot_note": "",
+             "log_path": args.out + ".log",
              "command": "python benchmarks/bench_model.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     open(state["log_path"], "w").close()
     print(f"bench_model: {cfg['blocks']} blocks x {cfg['width']}, {cfg['heads']} heads, {cfg['dtype']}, "
@@ -751,11 +635,9 @@ def main(argv=None):
                     continue
                 run_mode(cfg, mode, cfg["lengths"], args, state, on_run_record)
     finally:
-        write_outputs(records, state, args, cfg)
-    print(f"bench_model: done in {time.time() - t0:.0f} s: {args.out}.md, .json" +
-          ("" if "none" in state["plot_note"] else ", _time.png, _memory.png"), flush=True)
-    with open(args.out + ".md") as f:
-        print(f.read().split("## Peak memory")[0], flush=True)
+        payload = write_outputs(records, state, args, cfg)
+    print(f"bench_model: done in {time.time() - t0:.0f} s: {args.out}.json, .png\n\n{plot.tables(payload)}",
+          flush=True)
     return 0
 
 

@@ -1,7 +1,7 @@
-"""Where the time of one attention call goes at small shapes (issue 12, item 4).
+"""Where the time of one attention call goes at small shapes (GPU; method: docs/performance.md).
 
     python benchmarks/bench_overhead.py [--shapes 16x1024 32x512] [--heads 16] [--dim 128] [--calls 10]
-                                        [--dtype bfloat16|float16|float32]
+                                        [--dtype bfloat16|float16|float32] [--json results/overhead.json]
 
 Times the same attention (bf16 by default, [B, S, H, D]) reached in ways that differ only in what surrounds the
 kernel, and prints milliseconds per attention and TFLOP/s for each:
@@ -14,19 +14,19 @@ kernel, and prints milliseconds per attention and TFLOP/s for each:
   (and for forward+backward, the gradients for a given dO: fn_1, fn_N and xla_N; the functions are
   bench_gpu.py's, benchmarks/common.py make_fns)
 The kernel's own time (CUDA events, no TF) is what tests/cuda_harness/fwd_harness.cu `bench` prints.
+Output: results/overhead.json and results/overhead.png (plot.py: ms per attention for each way of calling it).
 """
 import argparse
-import json
+import os
+import sys
 import time
 
 import tensorflow as tf
 
-import tf_flash
-
-try:
-    from benchmarks import common
-except ImportError:  # run as a script from the repository root
-    import common  # type: ignore
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import plot  # noqa: E402
+import tf_flash  # noqa: E402  (after common, which puts the checkout's tf_flash first on the path)
 
 
 def _per_call_ms(call, fetch, calls_per_sample, samples=15, warmup=3):
@@ -51,7 +51,8 @@ def measure(batch, seqlen, heads, dim, causal, calls, dtype=tf.bfloat16):
     def add(name, fn, per_call_attentions, backward):
         fetch = lambda r: (r[0] if backward else r)[0, 0, 0, 0].numpy()  # noqa: E731  (waits for the GPU)
         ms = _per_call_ms(lambda: fn(q, k, v, dout), fetch, calls_per_sample=10) / per_call_attentions
-        flops = 0 if name == "floor" else common.attention_flops(batch, seqlen, heads, dim, causal, "fwd_bwd" if backward else "fwd")
+        flops = 0 if name == "floor" else common.attention_flops(batch, seqlen, heads, dim, causal,
+                                                                 "fwd_bwd" if backward else "fwd")
         rows.append({"form": name, "backward": backward, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12})
 
     add("floor", tf.function(lambda q, k, v, dout: q * 2), 1, False)
@@ -72,10 +73,9 @@ def main():
     p.add_argument("--calls", type=int, default=10, help="attentions chained in one function (fn_N, xla_N)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="of q, k, v (float32: the staging to float16 operands is part of each call)")
-    p.add_argument("--json", default=None, help="also write the rows here")
+    common.add_json_argument(p, "overhead")
     args = p.parse_args()
-    if not tf.config.list_physical_devices("GPU"):
-        raise SystemExit("bench_overhead.py measures the GPU path: no GPU visible")
+    common.require_gpu("bench_overhead.py")
     results = []
     print(f"{args.dtype}, heads {args.heads}, head dim {args.dim}; ms per attention (TFLOP/s)")
     forms = ["floor", "fn_1", f"fn_{args.calls}", f"xla_{args.calls}", "eager"]
@@ -99,9 +99,9 @@ def main():
                         cells.append(f"{match[0]['ms']:.3f} ({match[0]['tflops']:.0f})")
                 print(f"{shape:>10} {str(causal):>6} {'fwd+bwd' if backward else 'fwd':>8} " +
                       " ".join(f"{c:>16}" for c in cells), flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"info": common.machine_info(gpu=True), "rows": results}, f, indent=1)
+    plot.save({"benchmark": "overhead", "info": common.machine_info(gpu=True), "command": common.command_line(),
+               "heads": args.heads, "dim": args.dim, "calls": args.calls, "rows": results}, args.json)
+    print(f"results: {args.json}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """Shared pieces of the tf_flash benchmarks: FLOP formula, timing statistics, the attention baselines,
-machine/version info, result files (markdown + json) and plots (runtime and memory vs seqlen, log scale)."""
+machine and version info, where results go. Result files and figures: plot.py."""
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -16,7 +15,7 @@ if REPO not in sys.path:  # run from a checkout: import the in-tree tf_flash
 
 
 # ---------------------------------------------------------------------------------------------------------
-# FLOPs (benchmarks/README.md): fwd = 4 b s^2 h d (halved when causal); bwd = 2.5 fwd; fwd+bwd = 3.5 fwd
+# FLOPs (docs/performance.md): fwd = 4 b s^2 h d (halved when causal); bwd = 2.5 fwd; fwd+bwd = 3.5 fwd
 # ---------------------------------------------------------------------------------------------------------
 
 def attention_flops(batch, seqlen, heads, dim, causal, mode):
@@ -115,8 +114,8 @@ def make_fns(impl, causal, extra=None, chain=1, jit_compile=None):
 
     def fwd_bwd(q, k, v, dout):
         # dout enters as the output's gradient, as torch's out.backward(dout) does: a loss over the output
-        # (sum(out * dout) in float32, before 2026-11-26) adds memory-bound passes over [b, s, h, d] in float32
-        # to every call that are no part of attention and that torch's peer does not run.
+        # (sum(out * dout) in float32) would add memory-bound passes over [b, s, h, d] in float32 to every
+        # call that are no part of attention and that torch's peer does not run.
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             out = attend(q, k, v)
@@ -159,8 +158,9 @@ def _git_commit():
         return None
 
 
-def machine_info(gpu=False):
-    info = {
+def host_info():
+    """The date, the machine and the git commit, without importing any framework."""
+    return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host": platform.node(),
         "platform": platform.platform(),
@@ -170,11 +170,20 @@ def machine_info(gpu=False):
         "python": sys.version.split()[0],
         "git_commit": _git_commit(),
     }
+
+
+def machine_info(gpu=False):
+    """host_info() with the versions of TensorFlow, Keras, numpy and tf_flash (its build too), and with gpu=True
+    the GPUs (name, memory, driver)."""
+    info = host_info()
     try:
         import numpy
         import tensorflow as tf
         info["tensorflow"] = tf.__version__
         info["numpy"] = numpy.__version__
+        build = tf.sysconfig.get_build_info()
+        if build.get("cuda_version"):  # a GPU build of TensorFlow: the CUDA and cuDNN it was built with
+            info["tf_cuda"] = f"{build['cuda_version']}, cuDNN {build.get('cudnn_version', '?')}"
         import keras
         info["keras"] = keras.__version__
     except ImportError:
@@ -199,59 +208,40 @@ def machine_info(gpu=False):
 # Output
 # ---------------------------------------------------------------------------------------------------------
 
-def write_json(path, payload):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=False, default=str)
+def output_dir(out_dir, quick):
+    """--out-dir if given, else results/ (results/quick/ for a --quick smoke run, git-ignored)."""
+    if out_dir:
+        return out_dir
+    return os.path.join(RESULTS_DIR, "quick") if quick else RESULTS_DIR
 
 
-def markdown_table(headers, rows):
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join("" if c is None else str(c) for c in row) + " |")
-    return "\n".join(lines)
+def command_line():
+    return "python benchmarks/" + " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
 
 
-def fmt(value, digits=1):
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return f"{value:.{digits}f}"
+def add_json_argument(parser, name):
+    """--json: where a GPU script's result goes (default results/<name>.json, its figure beside it)."""
+    parser.add_argument("--json", default=os.path.join(RESULTS_DIR, f"{name}.json"),
+                        help=f"the result file (default results/{name}.json; the figure beside it)")
 
 
-def info_markdown(info):
-    keys = ["date_utc", "host", "cpu", "cpu_count", "mem_total_gib", "gpus", "platform", "python", "tensorflow",
-            "keras", "numpy", "tf_flash", "tf_flash_build", "torch", "git_commit", "merged_from", "dates"]
-    return "\n".join(f"- {k}: {info[k]}" for k in keys if k in info)
+def require_gpu(script):
+    import tensorflow as tf
+    if not tf.config.list_physical_devices("GPU"):
+        raise SystemExit(f"{script} measures the GPU path: no GPU visible")
 
 
-def plot_vs_seqlen(path, series, ylabel, title):
-    """series: {label: [(seqlen, value), ...]}; log-log plot like the paper's Fig. 3. Returns the path or None."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if not any(p[1] is not None for points in series.values() for p in points):
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, points in series.items():
-        points = sorted(p for p in points if p[1] is not None)
-        if not points:
-            continue
-        linestyle = "--" if "causal" in label else "-"
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linestyle=linestyle, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+class RunLog:
+    """Prints each line and keeps it in a log file beside the results (git-ignored)."""
+
+    def __init__(self, path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.file = open(path, "w")
+
+    def __call__(self, msg):
+        print(msg, flush=True)
+        self.file.write(msg + "\n")
+        self.file.flush()
+
+    def close(self):
+        self.file.close()

@@ -1,7 +1,9 @@
 """The benchmarks' timed functions compute what their FLOP counts claim (benchmarks/common.py make_fns): the
 forward, and for forward+backward the gradients of q, k and v for a given output gradient dO, as torch's
-out.backward(dout) does in the same tables. No timing asserts."""
+out.backward(dout) does in the same tables. And benchmarks/plot.py writes each benchmark's result file, its figure
+and its tables from a small made-up result. No timing asserts."""
 import importlib.util
+import json
 import os
 
 import numpy as np
@@ -46,3 +48,106 @@ def test_chained_calls_feed_each_output_to_the_next_query(impl, rng):
     np.testing.assert_allclose(out.numpy(), twice, atol=1e-5)
     for name, grad, ref in zip(("dq", "dk", "dv"), grads, ref_grads):
         np.testing.assert_allclose(grad.numpy(), ref.numpy(), atol=5e-5, err_msg=name)
+
+
+_PLOT_SPEC = importlib.util.spec_from_file_location(
+    "bench_plot", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "plot.py"))
+plot = importlib.util.module_from_spec(_PLOT_SPEC)
+_PLOT_SPEC.loader.exec_module(plot)
+_INFO = {"date_utc": "2026-01-02 03:04 UTC", "gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04"],
+         "tensorflow": "2.21.0", "keras": "3.15.1", "tf_flash": "0.2.0", "torch": "2.11.0+cu130",
+         "git_commit": "abc1234"}
+
+
+def _fake_gpu():
+    entries = []
+    for impl, rate in (("tf_flash", 600.0), ("torch_cudnn", 500.0), ("torch_flash", 300.0)):
+        for dim in (64, 128):
+            for causal in (False, True):
+                for batch, seqlen in ((2, 512), (1, 1024)):
+                    scale = 0.5 if causal else 1.0
+                    result = {m: {"median_s": 1e-3, "tflops": rate * scale * (0.7 if m == "fwd_bwd" else 1.0)}
+                              for m in ("fwd", "fwd_bwd")}
+                    entries.append({"kind": "speed", "impl": impl, "dtype": "bf16", "batch": batch, "seqlen": seqlen,
+                                    "heads": 2048 // dim, "dim": dim, "causal": causal, "modes": ["fwd", "fwd_bwd"],
+                                    "result": result})
+        entries.append({"kind": "memory", "impl": impl, "dtype": "bf16", "batch": 1, "seqlen": 1024, "heads": 16,
+                        "dim": 128, "causal": False, "modes": ["fwd_bwd"], "mem_set": "b1 h16 d128",
+                        "result": {"peak_mb": 100.0}})
+    return {"benchmark": "gpu", "info": _INFO, "command": "python benchmarks/bench_gpu.py --torch",
+            "args": {"calls_per_function": 10, "hidden": 2048}, "entries": entries}
+
+
+def _fake_model():
+    def rec(mode, s, ms, peak, status="ok"):
+        r = {"mode": mode, "seq_len": s, "batch": 1024 // s, "status": status, "jit_compile": True}
+        if status == "ok":
+            r.update(median_ms=ms, p10_ms=ms, p90_ms=ms, tokens_per_s=1e6, xla_used=True,
+                     flash_op_in_graph="flash" in mode, first_step_s=1.0, peak_bytes=peak * 2**30)
+        return r
+    results = [rec("keras_mha_xla", 256, 20.0, 4.0), rec("keras_mha_xla", 512, 0, 0, "oom"),
+               rec("flash_mha_xla", 256, 10.0, 2.0), rec("flash_mha_xla", 512, 15.0, 2.5)]
+    return {"benchmark": "model", "info": dict(_INFO, device="GPU"), "command": "python benchmarks/bench_model.py",
+            "config": {"blocks": 4, "width": 768, "heads": 12, "dtype": "mixed_bfloat16", "tokens_per_batch": 1024},
+            "modes": ["keras_mha_xla", "flash_mha_xla"], "results": results}
+
+
+def _fake_cpu():
+    def main(impl, causal, s, gflops):
+        stats = {"median_s": 0.1, "gflops": gflops, "peak_rss_mb": 500.0}
+        return {"section": "main", "impl": impl, "causal": causal, "seqlen": s,
+                "result": {"ok": True, "fwd": stats, "fwd_bwd": stats}}
+    entries = [{"section": "matmul", "result": {"ok": True, "gflops": 130.0}}]
+    entries += [main(i, c, s, g) for i, g in (("tf_flash", 120.0), ("tf_standard", 50.0)) for c in (False, True)
+                for s in (512, 1024)]
+    entries += [{"section": "sparse", "impl": "tf_flash", "causal": False, "seqlen": 1024, "pattern": p,
+                 "result": {"ok": True, "fwd": {"median_s": t}, "fwd_bwd": {"median_s": 2 * t}}}
+                for p, t in (("dense mask", 0.8), ("random 1/8", 0.1))]
+    entries += [{"section": "dropout", "impl": "tf_flash", "causal": False, "seqlen": 1024, "rate": r,
+                 "result": {"ok": True, "fwd": {"median_s": t}, "fwd_bwd": {"median_s": 2 * t}}}
+                for r, t in ((0.0, 1.0), (0.1, 1.1))]
+    return {"benchmark": "cpu", "info": {"date_utc": "2026-01-02 03:04 UTC", "cpu": "AMD EPYC", "cpu_count": 2},
+            "command": "python benchmarks/bench_cpu.py", "args": {"block_size": 128},
+            "shape": {"batch": 1, "heads": 8, "dim": 64}, "entries": entries}
+
+
+def _fake_overhead():
+    rows = [{"form": f, "backward": False, "ms": ms, "tflops": 100.0, "batch": 16, "seqlen": 1024, "causal": False,
+             "dtype": "bfloat16"} for f, ms in (("floor", 0.5), ("fn_1", 0.6), ("fn_10", 0.4), ("xla_10", 0.4),
+                                                 ("eager", 1.3))]
+    return {"benchmark": "overhead", "info": _INFO, "command": "python benchmarks/bench_overhead.py", "heads": 16,
+            "dim": 128, "calls": 10, "rows": rows}
+
+
+def _fake_determinism():
+    rows = [{"batch": 2, "seqlen": 4096, "heads": 16, "dim": 128, "causal": c, "dropout": 0.0, "atomics_ms": 5.0,
+             "deterministic_ms": 6.0, "bit_identical": True, "family": "sm90"} for c in (False, True)]
+    return {"benchmark": "determinism", "info": _INFO, "command": "python benchmarks/bench_determinism.py",
+            "rows": rows}
+
+
+@pytest.mark.parametrize("make, expected", [
+    (_fake_gpu, ["bfloat16, head dim 128:", "| tf_flash | 600 / 420 | 600 / 420 |",
+                 "| tf_flash / cuDNN | 1.20 / 1.20 |", "| tf_flash causal | 300 / 210 |"]),
+    (_fake_model, ["| 256 x 4 | 20.0 ms | 10.0 ms (2.00x) | 4.00 / 2.00 |", "| 512 x 2 | out of memory | 15.0 ms |"]),
+    (_fake_cpu, ["| tf_flash | 120 / 120 | 120 / 120 |", "| random 1/8 | 100 | 8.00 |", "10 |"]),
+    (_fake_overhead, ["10 chained, XLA", "| 16 x 1024 | fwd | 0.500 | 0.600 (100) |"]),
+    (_fake_determinism, ["| b2 s4096 h16 d128 | 5.00 | 6.00 | +20.0% | yes | sm90 |"]),
+])
+def test_plot_writes_the_result_and_its_figure(tmp_path, make, expected):
+    """plot.save: the JSON as given and, with matplotlib, the figure beside it; plot.tables: the markdown that
+    docs/performance.md shows, headed by the device and the date; plot.py's command line renders it again."""
+    payload = make()
+    path = str(tmp_path / "result.json")
+    png = plot.save(payload, path)
+    assert plot.load(path) == json.loads(json.dumps(payload))
+    text = plot.tables(payload)
+    assert text.startswith(f"Measured on {plot.device_name(payload['info'])}, 2026-01-02")
+    for line in expected:
+        assert line in text, text
+    if importlib.util.find_spec("matplotlib") is None:
+        assert png is None
+        return
+    assert png == str(tmp_path / "result.png") and os.path.getsize(png) > 10000
+    os.remove(png)
+    assert plot.main([path, "--tables"]) == 0 and os.path.getsize(png) > 10000
