@@ -1,5 +1,5 @@
-"""Shared pytest setup: the `gpu` and `slow` markers, a `device` fixture (cpu, gpu), CPU pinning of the
-tests that do not choose a device, and `rng`, a NumPy generator seeded from the test id."""
+"""Shared pytest setup: the `gpu` and `slow` markers, CPU pinning of the tests that do not choose a device
+(device_util.DEVICES), and `rng`, a NumPy generator seeded from the test id."""
 import os
 import sys
 import zlib
@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _chooses_device(request):
-    # A test that takes `device` (the fixture or a parametrized argument) places its work itself.
+    # A test parametrized on `device` (device_util.DEVICES), or marked gpu, places its work itself.
     return "device" in request.fixturenames or request.node.get_closest_marker("gpu") is not None
 
 
@@ -67,10 +67,3 @@ def seed_of(request):
 def rng(request):
     """np.random.Generator seeded from the test id (stable across processes and runs)."""
     return np.random.default_rng(seed_of(request))
-
-
-@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request):
-    """Runs the test body under tf.device of the parameter; yields "cpu" or "gpu"."""
-    with tf.device("/GPU:0" if request.param == "gpu" else "/CPU:0"):
-        yield request.param

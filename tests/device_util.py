@@ -1,4 +1,5 @@
-"""Device helpers shared by the op tests: what the GPU declares unsupported, and GPU tolerances.
+"""What the op tests share: the device list, the dtypes, random inputs, the tolerance table, and what the GPU
+declares unsupported.
 
 "Not supported on the GPU" is a declared list (GPU_UNSUPPORTED below, read from
 cc/kernels/cuda/cuda_entry.cu and flash_bwd_api.cu), never inferred from an error: a test names its
@@ -8,10 +9,34 @@ declared entry is refused, and every other configuration runs.
 """
 import contextlib
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_flash
+
+# The devices an op test runs on: `@pytest.mark.parametrize("device", DEVICES)`; the GPU's only where
+# TensorFlow sees one (the `gpu` marker, conftest.py).
+DEVICES = [pytest.param("/CPU:0", id="cpu"), pytest.param("/GPU:0", id="gpu", marks=pytest.mark.gpu)]
+DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
+
+
+def native_dtype(device):
+    """The dtype a test runs in when it is about something else than precision: float32 on the CPU, float16
+    on the GPU (its tensor-core kernels' own)."""
+    return tf.float16 if _is_gpu(device) else tf.float32
+
+
+def normal(rng, shape, dtype=tf.float32):
+    """Standard normal values of `shape`, drawn in float32 and rounded to `dtype`."""
+    return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
+
+
+def random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v=None, dtype=tf.float32):
+    """query [B, Sq, H, D], key [B, Sk, Hkv, D] and value [B, Sk, Hkv, Dv] (Dv default D): `normal`."""
+    return (normal(rng, (batch, seqlen_q, heads, head_dim), dtype),
+            normal(rng, (batch, seqlen_k, heads_kv, head_dim), dtype),
+            normal(rng, (batch, seqlen_k, heads_kv, head_dim_v or head_dim), dtype))
 
 
 def _round8(dim):
@@ -92,6 +117,27 @@ def on_device(device, **config):
             raise
 
 
+def run_flash(query, key, value, device, use_function=False, dout=None, **kwargs):
+    """tf_flash.flash_attention(query, key, value, **kwargs) on `device` (on_device, configured by the inputs),
+    eagerly or in a tf.function, with the gradients of sum(out * dout) when `dout` is given. Returns NumPy
+    [out, lse, rng_state, dq, dk, dv]: rng_state, the op's (seed, offset), only from a tf.function (its
+    outputs are reachable there); the gradients only with dout; None otherwise."""
+    def fn():
+        with tf.GradientTape() as tape:
+            tape.watch([query, key, value])
+            out, lse = tf_flash.flash_attention(query, key, value, return_lse=True, **kwargs)
+            loss = None if dout is None else tf.reduce_sum(tf.cast(out, tf.float32) * dout)
+        rng_state = out.op.outputs[2] if use_function else None
+        grads = [None] * 3 if dout is None else tape.gradient(loss, [query, key, value])
+        return out, lse, rng_state, *grads
+
+    config = dict(batch=query.shape[0], heads=query.shape[2], head_dim=query.shape[3], head_dim_v=value.shape[3],
+                  dtype=query.dtype.name)
+    with on_device(device, **config):
+        result = tf.function(fn)() if use_function else fn()
+    return [None if x is None else x.numpy() for x in result]
+
+
 # float32 on the GPU: while TF's TF32 switch is on, the CUDA build computes it on float16 operands scaled
 # by powers of two (build_info()["gpu_float32_compute"] == "float16_scaled": TF32's 10-bit mantissa at
 # float32's range, cc/kernels/flash/launch.h), held to the float16 bounds (test_float32_range.py holds its
@@ -110,21 +156,37 @@ def gpu_float32_bound_dtype():
     return GPU_FLOAT32_BOUNDS_OF.get(compute, "float16")
 
 
-def hold_gpu_float32_to_float16(request, monkeypatch, tables, float32_bounds=()):
-    """In a test parametrized on the GPU, each {dtype: bound} table gives float32 the bound of the dtype
-    gpu_float32_bound_dtype() names (float16 while TF32 is on), or the bound given in float32_bounds, pairs
-    (table, bound) for what the rounding of float32 inputs moves further (float16 inputs carry no such
-    rounding). Tables are keyed by tf.DType."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is None or not _is_gpu(callspec.params.get("device", "")):
-        return
-    bound_dtype = tf.as_dtype(gpu_float32_bound_dtype())
-    if bound_dtype == tf.float32:
-        return
-    for table in tables:
-        monkeypatch.setitem(table, tf.float32, table[bound_dtype])
-    for table, bound in float32_bounds:
-        monkeypatch.setitem(table, tf.float32, bound)
+# Error bounds against the float64 reference (tests/reference.py), by measure and input dtype. float32
+# accumulates like the reference; in half precision the inputs themselves are rounded, so the bounds scale
+# with the dtype's epsilon. float32 on the GPU is held to the bound of gpu_float32_bound_dtype() (float16's
+# while TF32 is on), or to its "gpu_float32" entry where the rounding of float32 inputs to float16 operands
+# moves a result further (float16 inputs carry no such rounding).
+TOLERANCE = {
+    # relative_error: the norm of the error over the norm of the reference.
+    "output": {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2},
+    "gradient": {"float32": 1e-4, "float16": 1.5e-2, "bfloat16": 8e-2},
+    # max_error: the largest error over max(1, largest reference value).
+    "max_output": {"float32": 2e-5, "float16": 5e-3, "bfloat16": 4e-2},
+    "max_gradient": {"float32": 1e-4, "float16": 2e-2, "bfloat16": 1.5e-1},
+    # The largest absolute error of lse (float32 on float16 operands: up to 2e-3 measured on the H100).
+    "lse": {"float32": 2e-5, "float16": 2e-3, "bfloat16": 2e-3, "gpu_float32": 4e-3},
+    # lse where the scores reach a soft cap's size (tests/test_softcap.py): the rounding of the inputs moves
+    # it further (float32 on float16 operands: 4.7e-3 measured on the H100).
+    "softcapped_lse": {"float32": 2e-5, "float16": 2e-3, "bfloat16": 2e-2, "gpu_float32": 1e-2},
+    # The kept entries of a dropout mask read through the output (relative).
+    "kept_value": {"float32": 1e-5, "float16": 2e-3, "bfloat16": 2e-2},
+    # XLA against the op without XLA (max_error): the same kernels; only the CPU backward's split over
+    # threads may differ.
+    "same_kernels": {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2},
+}
+
+
+def tolerance(measure, dtype, device="/CPU:0"):
+    """TOLERANCE[measure] for inputs of `dtype` (a name or a tf.DType) computed on `device`."""
+    bounds, name = TOLERANCE[measure], tf.as_dtype(dtype).name
+    if name == "float32" and _is_gpu(device) and gpu_float32_bound_dtype() == "float16":
+        return bounds.get("gpu_float32", bounds["float16"])
+    return bounds[name]
 
 
 # Float16-grade results carry about 2^-11 relative error where float32 carries 2^-24; 100x covers a

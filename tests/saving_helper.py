@@ -1,4 +1,5 @@
-"""Fresh-process side of tests/test_saving.py: `python tests/saving_helper.py COMMAND DIR`.
+"""The saving tests' model and data, how they save it (`train_and_save`), and the fresh-process side:
+`python tests/saving_helper.py COMMAND DIR`, run by `run`.
 
 Commands (each prints one JSON line, the last line of stdout):
   reload      import tf_flash; reload every saved form in DIR, run it, continue training the .keras model
@@ -8,6 +9,7 @@ Commands (each prints one JSON line, the last line of stdout):
 """
 import json
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -37,6 +39,54 @@ def data():
     tokens = rng.integers(1, 20, size=(8, 6)).astype("int32")
     tokens[::2, 4:] = 0
     return tokens, rng.integers(0, 2, size=(8,)).astype("int32")
+
+
+def train_and_save(directory, epochs=1, jit_compile="auto"):
+    """build_model(dropout=0.1) fit on data(), saved in DIR in every form `reload` reads (a .keras file,
+    model.export, tf.saved_model with a serving signature) and its logits in expected.npz. Returns (model,
+    logits)."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = build_model(dropout=0.1)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=jit_compile)
+    tokens, labels = data()
+    model.fit(tokens, labels, epochs=epochs, batch_size=4, verbose=0)
+    logits = model.predict(tokens, verbose=0)
+    model.save(os.path.join(directory, "model.keras"))
+    model.export(os.path.join(directory, "exported"), verbose=False)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="tokens")])
+    def serve(tokens):
+        return {"logits": model(tokens, training=False)}
+
+    tf.saved_model.save(model, os.path.join(directory, "saved_model"), signatures={"serving_default": serve})
+    np.savez(os.path.join(directory, "expected.npz"), tokens=tokens, labels=labels, logits=logits)
+    return model, logits
+
+
+def run(command, directory, **env_overrides):
+    """COMMAND on DIR in a fresh process: its JSON result."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env_overrides)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), command, str(directory)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, f"{command} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_reloads(directory):
+    """`reload` of what train_and_save wrote: every form gives the saved logits, and the .keras model trains
+    on. Returns the result."""
+    import tensorflow as tf
+
+    result = run("reload", directory)
+    # A reloaded graph may fuse the surrounding float32 ops differently; on a GPU those run in TF32.
+    tol = 1e-3 if tf.config.list_physical_devices("GPU") else 1e-5
+    for key in ("keras_max_diff", "export_max_diff", "tfsm_max_diff", "signature_max_diff"):
+        assert result[key] < tol, (key, result)
+    assert np.all(np.isfinite(result["keras_continued_loss"])) and result["keras_weights_changed"], result
+    return result
 
 
 def _reload(directory):

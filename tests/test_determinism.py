@@ -2,24 +2,14 @@
 does (dQ partial sums in a fixed order); the GPU backward does with deterministic=True or under
 tf.config.experimental.enable_op_determinism() (per-CTA dQ accumulators summed in a fixed order instead
 of float atomics)."""
-import zlib
-
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
-from reference import reference_attention_grad, relative_error
-
 import tf_flash
-
-_GPUS = tf.config.list_physical_devices("GPU")
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")]
-DEVICES = [pytest.param("/CPU:0", id="cpu"), pytest.param("/GPU:0", id="gpu", marks=gpu)]
-
-
-def _rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+from device_util import DEVICES, native_dtype, normal, random_qkv, run_flash, tolerance
+from reference import reference_attention_grad, relative_error
 
 
 @pytest.fixture
@@ -33,23 +23,13 @@ def op_determinism():
 
 
 def _grads(q, k, v, dout, device, use_function, **kwargs):
-    def fn():
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = tf_flash.flash_attention(q, k, v, **kwargs)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout)
-        return tape.gradient(loss, [q, k, v])
-
-    with tf.device(device):
-        result = tf.function(fn)() if use_function else fn()
-    return [x.numpy() for x in result]
+    """[dq, dk, dv] of sum(out * dout) (run_flash)."""
+    return run_flash(q, k, v, device, use_function, dout=dout, **kwargs)[3:]
 
 
 def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dtype):
-    shapes = ((batch, sq, heads, dim), (batch, sk, heads_kv, dim), (batch, sk, heads_kv, dim))
-    q, k, v = (tf.constant(rng.standard_normal(s).astype(np.float32), dtype) for s in shapes)
-    dout = tf.constant(rng.standard_normal((batch, sq, heads, dim)).astype(np.float32))
-    return q, k, v, dout
+    """random_qkv and an output gradient (float32)."""
+    return (*random_qkv(rng, batch, sq, sk, heads, heads_kv, dim, dtype=dtype), normal(rng, (batch, sq, heads, dim)))
 
 
 def _assert_bit_identical(runs):
@@ -61,18 +41,17 @@ def _assert_bit_identical(runs):
 # (batch, sq, sk, heads, heads_kv, dim): few (batch, kv head) units, so that the GPU's deterministic
 # mode gives one CTA per key tile; and many units, so that each CTA loops over several key tiles.
 SHAPES = {"few_units": (1, 300, 1100, 4, 2, 64), "many_units": (8, 257, 2100, 32, 16, 64)}
+# many_units is a GPU case (several key tiles per CTA); on the CPU few_units covers the path.
+DEVICE_SHAPES = [pytest.param(*device.values, shape, marks=device.marks, id=f"{shape}-{device.id}")
+                 for device in DEVICES for shape in sorted(SHAPES) if device.id == "gpu" or shape == "few_units"]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,shape", DEVICE_SHAPES)
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("mode", ["argument", "op_determinism"])
-def test_deterministic_backward_bit_identical(request, device, use_function, shape, mode):
-    if "CPU" in device and shape == "many_units":
-        pytest.skip("a GPU case (several key tiles per CTA); on the CPU few_units covers the path")
-    rng = _rng(request)
+def test_deterministic_backward_bit_identical(request, rng, device, use_function, shape, mode):
     batch, sq, sk, heads, heads_kv, dim = SHAPES[shape]
-    dtype = tf.float16 if "GPU" in device else tf.float32
+    dtype = native_dtype(device)
     q, k, v, dout = _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dtype)
     kwargs = dict(causal=True, dropout_rate=0.1, seed=[3, 4])
     if mode == "argument":
@@ -90,15 +69,13 @@ def test_deterministic_backward_bit_identical(request, device, use_function, sha
         assert np.abs(a - b).max() <= (2e-2 if dtype == tf.float16 else 1e-5) * max(1.0, np.abs(b).max())
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("masks", ["documents", "blocks"])
-def test_deterministic_backward_with_masks_bit_identical(request, head_dim, masks):
+def test_deterministic_backward_with_masks_bit_identical(rng, head_dim, masks):
     """The deterministic dQ where the backward's kernel loops over several key tiles per CTA (many (batch,
     kv head) units), with an attention mask (the Hopper kernel's packed path) or a block mask of whole tiles,
     GQA and odd lengths: bit-identical runs, the gradients of float64 attention."""
-    if not _GPUS:
-        pytest.skip("no GPU")
-    rng = _rng(request)
     batch, sq, sk, heads, heads_kv = 4, 300, 1100, 32, 16
     q, k, v, dout = _inputs(rng, batch, sq, sk, heads, heads_kv, head_dim, tf.bfloat16)
     if masks == "documents":  # query i sees the keys of its document (every 150 rows: 550 keys)
@@ -113,19 +90,17 @@ def test_deterministic_backward_with_masks_bit_identical(request, head_dim, mask
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_deterministic_gradients_match_reference(request, device):
-    rng = _rng(request)
-    dtype = tf.float16 if "GPU" in device else tf.float32
+def test_deterministic_gradients_match_reference(rng, device):
+    dtype = native_dtype(device)
     q, k, v, dout = _inputs(rng, 2, 200, 700, 4, 2, 64, dtype)
     kw = dict(window=(100, 30), kv_lengths=[700, 333])
     got = _grads(q, k, v, dout, device, False, deterministic=True, **kw)
     for name, a, want in zip("qkv", got, reference_attention_grad(q, k, v, dout, **kw)):
         err = np.abs(np.asarray(a, np.float64) - want).max() / max(1.0, np.abs(want).max())
-        assert err < (2e-2 if dtype == tf.float16 else 1e-4), f"d{name}: {err}"
+        assert err < tolerance("max_gradient", dtype, device), f"d{name}: {err}"
 
 
-def test_cpu_backward_is_deterministic_without_asking(request):
-    rng = _rng(request)
+def test_cpu_backward_is_deterministic_without_asking(rng):
     q, k, v, dout = _inputs(rng, 2, 333, 517, 4, 1, 32, tf.float32)
     runs = [_grads(q, k, v, dout, "/CPU:0", False, attention_mask=np.tril(np.ones((333, 517), bool)))
             for _ in range(3)]

@@ -3,46 +3,19 @@ the mask the forward used (rebuilt by tests/philox_ref.py, the NumPy twin of cc/
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import philox_ref  # noqa: E402
-from device_util import hold_gpu_float32_to_float16, on_device  # noqa: E402
-from reference import max_error, reference_attention, reference_attention_grad, standard_attention  # noqa: E402
+import philox_ref
+import tf_flash
+from device_util import DEVICES, DTYPES, native_dtype, normal, on_device, random_qkv, run_flash, tolerance
+from reference import max_error, reference_attention, reference_attention_grad, standard_attention
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-try:
-    import tf_flash
-    HAVE_OP = True
-except ImportError:
-    HAVE_OP = False
-
-needs_op = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not built")
-_GPUS = tf.config.list_physical_devices("GPU")
-DEVICES = [pytest.param("/CPU:0", id="cpu"),
-           pytest.param("/GPU:0", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])]
 MODES = pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
-DTYPES = pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16], ids=["f32", "f16", "bf16"])
-# Normalized max error allowed vs the float64 reference (error / max(1, max|ref|)).
-TOL = {tf.float32: 2e-5, tf.float16: 5e-3, tf.bfloat16: 4e-2}
-GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
-LSE_TOL = {tf.float32: 2e-5, tf.float16: 2e-3, tf.bfloat16: 2e-3}
-KEPT_VALUE_TOL = {tf.float32: 1e-5, tf.float16: 2e-3, tf.bfloat16: 2e-2}
-
-
-@pytest.fixture(autouse=True)
-def _gpu_float32_tolerance(request, monkeypatch):
-    hold_gpu_float32_to_float16(request, monkeypatch, (TOL, GRAD_TOL, LSE_TOL, KEPT_VALUE_TOL))
-
-
-def _dtype_for(device):
-    """float32 on the CPU; float16 on the GPU (the CUDA kernels are fp16/bf16)."""
-    return tf.float16 if "GPU" in device else tf.float32
+ALL_DTYPES = pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -170,51 +143,27 @@ def test_philox_ref_statistics():
 # The op
 # ----------------------------------------------------------------------------------------------------------
 
-def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v=None, dtype=tf.float32):
-    dim_v = dim_v or dim
-    shapes = ((batch, sq, heads, dim), (batch, sk, heads_kv, dim), (batch, sk, heads_kv, dim_v))
-    return [tf.constant(rng.standard_normal(s).astype(np.float32), dtype) for s in shapes]
-
-
-def _flash(q, k, v, device, use_function, dout=None, **kwargs):
-    """Runs flash_attention (and its gradient for sum(out * dout)) in a tf.function or eagerly.
-    Returns numpy (out, lse, rng_state or None, dq, dk, dv or Nones)."""
-    def fn():
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
-            loss = None if dout is None else tf.reduce_sum(tf.cast(out, tf.float32) * dout)
-        rng_state = out.op.outputs[2] if use_function else None
-        grads = tape.gradient(loss, [q, k, v]) if dout is not None else [None] * 3
-        return out, lse, rng_state, *grads
-
-    with on_device(device):
-        result = tf.function(fn)() if use_function else fn()
-    return [None if x is None else x.numpy() for x in result]
-
-
 def _rng_state(q, k, v, device, **kwargs):
     """The (seed, offset) that the forward reports for these arguments (read in a tf.function)."""
-    state = _flash(q, k, v, device, True, **kwargs)[2]
+    state = run_flash(q, k, v, device, True, **kwargs)[2]
     return int(state[0]), int(state[1])
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@ALL_DTYPES
 @MODES
 def test_same_seed_bit_identical(device, dtype, use_function):
     rng = np.random.default_rng(0)
-    q, k, v = _inputs(rng, 2, 70, 90, 4, 2, 32, dtype=dtype)
-    dout = tf.constant(rng.standard_normal((2, 70, 4, 32)).astype(np.float32))
-    first = _flash(q, k, v, device, use_function, dout=dout, dropout_rate=0.3, seed=1234)
-    second = _flash(q, k, v, device, use_function, dout=dout, dropout_rate=0.3, seed=1234)
+    q, k, v = random_qkv(rng, 2, 70, 90, 4, 2, 32, dtype=dtype)
+    dout = normal(rng, (2, 70, 4, 32))
+    first = run_flash(q, k, v, device, use_function, dout=dout, dropout_rate=0.3, seed=1234)
+    second = run_flash(q, k, v, device, use_function, dout=dout, dropout_rate=0.3, seed=1234)
     for a, b in zip(first, second):
         if a is not None:
             np.testing.assert_array_equal(a, b)
-    other = _flash(q, k, v, device, use_function, dropout_rate=0.3, seed=1235)
+    other = run_flash(q, k, v, device, use_function, dropout_rate=0.3, seed=1235)
     assert (other[0] != first[0]).any()
-    no_dropout = _flash(q, k, v, device, use_function)
+    no_dropout = run_flash(q, k, v, device, use_function)
     assert (no_dropout[0] != first[0]).any()
     np.testing.assert_array_equal(no_dropout[1], first[1])  # lse does not see dropout
 
@@ -232,17 +181,16 @@ def _recover_keep(out, n, rate):
     return np.asarray(out, np.float64).transpose(0, 2, 1, 3) * n / philox_ref.keep_scale(rate) > 0.5
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@ALL_DTYPES
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.8])
 def test_kept_fraction_and_mask_recovered_through_output(device, dtype, rate):
     batch, heads, n = 4, 4, 128
     q, k, v = _one_hot_case(batch, heads, n, dtype)
-    out, _, rng_state, *_ = _flash(q, k, v, device, True, dropout_rate=rate, seed=99)
+    out, _, rng_state, *_ = run_flash(q, k, v, device, True, dropout_rate=rate, seed=99)
     keep = _recover_keep(out, n, rate)
     values = np.asarray(out, np.float64).transpose(0, 2, 1, 3)[keep] * n / philox_ref.keep_scale(rate)
-    np.testing.assert_allclose(values, 1.0, rtol=KEPT_VALUE_TOL[dtype])
+    np.testing.assert_allclose(values, 1.0, rtol=tolerance("kept_value", dtype, device))
     fraction = keep.mean()
     kept = 1 - philox_ref.dropout_threshold(rate) / 256  # the rate in steps of 1/256
     assert abs(kept - (1 - rate)) <= 1 / 512
@@ -254,24 +202,23 @@ def test_kept_fraction_and_mask_recovered_through_output(device, dtype, rate):
     np.testing.assert_array_equal(keep, expected)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
 def test_gradient_uses_forward_mask_recovered_through_output(device):
     # The mask recovered through the output (value = identity) alone, with no knowledge of the RNG,
     # must give the reference gradient of the op's backward pass.
     batch, heads, n, rate = 1, 2, 64, 0.4
-    dtype = _dtype_for(device)
+    dtype = native_dtype(device)
     rng = np.random.default_rng(1)
     zeros, _, eye = _one_hot_case(batch, heads, n, dtype)
-    out_mask = _flash(zeros, zeros, eye, device, False, dropout_rate=rate, seed=5)[0]
+    out_mask = run_flash(zeros, zeros, eye, device, False, dropout_rate=rate, seed=5)[0]
     keep = _recover_keep(out_mask, n, rate)
-    q, k, v = _inputs(rng, batch, n, n, heads, heads, n, dtype=dtype)
-    dout = tf.constant(rng.standard_normal((batch, n, heads, n)).astype(np.float32))
-    out, _, _, dq, dk, dv = _flash(q, k, v, device, False, dout=dout, dropout_rate=rate, seed=5)
+    q, k, v = random_qkv(rng, batch, n, n, heads, heads, n, dtype=dtype)
+    dout = normal(rng, (batch, n, heads, n))
+    out, _, _, dq, dk, dv = run_flash(q, k, v, device, False, dout=dout, dropout_rate=rate, seed=5)
     kw = dict(keep_mask=keep, dropout_rate=rate)
-    assert max_error(out, reference_attention(q, k, v, **kw)[0]) < TOL[dtype]
+    assert max_error(out, reference_attention(q, k, v, **kw)[0]) < tolerance("max_output", dtype, device)
     for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
-        assert max_error(got, want) < GRAD_TOL[dtype], f"d{name}"
+        assert max_error(got, want) < tolerance("max_gradient", dtype, device), f"d{name}"
 
 
 FEATURES = {
@@ -284,9 +231,8 @@ FEATURES = {
 }
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@ALL_DTYPES
 @MODES
 @pytest.mark.parametrize("feature", sorted(FEATURES))
 def test_output_and_gradient_match_reference_with_philox_mask(device, dtype, use_function, feature):
@@ -296,9 +242,9 @@ def test_output_and_gradient_match_reference_with_philox_mask(device, dtype, use
     heads_kv = 2 if kw.pop("gqa", False) else heads
     if kw.get("attention_mask") == "random":
         kw["attention_mask"] = rng.random((batch, heads, sq, sk)) < 0.8
-    q, k, v = _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v, dtype)
-    dout = tf.constant(rng.standard_normal((batch, sq, heads, dim_v)).astype(np.float32))
-    out, lse, rng_state, dq, dk, dv = _flash(q, k, v, device, use_function, dout=dout, dropout_rate=rate,
+    q, k, v = random_qkv(rng, batch, sq, sk, heads, heads_kv, dim, dim_v, dtype)
+    dout = normal(rng, (batch, sq, heads, dim_v))
+    out, lse, rng_state, dq, dk, dv = run_flash(q, k, v, device, use_function, dout=dout, dropout_rate=rate,
                                              seed=[7, 3] if use_function else 7, **kw)
     if rng_state is None:
         seed, offset = _rng_state(q, k, v, device, dropout_rate=rate, seed=7, **kw)
@@ -307,23 +253,22 @@ def test_output_and_gradient_match_reference_with_philox_mask(device, dtype, use
     keep = philox_ref.keep_mask(seed, offset, batch, heads, sq, sk, rate)
     ref_kw = dict(kw, keep_mask=keep, dropout_rate=rate)
     ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
-    out_tol = TOL[dtype]
+    out_tol = tolerance("max_output", dtype, device)
     if dtype != tf.float32:  # at most 2x the error of same-dtype standard attention
         std_err = max_error(standard_attention(q, k, v, dtype=q.dtype.as_numpy_dtype, **ref_kw), ref_out)
         out_tol = max(out_tol, 2 * std_err)
     assert max_error(out, ref_out) <= out_tol
     finite = np.isfinite(ref_lse)
     np.testing.assert_array_equal(np.isfinite(lse), finite)
-    np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=LSE_TOL[dtype])
+    np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=tolerance("lse", dtype, device))
     for name, got, want in zip("qkv", (dq, dk, dv), reference_attention_grad(q, k, v, dout, **ref_kw)):
-        assert max_error(got, want) <= GRAD_TOL[dtype], f"d{name}: {max_error(got, want)}"
+        assert max_error(got, want) <= tolerance("max_gradient", dtype, device), f"d{name}: {max_error(got, want)}"
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
 def test_compute_gradient_fixed_seed(device):
     rng = np.random.default_rng(3)
-    q, k, v = _inputs(rng, 1, 6, 9, 2, 1, 8, 4)
+    q, k, v = random_qkv(rng, 1, 6, 9, 2, 1, 8, 4)
 
     def fn(q, k, v):
         return tf_flash.flash_attention(q, k, v, causal=True, dropout_rate=0.3, seed=42)
@@ -339,12 +284,11 @@ def test_compute_gradient_fixed_seed(device):
         np.testing.assert_allclose(t, n, atol=tol, rtol=tol)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
 @MODES
 def test_seed_none(device, use_function):
     rng = np.random.default_rng(4)
-    q, k, v = _inputs(rng, 1, 40, 40, 2, 2, 32, dtype=_dtype_for(device))
+    q, k, v = random_qkv(rng, 1, 40, 40, 2, 2, 32, dtype=native_dtype(device))
 
     def fn():
         return tf_flash.flash_attention(q, k, v, dropout_rate=0.5)
@@ -360,12 +304,11 @@ def test_seed_none(device, use_function):
     np.testing.assert_array_equal(c, d)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
 def test_seed_int_and_tensor(device):
     rng = np.random.default_rng(5)
-    dtype = _dtype_for(device)
-    q, k, v = _inputs(rng, 1, 40, 48, 2, 2, 32, dtype=dtype)
+    dtype = native_dtype(device)
+    q, k, v = random_qkv(rng, 1, 40, 48, 2, 2, 32, dtype=dtype)
     with on_device(device):
         by_int = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
         by_int_again = tf_flash.flash_attention(q, k, v, dropout_rate=0.3, seed=8).numpy()
@@ -394,21 +337,19 @@ def test_seed_int_and_tensor(device):
     for out, state in ((out1, state1), (out2, state2)):
         keep = philox_ref.keep_mask(int(state[0]), int(state[1]), 1, 2, 40, 48, 0.3)
         ref = reference_attention(q, k, v, keep_mask=keep, dropout_rate=0.3)[0]
-        assert max_error(out, ref) < TOL[dtype]
+        assert max_error(out, ref) < tolerance("max_output", dtype, device)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
 def test_rate_zero_is_no_dropout(device):
     rng = np.random.default_rng(6)
-    q, k, v = _inputs(rng, 1, 33, 47, 2, 1, 32, dtype=_dtype_for(device))
+    q, k, v = random_qkv(rng, 1, 33, 47, 2, 1, 32, dtype=native_dtype(device))
     with on_device(device):
         plain = tf_flash.flash_attention(q, k, v).numpy()
         zero = tf_flash.flash_attention(q, k, v, dropout_rate=0.0, seed=3).numpy()
     np.testing.assert_array_equal(plain, zero)
 
 
-@needs_op
 @pytest.mark.parametrize("rate", [-0.1, 1.0, 1.5, "0.1", None, float("nan")])
 def test_dropout_rate_validation(rate):
     q = tf.zeros([1, 8, 1, 8])
@@ -417,7 +358,6 @@ def test_dropout_rate_validation(rate):
     assert "Received" in str(info.value) or "received" in str(info.value)
 
 
-@needs_op
 @pytest.mark.parametrize("seed", [1.5, "7", [1, 2, 3], np.zeros([2, 2], np.int64)])
 def test_seed_validation(seed):
     q = tf.zeros([1, 8, 1, 8])
@@ -425,12 +365,10 @@ def test_seed_validation(seed):
         tf_flash.flash_attention(q, q, q, dropout_rate=0.1, seed=seed)
 
 
-@needs_op
 @pytest.mark.gpu
-@pytest.mark.skipif(not _GPUS, reason="no GPU")
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=["f16", "bf16"])
 def test_cpu_and_gpu_drop_the_same_entries(dtype):
     batch, heads, n, rate = 2, 2, 128, 0.3
     q, k, v = _one_hot_case(batch, heads, n, dtype)
-    outs = [_flash(q, k, v, device, False, dropout_rate=rate, seed=2024)[0] for device in ("/CPU:0", "/GPU:0")]
+    outs = [run_flash(q, k, v, device, False, dropout_rate=rate, seed=2024)[0] for device in ("/CPU:0", "/GPU:0")]
     np.testing.assert_array_equal(_recover_keep(outs[0], n, rate), _recover_keep(outs[1], n, rate))

@@ -10,35 +10,14 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
-from conftest import seed_of
-from device_util import GPU_UNSUPPORTED, gpu_float32_bound_dtype, gpu_unsupported, on_device
+from device_util import (DEVICES, DTYPES, GPU_UNSUPPORTED, gpu_unsupported, normal, on_device, random_qkv,
+                         tolerance)
 from reference import (draw_features, reference_attention, reference_attention_grad, relative_error,
                        standard_attention, to_numpy)
-
-DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
-DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
-
-
-def _random(rng, shape, dtype=tf.float32):
-    return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
-
-
-def _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v=None, dtype=tf.float32):
-    return (_random(rng, (batch, seqlen_q, heads, head_dim), dtype),
-            _random(rng, (batch, seqlen_k, heads_kv, head_dim), dtype),
-            _random(rng, (batch, seqlen_k, heads_kv, head_dim_v or head_dim), dtype))
 
 
 def _run(fn, mode):
     return tf.function(fn)() if mode == "graph" else fn()
-
-
-def _tolerance(device, dtype):
-    """(output, gradient) relative error bounds; GPU float32 takes the bounds device_util names for it."""
-    name = dtype.name if hasattr(dtype, "name") else dtype
-    if "GPU" in device and name == "float32":
-        name = gpu_float32_bound_dtype()
-    return TOLERANCE[name]
 
 
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v): odd lengths, GQA/MQA, Sq != Sk.
@@ -66,24 +45,23 @@ FEATURES = {
 }
 
 
-# Relative error bounds vs float64 per input dtype: float32 accumulates like the reference; in half
-# precision the inputs themselves are rounded, so the bound scales with the dtype's epsilon.
-TOLERANCE = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2), "bfloat16": (3e-2, 8e-2)}
+
+# (device, dtype, feature): every combination on the GPU; on the CPU the half-precision paths share the
+# float32 code after conversion, so two features suffice there.
+FEATURE_CASES = [pytest.param(*device.values, dtype, feature, marks=device.marks, id=f"{feature}-{dtype}-{device.id}")
+                 for device in DEVICES for dtype in DTYPES for feature in FEATURES
+                 if device.id == "gpu" or dtype == "float32" or feature in ("plain", "all")]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("device,dtype,feature", FEATURE_CASES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("feature", list(FEATURES))
 def test_forward_and_gradients(device, dtype, shape, feature, rng):
-    if dtype != "float32" and "GPU" not in device and feature not in ("plain", "all"):
-        pytest.skip("the CPU half-precision paths share the float32 code after conversion: two features suffice")
     batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v = shape
     tf_dtype = DTYPES[dtype]
-    q, k, v = _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v, dtype=tf_dtype)
+    q, k, v = random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v, dtype=tf_dtype)
     kwargs = draw_features(rng, FEATURES[feature], batch, seqlen_q, seqlen_k, heads)
-    d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
-    d_lse = _random(rng, (batch, heads, seqlen_q))
+    d_out = normal(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
+    d_lse = normal(rng, (batch, heads, seqlen_q))
     with on_device(device, head_dim=head_dim, head_dim_v=head_dim_v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
@@ -96,7 +74,7 @@ def test_forward_and_gradients(device, dtype, shape, feature, rng):
     finite = np.isfinite(ref_lse)
     d_lse_ref = np.where(finite, to_numpy(d_lse), 0.0)
     ref_grads = reference_attention_grad(q, k, v, d_out, d_lse=d_lse_ref, **kwargs)
-    out_tol, grad_tol = _tolerance(device, dtype)
+    out_tol, grad_tol = tolerance("output", dtype, device), tolerance("gradient", dtype, device)
     assert out.dtype == tf_dtype and lse.dtype == tf.float32
     assert relative_error(out, ref_out) < out_tol
     np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
@@ -114,8 +92,8 @@ def test_forward_and_gradients(device, dtype, shape, feature, rng):
 @pytest.mark.parametrize("causal", [False, True])
 def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, head_dim, causal, rng):
     tf_dtype = DTYPES[dtype]
-    q, k, v = _qkv(rng, 2, 200, 333, 4, 2, head_dim, dtype=tf_dtype)
-    d_out = _random(rng, (2, 200, 4, head_dim), tf_dtype)
+    q, k, v = random_qkv(rng, 2, 200, 333, 4, 2, head_dim, dtype=tf_dtype)
+    d_out = normal(rng, (2, 200, 4, head_dim), tf_dtype)
     with on_device(device, head_dim=head_dim, head_dim_v=head_dim):
         def fn():
             with tf.GradientTape() as tape:
@@ -138,14 +116,14 @@ def test_low_precision_error_within_2x_standard_attention(device, mode, dtype, h
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("head_dim", [8, 24, 40, 96, 160, 192, 256])
 def test_head_dims(device, head_dim, rng):
-    q, k, v = _qkv(rng, 1, 70, 90, 2, 1, head_dim)
+    q, k, v = random_qkv(rng, 1, 70, 90, 2, 1, head_dim)
     # On the GPU 160 and 192 run the backward's head dim 256 kernels, zero-padded.
     with on_device(device, head_dim=head_dim, head_dim_v=head_dim):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
             out = tf_flash.flash_attention(q, k, v, causal=True)
         grads = tape.gradient(out, [q, k, v])
-    out_tol, grad_tol = _tolerance(device, tf.float32)
+    out_tol, grad_tol = tolerance("output", tf.float32, device), tolerance("gradient", tf.float32, device)
     assert relative_error(out, reference_attention(q, k, v, causal=True)[0]) < out_tol
     ref_grads = reference_attention_grad(q, k, v, tf.ones_like(out), causal=True)
     for name, grad, ref in zip("qkv", grads, ref_grads):
@@ -156,7 +134,7 @@ def test_head_dims(device, head_dim, rng):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_rows_with_nothing_visible_give_zero_and_minus_inf(device, dtype):
     rng = np.random.default_rng(3)
-    q, k, v = _qkv(rng, 2, 40, 50, 2, 2, 32, dtype=DTYPES[dtype])
+    q, k, v = random_qkv(rng, 2, 40, 50, 2, 2, 32, dtype=DTYPES[dtype])
     mask = np.ones((2, 2, 40, 50), bool)
     mask[:, :, 5] = False  # one row sees nothing through the mask
     kwargs = dict(attention_mask=mask, q_lengths=[30, 40], kv_lengths=[50, 0], window=(3, None))
@@ -218,7 +196,7 @@ def test_gpu_runs_every_configuration_not_declared_unsupported(dtype, head_dims,
         if kwargs.get("attention_mask") == "random":
             kwargs["attention_mask"] = rng.random((2, 4, 40, 50)) < 0.8
             kwargs["block_mask"] = rng.random((4, 3, 4)) < 0.7
-        q, k, v = _qkv(rng, 2, 40, 50, 4, heads_kv, head_dim, head_dim_v, dtype=DTYPES[dtype])
+        q, k, v = random_qkv(rng, 2, 40, 50, 4, heads_kv, head_dim, head_dim_v, dtype=DTYPES[dtype])
         try:
             with tf.device("/GPU:0"):
                 with tf.GradientTape() as tape:
@@ -267,7 +245,7 @@ def test_outputs_fully_written(device):
     Run twice on one device after a NaN-producing op so recycled buffers hold NaNs."""
     rng = np.random.default_rng(5)
     dtype = tf.float32
-    q, k, v = _qkv(rng, 2, 131, 97, 3, 3, 45, dtype=dtype)  # head dim 45: the GPU pads it
+    q, k, v = random_qkv(rng, 2, 131, 97, 3, 3, 45, dtype=dtype)  # head dim 45: the GPU pads it
     with tf.device(device):
         for _ in range(2):
             poison = tf.fill([2 * 131 * 3 * 45 * 4], tf.constant(np.nan, dtype))  # fills the pool with NaNs
@@ -282,7 +260,7 @@ def test_outputs_fully_written(device):
 
 def test_compute_gradient_float32():
     rng = np.random.default_rng(11)
-    q, k, v = _qkv(rng, 1, 6, 7, 2, 1, 4)
+    q, k, v = random_qkv(rng, 1, 6, 7, 2, 1, 4)
     mask = rng.random((1, 2, 6, 7)) < 0.8
 
     def f(q, k, v):
@@ -358,7 +336,7 @@ def test_bad_lengths_inside_tf_function():
 def test_long_sequence_past_2_31_scores():
     """b*h*s*s = 2^32 scores: TF's standard attention cannot run this; the tiled kernel does, exactly."""
     seqlen, rng = 65536, np.random.default_rng(2)
-    q, k, v = _qkv(rng, 1, seqlen, seqlen, 1, 1, 16)
+    q, k, v = random_qkv(rng, 1, seqlen, seqlen, 1, 1, 16)
     out = tf_flash.flash_attention(q, k, v).numpy()
     rows = np.sort(rng.choice(seqlen, size=8, replace=False))
     ref = reference_attention(tf.gather(q, rows, axis=1), k, v)[0]

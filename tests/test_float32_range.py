@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
-from device_util import gpu_float32_bound_dtype, on_device
+from device_util import on_device, tolerance
 from reference import reference_attention, reference_attention_grad, relative_error
 
 # (device, TF's TF32 switch): the CPU computes float32 exactly either way; the GPU has a kernel for each.
@@ -44,8 +44,6 @@ SHAPES = {
     "causal_gqa": ((1, 130, 130, 4, 2, 40, 24), {"causal": True}),
     "softcap": ((2, 65, 70, 2, 2, 128, 128), {"softcap": 20.0}),
 }
-# Relative error vs float64, (output, gradients): the bounds of the dtype the device computes float32 at.
-BOUNDS = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2)}
 
 
 @contextlib.contextmanager
@@ -82,14 +80,14 @@ def test_float32_far_from_float16_range(device, tf32, mode, shape_name, magnitud
         before = tf_flash.cuda_kernel_counts()
         got = [np.asarray(x.numpy(), np.float64) for x in fn(*(tf.constant(x) for x in (q, k, v, dout, dlse)))]
         ran = {name: n - before[name] for name, n in tf_flash.cuda_kernel_counts().items()}
-        bound_dtype = gpu_float32_bound_dtype() if "GPU" in device else "float32"
+        # The bounds of the precision this device computes float32 at, under this TF32 switch.
+        out_bound, grad_bound = tolerance("output", tf.float32, device), tolerance("gradient", tf.float32, device)
     if "GPU" in device:  # which kernels ran: the full-float32 ones exactly when TF32 is off
         full = ran["forward_float32"] > 0 and ran["backward_float32"] > 0
         assert full == (not tf32), ran
 
     ref_out, _ = reference_attention(q, k, v, **features)
     refs = (ref_out, *reference_attention_grad(q, k, v, dout, d_lse=dlse, **features))
-    out_bound, grad_bound = BOUNDS[bound_dtype]
     for name, x, ref, bound in zip(("out", "dq", "dk", "dv"), got, refs, (out_bound,) + (grad_bound,) * 3):
         assert np.isfinite(x).all(), f"{name}: non-finite entries where the reference is finite"
         error = relative_error(x, ref, floor=1e-300)

@@ -18,11 +18,10 @@ import keras
 
 import tf_flash
 from tf_flash import keras as flash_keras
+from device_util import DEVICES, DTYPES, normal, random_qkv
 from device_util import float32_tolerance as f32_tol
 from reference import relative_error, to_numpy
 
-DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
-DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -31,13 +30,6 @@ def _hook_off_after():
     yield
     flash_keras.disable()
     keras.config.enable_flash_attention()  # Keras' default global (None)
-
-
-def _qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=tf.float32):
-    def make(*shape):
-        return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
-    return (make(batch, seqlen_q, heads, head_dim), make(batch, seqlen_k, heads_kv, head_dim),
-            make(batch, seqlen_k, heads_kv, head_dim))
 
 
 def keras_reference(q, k, v, *, mask=None, is_causal=False, scale=None, soft_cap=None):
@@ -133,7 +125,7 @@ SHAPES = [(2, 19, 19, 4, 4, 16), (1, 37, 70, 4, 2, 32), (2, 70, 33, 6, 3, 8)]
 @pytest.mark.parametrize("shape", SHAPES)
 def test_op_parity_over_masks_causal_gqa(rng, device, mode, mask_name, is_causal, shape):
     batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim = shape
-    q, k, v = _qkv(rng, *shape)
+    q, k, v = random_qkv(rng, *shape)
     mask = _mask(rng, mask_name, batch, heads, seqlen_q, seqlen_k)
     reference = keras_reference(q, k, v, mask=mask, is_causal=is_causal)
     with tf.device(device):
@@ -151,7 +143,7 @@ def test_op_parity_over_masks_causal_gqa(rng, device, mode, mask_name, is_causal
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_op_parity_dtypes(rng, device, dtype):
     """Half precision: the hook's error against float64 at most 2x that of Keras' standard path."""
-    q, k, v = _qkv(rng, 2, 45, 45, 4, 2, 32, DTYPES[dtype])
+    q, k, v = random_qkv(rng, 2, 45, 45, 4, 2, 32, dtype=DTYPES[dtype])
     mask = _mask(rng, "B1TS", 2, 4, 45, 45)
     reference = keras_reference(q, k, v, mask=mask, is_causal=True)
     with tf.device(device):
@@ -166,9 +158,9 @@ def test_op_parity_dtypes(rng, device, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mask_name", ["none", "B1TS", "B11S"])
 def test_gradients_match_keras(rng, device, mask_name):
-    q, k, v = _qkv(rng, 2, 29, 41, 4, 2, 16)
+    q, k, v = random_qkv(rng, 2, 29, 41, 4, 2, 16)
     mask = _mask(rng, mask_name, 2, 4, 29, 41)
-    d_out = tf.constant(rng.standard_normal((2, 29, 4, 16)).astype(np.float32))
+    d_out = normal(rng, (2, 29, 4, 16))
     _assert_switch_parity(q, k, v, d_out, "eager", device, mask=mask, scale=0.3)
 
 
@@ -178,7 +170,7 @@ def test_gradients_match_keras(rng, device, mask_name):
 def test_key_padding_mask_becomes_lengths(rng, monkeypatch, device, mode, prefix):
     """A [B, 1, 1, S] padding mask (KerasHub's encoders) that is a prefix runs as kv lengths (the kernel
     skips the padding); a row of length 0 and a non-prefix mask keep Keras' results."""
-    q, k, v = _qkv(rng, 3, 21, 45, 4, 2, 16)
+    q, k, v = random_qkv(rng, 3, 21, 45, 4, 2, 16)
     lengths = np.array([45, 17, 0])
     mask = (np.arange(45)[None, :] < lengths[:, None])[:, None, None, :]
     if not prefix:
@@ -207,7 +199,7 @@ def test_padding_product_mask_runs_as_key_mask(rng, monkeypatch, device, mode, k
     sequences) runs under the key mask alone: as kv lengths when the keys are a prefix, else as a
     [B, 1, 1, S] key mask; padded query rows (a batch row with none valid included) keep Keras' mean of the
     values. Any other [B, 1, T, S] mask runs as given. Outputs and gradients against Keras' own path."""
-    q, k, v = _qkv(rng, 3, 21, 45, 4, 2, 16)
+    q, k, v = random_qkv(rng, 3, 21, 45, 4, 2, 16)
     q_valid = np.arange(21)[None, :] < np.array([21, 9, 0])[:, None]
     k_valid = np.arange(45)[None, :] < np.array([45, 17, 30])[:, None]
     if keys == "scattered":
@@ -216,7 +208,7 @@ def test_padding_product_mask_runs_as_key_mask(rng, monkeypatch, device, mode, k
     if keys == "not_a_product":
         mask = mask.copy()
         mask[0, 0, 5, 7] = False
-    d_out = tf.constant(rng.standard_normal((3, 21, 4, 16)).astype(np.float32))
+    d_out = normal(rng, (3, 21, 4, 16))
     calls = []
     original = tf_flash.ops.flash_attention
 
@@ -243,7 +235,7 @@ def test_causal_padding_product_runs_causal_under_key_mask(rng, monkeypatch, dev
     under the key mask alone (kv lengths when a prefix); rows that see nothing (a padded first key, a padded
     query) keep Keras' mean of the values. A mask that only looks like it runs as given. Outputs and
     gradients against Keras' own path."""
-    q, k, v = _qkv(rng, 3, 21, seqlen_k, 4, 2, 16)
+    q, k, v = random_qkv(rng, 3, 21, seqlen_k, 4, 2, 16)
     q_valid = np.arange(21)[None, :] < np.array([21, 9, 0])[:, None]
     k_valid = np.arange(seqlen_k)[None, :] < np.array([seqlen_k, 17, 12])[:, None]
     if keys != "prefix":
@@ -254,7 +246,7 @@ def test_causal_padding_product_runs_causal_under_key_mask(rng, monkeypatch, dev
     if keys == "not_causal":
         mask = mask.copy()
         mask[0, 0, 2, 7] = True  # a future key
-    d_out = tf.constant(rng.standard_normal((3, 21, 4, 16)).astype(np.float32))
+    d_out = normal(rng, (3, 21, 4, 16))
     calls = []
     original = tf_flash.ops.flash_attention
 
@@ -276,7 +268,7 @@ def test_causal_padding_product_runs_causal_under_key_mask(rng, monkeypatch, dev
 
 def test_multi_query_attention_served(rng):
     """One kv head: Keras' own TF path fails (einsum shapes); the hook serves it."""
-    q, k, v = _qkv(rng, 2, 17, 23, 4, 1, 16)
+    q, k, v = random_qkv(rng, 2, 17, 23, 4, 1, 16)
     with flash_keras.enabled():
         flash = keras.ops.dot_product_attention(q, k, v, flash_attention=True)
     assert relative_error(flash, keras_reference(q, k, v)) < 2e-5
@@ -284,7 +276,7 @@ def test_multi_query_attention_served(rng):
 
 def test_none_follows_the_global_switch(rng):
     """flash_attention=None: tf_flash unless keras.config.disable_flash_attention(); True: always."""
-    q, k, v = _qkv(rng, 1, 9, 9, 2, 2, 8)
+    q, k, v = random_qkv(rng, 1, 9, 9, 2, 2, 8)
     calls = []
     original = tf_flash.ops.flash_attention
 
@@ -310,7 +302,7 @@ def test_none_follows_the_global_switch(rng):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_soft_cap(rng, device, mode, dtype):
     """attn_logits_soft_cap (Keras rejects it off JAX-on-TPU) served: cap * tanh(logits / cap)."""
-    q, k, v = _qkv(rng, 2, 33, 33, 4, 2, 16, DTYPES[dtype])
+    q, k, v = random_qkv(rng, 2, 33, 33, 4, 2, 16, dtype=DTYPES[dtype])
     q = q * 4  # logits large enough for the cap to matter
     mask = _mask(rng, "B1TS", 2, 4, 33, 33)
     reference = keras_reference(q, k, v, mask=mask, is_causal=True, soft_cap=2.5)
@@ -323,7 +315,7 @@ def test_soft_cap(rng, device, mode, dtype):
 
 
 def test_soft_cap_gradients(rng):
-    q, k, v = _qkv(rng, 1, 21, 21, 2, 2, 8)
+    q, k, v = random_qkv(rng, 1, 21, 21, 2, 2, 8)
     cap = 1.5
 
     def loss_of(attend):
@@ -346,7 +338,7 @@ def test_soft_cap_gradients(rng):
 
 
 def test_soft_cap_without_flash_raises(rng):
-    q, k, v = _qkv(rng, 1, 5, 5, 2, 2, 8)
+    q, k, v = random_qkv(rng, 1, 5, 5, 2, 2, 8)
     with pytest.raises(ValueError, match="only supported for JAX on TPU"):
         keras.ops.dot_product_attention(q, k, v, attn_logits_soft_cap=2.0)  # hook off: Keras' error
     with flash_keras.enabled():
@@ -365,7 +357,7 @@ def test_soft_cap_without_flash_raises(rng):
 def test_unservable_arguments_fall_back_with_one_warning(rng, case):
     head_dim = 264 if case == "head_dim" else 8
     dtype = tf.float64 if case == "float64" else tf.float32
-    q, k, v = _qkv(rng, 2, 11, 13, 2, 2, head_dim, dtype)
+    q, k, v = random_qkv(rng, 2, 11, 13, 2, 2, head_dim, dtype=dtype)
     bias = tf.constant(rng.standard_normal((2, 1, 11, 13)), dtype) if case == "bias" else None
     expected = keras.ops.dot_product_attention(q, k, v, bias=bias, is_causal=True)
     flash_keras._warned.clear()
@@ -389,7 +381,7 @@ def test_keras_errors_are_kept(rng):
 @pytest.mark.parametrize("device", DEVICES)
 def test_xla_runs_the_kernel(rng, device):
     with tf.device(device):
-        q, k, v = _qkv(rng, 2, 37, 37, 4, 2, 16)
+        q, k, v = random_qkv(rng, 2, 37, 37, 4, 2, 16)
         mask = _mask(rng, "B1TS", 2, 4, 37, 37)
         flash_keras._warned.clear()
         with flash_keras.enabled(), warnings.catch_warnings():
@@ -404,7 +396,7 @@ def test_xla_runs_the_kernel(rng, device):
 def test_xla_padding_product_branches(rng, device, keys):
     """Under jit_compile the padding-product routing is a tf.cond whose every branch XLA compiles (the key
     mask, the causal key mask, the mask as given); each gives Keras' result, outputs and gradients."""
-    q, k, v = _qkv(rng, 2, 29, 29, 4, 2, 16)
+    q, k, v = random_qkv(rng, 2, 29, 29, 4, 2, 16)
     valid = np.arange(29)[None, :] < np.array([29, 13])[:, None]
     mask = valid[:, :, None] & valid[:, None, :]
     if keys != "product":
@@ -412,7 +404,7 @@ def test_xla_padding_product_branches(rng, device, keys):
     if keys == "other":
         mask[0, 4, 9] = True
     mask = mask[:, None]
-    d_out = tf.constant(rng.standard_normal((2, 29, 4, 16)).astype(np.float32))
+    d_out = normal(rng, (2, 29, 4, 16))
     _assert_switch_parity(q, k, v, d_out, "xla", device, mask=mask)
 
 
@@ -469,7 +461,7 @@ def test_context_manager_restores_the_previous_state():
 
 
 def test_keras_behaviour_after_disable(rng):
-    q, k, v = _qkv(rng, 1, 5, 5, 2, 2, 8)
+    q, k, v = random_qkv(rng, 1, 5, 5, 2, 2, 8)
     with flash_keras.enabled():
         keras.ops.dot_product_attention(q, k, v, flash_attention=True)
     with pytest.raises(ValueError, match="not supported in tensorflow backend"):
@@ -512,7 +504,7 @@ def test_other_backend_refused(monkeypatch):
 def _mha_pair(rng, dropout=0.0, **kwargs):
     standard = keras.layers.MultiHeadAttention(4, 8, dropout=dropout, seed=3, **kwargs)
     flash = keras.layers.MultiHeadAttention(4, 8, dropout=dropout, seed=3, flash_attention=True, **kwargs)
-    x = tf.constant(rng.standard_normal((2, 23, 16)).astype(np.float32))
+    x = normal(rng, (2, 23, 16))
     standard(x, x)
     flash(x, x)
     flash.set_weights(standard.get_weights())
@@ -558,7 +550,7 @@ def test_multi_head_attention_dropout_with_flash(rng):
     keras.utils.set_random_seed(0)
     with flash_keras.enabled():
         layer = keras.layers.MultiHeadAttention(4, 8, dropout=0.25, flash_attention=True, seed=5)
-        x = tf.constant(rng.standard_normal((2, 31, 16)).astype(np.float32))
+        x = normal(rng, (2, 31, 16))
         inference = layer(x, x, training=False)
         assert layer.get_config()["dropout"] == 0.25
         calls = []
@@ -592,7 +584,7 @@ def test_multi_head_attention_dropout_with_flash(rng):
 def test_multi_head_attention_scores_keep_keras_path(rng):
     with flash_keras.enabled():
         layer = keras.layers.MultiHeadAttention(2, 8)  # flash None
-        x = tf.constant(rng.standard_normal((1, 7, 16)).astype(np.float32))
+        x = normal(rng, (1, 7, 16))
         out, scores = layer(x, x, return_attention_scores=True)
     assert scores.shape == (1, 2, 7, 7)
 

@@ -17,9 +17,9 @@ keras_hub = pytest.importorskip("keras_hub")
 
 import tf_flash  # noqa: E402
 from tf_flash import keras as flash_keras  # noqa: E402
-from device_util import float32_tolerance as f32_tol, gpu_float32_bound_dtype  # noqa: E402
+from device_util import DEVICES, gpu_float32_bound_dtype, normal  # noqa: E402
+from device_util import float32_tolerance as f32_tol  # noqa: E402
 
-DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -92,7 +92,7 @@ def test_outputs_and_gradients_match_the_switch_off(rng, monkeypatch, device, ki
         keras.utils.set_random_seed(0)
         model = bert(seqlen) if kind == "bert" else llama()
         inputs = _inputs(rng, kind, 3, seqlen)
-        d_out = tf.constant(rng.standard_normal((3, seqlen, 32)).astype(np.float32))
+        d_out = normal(rng, (3, seqlen, 32))
         expected, expected_grads = _outputs_and_gradients(model, inputs, d_out)
         counter = _CountFlash(monkeypatch)
         with flash_keras.enabled():
@@ -181,7 +181,7 @@ def test_gemma_gqa_on_gpu_matches_the_switch_off(rng, monkeypatch):
     keras.utils.set_random_seed(0)
     model = gemma()
     inputs = _inputs(rng, "gemma", 2, 41)
-    d_out = tf.constant(rng.standard_normal((2, 41, 32)).astype(np.float32))
+    d_out = normal(rng, (2, 41, 32))
     expected, expected_grads = _outputs_and_gradients(model, inputs, d_out)
     counter = _CountFlash(monkeypatch)
     with flash_keras.enabled():

@@ -6,27 +6,24 @@ import pytest
 import tensorflow as tf
 import keras
 
-from reference import reference_attention  # tests/reference.py (float64 NumPy)
-
-try:
-    import tf_flash  # noqa: F401  (loads the op library)
-    from tf_flash.layers import FlashAttention, FlashMultiHeadAttention
-    from tf_flash import _masks
-    HAVE_OP = True
-except ImportError:  # the op library is not built
-    HAVE_OP = False
-
-pytestmark = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not built")
+import saving_helper
+import tf_flash
+from device_util import DEVICES
+from reference import reference_attention
+from tf_flash import _masks
+from tf_flash.layers import FlashAttention, FlashMultiHeadAttention
 
 MODES = pytest.mark.parametrize("mode", ["eager", "function"])
 B, T, S, DIM = 2, 5, 7, 6
 
 
-# On GPUs Keras' float32 einsums (and possibly the kernel's matmuls) may run in TF32.
-GPU_TOL = {"gpu": {"atol": 5e-3, "rtol": 5e-3}}
+def _tolerance(device):
+    """assert_allclose bounds: Keras' float32 einsums (and the kernel's float32) may run in TF32 on a GPU."""
+    return {"atol": 5e-3, "rtol": 5e-3} if "GPU" in device else {}
 
 
 def _rand(*shape, seed=0):
+    """Standard normal float32 values as a NumPy array (also while a tf.function traces), one generator each."""
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
@@ -64,17 +61,6 @@ def _forward_backward(layer, query, value, key, call_kwargs, mode, query_mask=No
 
     fn = tf.function(step) if mode == "function" else step
     return fn(tf.constant(query), tf.constant(value), tf.constant(key))
-
-
-@pytest.fixture(autouse=True)
-def _cpu_unless_device_parametrized(request):
-    """Parity with Keras is checked to float32 rounding on the CPU; tests that take the `device` fixture
-    also run on the GPU, where float32 attention computes on float16 operands (GPU_TOL)."""
-    if "device" in request.fixturenames:
-        yield
-        return
-    with tf.device("/CPU:0"):
-        yield
 
 
 def _assert_close(actual, expected, atol=2e-5, rtol=2e-5):
@@ -130,6 +116,7 @@ PARITY_PARAMS = [(case, "eager") for case in sorted(PARITY_CASES)] + [
     (case, "function") for case in sorted(GRAPH_CASES)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case, mode", PARITY_PARAMS)
 def test_parity_with_keras_mha(case, mode, device):
     layer_kwargs, call_kwargs, (seq_q, seq_k), query_mask = PARITY_CASES[case]
@@ -139,9 +126,10 @@ def test_parity_with_keras_mha(case, mode, device):
     mha, flash = _twins(kwargs, **shapes)
     query, value = _rand(B, seq_q, DIM, seed=1), _rand(B, seq_k, DIM, seed=2)
     key = _rand(B, seq_k, 5, seed=3) if keras_key else value
-    expected = _forward_backward(mha, query, value, key, call_kwargs, mode, query_mask)
-    actual = _forward_backward(flash, query, value, key, call_kwargs, mode, query_mask)
-    _assert_close(actual, expected, **GPU_TOL.get(device, {}))
+    with tf.device(device):
+        expected = _forward_backward(mha, query, value, key, call_kwargs, mode, query_mask)
+        actual = _forward_backward(flash, query, value, key, call_kwargs, mode, query_mask)
+    _assert_close(actual, expected, **_tolerance(device))
 
 
 @MODES
@@ -382,6 +370,7 @@ def test_dropout_gradients_match_numeric():
 
 # ---------------------------------------------------------------- FlashAttention (projected heads)
 
+@pytest.mark.parametrize("device", DEVICES)
 @MODES
 @pytest.mark.parametrize("case", ["plain", "causal", "window", "gqa", "kv_prefix", "kv_holes",
                                   "query_holes", "attention_mask", "lengths", "block"])
@@ -419,12 +408,13 @@ def test_flash_attention_layer_matches_reference(case, mode, device):
     v = _rand(B, seq_k, heads_kv, 3, seed=3)
     layer = FlashAttention(**layer_kwargs)
     call = lambda q, k, v: layer(q, v, k, **call_kwargs)  # noqa: E731
-    out = (tf.function(call) if mode == "function" else call)(tf.constant(q), tf.constant(k), tf.constant(v))
+    with tf.device(device):
+        out = (tf.function(call) if mode == "function" else call)(tf.constant(q), tf.constant(k), tf.constant(v))
     expected, _ = reference_attention(q, k, v, **ref_kwargs)
     if query_rows is not None:
         expected = np.where(query_rows[:, :, None, None], expected, 0.0)
     assert out.shape == (B, seq_q, heads, 3)
-    _assert_close(out, expected, **GPU_TOL.get(device, {"atol": 1e-5}))
+    _assert_close(out, expected, **({"atol": 1e-5} | _tolerance(device)))
 
 
 class _SplitHeads(keras.layers.Layer):
@@ -557,19 +547,12 @@ def _classifier(attention_layer, dtype_policy=None):
     return keras.Model(tokens, keras.layers.Dense(2, dtype="float32")(x))
 
 
-def _data():
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(1, 20, size=(8, 6)).astype("int32")
-    tokens[::2, 4:] = 0
-    return tokens, rng.integers(0, 2, size=(8,)).astype("int32")
-
-
 def test_compile_defaults_resolve_xla_like_keras_attention_and_fit_runs():
     model = _classifier(FlashMultiHeadAttention(2, 4, dropout=0.1))
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     from keras.src.trainers.trainer import model_supports_jit
     assert model_supports_jit(model)  # "auto": XLA on a GPU, off on CPU-only machines (Keras' rule)
-    tokens, labels = _data()
+    tokens, labels = saving_helper.data()
     history = model.fit(tokens, labels, epochs=1, batch_size=4, verbose=0)
     assert model.jit_compile is bool(tf.config.list_physical_devices("GPU"))
     assert np.all(np.isfinite(history.history["loss"]))
@@ -611,7 +594,7 @@ def test_mixed_precision(policy):
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
         if policy == "mixed_float16":
             assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-        tokens, labels = _data()
+        tokens, labels = saving_helper.data()
         history = model.fit(tokens, labels, epochs=2, batch_size=4, verbose=0)
         assert np.all(np.isfinite(history.history["loss"]))
     finally:

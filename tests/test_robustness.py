@@ -9,37 +9,27 @@
 - float16/bfloat16 inputs near 6e4 give no Inf/NaN gradient where the reference is finite;
 - windows as wide as the attribute allows (2^31 - 1) give the gradients of an unlimited window.
 """
-import zlib
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import tf_flash
+from device_util import DEVICES, native_dtype, normal, random_qkv, run_flash, tolerance
 from reference import element_mask, max_error, reference_attention, reference_attention_grad
 
-import tf_flash
-
-_GPUS = tf.config.list_physical_devices("GPU")
-_GPU = pytest.param("/GPU:0", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])
-DEVICES = [pytest.param("/CPU:0", id="cpu"), _GPU]
 INT32_MAX = 2 ** 31 - 1
 
 
-def _rng(request):
-    """A generator seeded from the test id: the same inputs in every process, so failures replay."""
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+def _random_numpy(rng, batch, sq, sk, heads, heads_kv, head_dim, dtype):
+    """random_qkv and an output gradient (float32) as NumPy arrays, for the tests to poison or scale."""
+    q, k, v = random_qkv(rng, batch, sq, sk, heads, heads_kv, head_dim, dtype=dtype)
+    return [x.numpy() for x in (q, k, v, normal(rng, (batch, sq, heads, head_dim)))]
 
 
 def _run(q, k, v, dout, device, **kwargs):
-    """(out, lse, dq, dk, dv) as float64 NumPy arrays, gradients of sum(out * dout)."""
-    q, k, v = (tf.constant(x) for x in (q, k, v))
-    with tf.device(device):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.constant(dout, tf.float32))
-        grads = tape.gradient(loss, [q, k, v])
-    return [np.asarray(x.numpy(), np.float64) for x in (out, lse, *grads)]
+    """(out, lse, dq, dk, dv) as float64 NumPy arrays, gradients of sum(out * dout) (run_flash)."""
+    out, lse, _, *grads = run_flash(*(tf.constant(x) for x in (q, k, v)), device, dout=dout, **kwargs)
+    return [np.asarray(x, np.float64) for x in (out, lse, *grads)]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -63,10 +53,9 @@ POISON = {
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 @pytest.mark.parametrize("head_dim", [40, 64])
 @pytest.mark.parametrize("case", sorted(POISON))
-def test_nan_in_invisible_positions_does_not_leak(request, device, dtype, head_dim, case):
+def test_nan_in_invisible_positions_does_not_leak(rng, device, dtype, head_dim, case):
     if "GPU" in device and dtype == np.float32:
         dtype = np.float16  # the GPU's float32 is computed on float16 operands
-    rng = _rng(request)
     kw = dict(POISON[case])
     if kw.get("attention_mask") == "columns":  # [B, 1, Sq, Sk]: random, and some key columns all False
         mask = rng.random((BATCH, 1, SQ, SK)) < 0.7
@@ -79,10 +68,7 @@ def test_nan_in_invisible_positions_does_not_leak(request, device, dtype, head_d
         blocks = rng.random((HEADS_KV, -(-SQ // 32), -(-SK // 64))) < 0.7
         blocks[:, :, 1] = False
         kw["block_mask"] = np.repeat(blocks, HEADS // HEADS_KV, axis=0)  # the same for a GQA group
-    q = rng.standard_normal((BATCH, SQ, HEADS, head_dim)).astype(dtype)
-    k = rng.standard_normal((BATCH, SK, HEADS_KV, head_dim)).astype(dtype)
-    v = rng.standard_normal((BATCH, SK, HEADS_KV, head_dim)).astype(dtype)
-    dout = rng.standard_normal((BATCH, SQ, HEADS, head_dim)).astype(np.float32)
+    q, k, v, dout = _random_numpy(rng, BATCH, SQ, SK, HEADS, HEADS_KV, head_dim, dtype)
     visible = element_mask(BATCH, HEADS, SQ, SK, **kw)
     key_unseen = ~visible.any(axis=(1, 2))  # [B, Sk]: no head, no query sees the key
     row_unseen = ~visible.any(axis=(1, 3))  # [B, Sq]: rows no head sees anything from
@@ -104,7 +90,7 @@ def test_nan_in_invisible_positions_does_not_leak(request, device, dtype, head_d
             np.testing.assert_array_equal(np.isfinite(got), np.isfinite(ref_lse))
         else:
             assert np.isfinite(got).all(), f"{name}: {np.count_nonzero(~np.isfinite(got))} non-finite entries"
-    tol, grad_tol = (2e-5, 1e-4) if dtype == np.float32 else (5e-3, 2e-2)
+    tol, grad_tol = tolerance("max_output", dtype), tolerance("max_gradient", dtype)
     assert max_error(out, ref_out) < tol
     assert np.abs(dk[key_unseen]).max(initial=0) == 0 and np.abs(dv[key_unseen]).max(initial=0) == 0
     assert np.abs(out[row_unseen]).max(initial=0) == 0  # a query row that sees nothing returns 0
@@ -119,15 +105,12 @@ def test_nan_in_invisible_positions_does_not_leak(request, device, dtype, head_d
 @pytest.mark.parametrize("head_dim", [8, 100, 128])
 @pytest.mark.parametrize("scale", [0.3, 128 ** -0.5], ids=["0.3", "rsqrt128"])
 @pytest.mark.parametrize("logit", [1e2, 1e4, 1e6])
-def test_large_logits_float32_within_2x_of_dense(request, head_dim, scale, logit):
-    rng = _rng(request)
+def test_large_logits_float32_within_2x_of_dense(rng, head_dim, scale, logit):
     batch, heads, seq = 1, 2, 67
+    q, k, v, dout = _random_numpy(rng, batch, seq, seq, heads, heads, head_dim, np.float32)
     # q . k * scale has a spread of about `logit`.
-    amplitude = np.sqrt(logit / (scale * np.sqrt(head_dim)))
-    q, k = (rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float32) * np.float32(amplitude)
-            for _ in range(2))
-    v = rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float32)
-    dout = rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float32)
+    amplitude = np.float32(np.sqrt(logit / (scale * np.sqrt(head_dim))))
+    q, k = q * amplitude, k * amplitude
     ours = _run(q, k, v, dout, "/CPU:0", scale=scale, causal=True)
     ref_out, _ = reference_attention(q, k, v, scale=scale, causal=True)
     ref = reference_attention_grad(q, k, v, dout, scale=scale, causal=True)
@@ -156,17 +139,15 @@ def _dense_float32_causal(q, k, v, dout, scale):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("logit", [1e4, 1e6])
-def test_large_logits_gradients_finite(request, device, logit):
+def test_large_logits_gradients_finite(rng, device, logit):
     # On the GPU (float16 operands) accuracy at such logits is bounded by the input rounding; the
     # gradients must stay finite and the probabilities (through dV) right where the softmax is one-hot.
-    rng = _rng(request)
-    dtype = np.float16 if "GPU" in device else np.float32
+    dtype = native_dtype(device).as_numpy_dtype
     batch, heads, seq, head_dim, scale = 1, 2, 150, 128, 128 ** -0.5
+    q, k, v, dout = _random_numpy(rng, batch, seq, seq, heads, heads, head_dim, np.float32)
     amplitude = min(np.sqrt(logit / (scale * np.sqrt(head_dim))), 6e4)
-    q, k = (np.clip(rng.standard_normal((batch, seq, heads, head_dim)) * amplitude, -6e4, 6e4).astype(dtype)
-            for _ in range(2))
-    v = rng.standard_normal((batch, seq, heads, head_dim)).astype(dtype)
-    dout = rng.standard_normal((batch, seq, heads, head_dim)).astype(np.float32)
+    q, k = (np.clip(x * amplitude, -6e4, 6e4).astype(dtype) for x in (q, k))
+    v = v.astype(dtype)
     out, lse, dq, dk, dv = _run(q, k, v, dout, device, scale=scale)
     for name, x in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv)):
         assert np.isfinite(x).all(), name
@@ -182,8 +163,7 @@ def test_large_logits_gradients_finite(request, device, logit):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("head_dim", [8, 100, 128])
-def test_half_inputs_near_6e4_give_finite_gradients(request, device, dtype, head_dim):
-    rng = _rng(request)
+def test_half_inputs_near_6e4_give_finite_gradients(rng, device, dtype, head_dim):
     batch, heads, seq = 1, 2, 64
     shape = (batch, seq, heads, head_dim)
     q, k, v = (np.sign(rng.standard_normal(shape)) * rng.uniform(5e4, 6e4, shape) for _ in range(3))
@@ -211,18 +191,14 @@ def test_half_inputs_near_6e4_give_finite_gradients(request, device, dtype, head
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("window", [(INT32_MAX, INT32_MAX), (3, INT32_MAX), (INT32_MAX, 0), (INT32_MAX - 5, 2)],
                          ids=["max_max", "3_max", "max_0", "max-5_2"])
-def test_wide_window_gradients(request, device, window):
-    rng = _rng(request)
-    dtype = np.float16 if "GPU" in device else np.float32
+def test_wide_window_gradients(rng, device, window):
+    dtype = native_dtype(device)
     batch, heads, sq, sk, head_dim = 2, 2, 200, 333, 64  # Sk not a multiple of any tile
-    q = rng.standard_normal((batch, sq, heads, head_dim)).astype(dtype)
-    k = rng.standard_normal((batch, sk, heads, head_dim)).astype(dtype)
-    v = rng.standard_normal((batch, sk, heads, head_dim)).astype(dtype)
-    dout = rng.standard_normal((batch, sq, heads, head_dim)).astype(np.float32)
+    q, k, v, dout = _random_numpy(rng, batch, sq, sk, heads, heads, head_dim, dtype)
     for kw in (dict(window=window), dict(window=window, kv_lengths=[333, 150])):
         out, _, dq, dk, dv = _run(q, k, v, dout, device, **kw)
         ref_out, _ = reference_attention(q, k, v, **kw)
-        tol, grad_tol = (2e-5, 1e-4) if dtype == np.float32 else (5e-3, 2e-2)
+        tol, grad_tol = tolerance("max_output", dtype), tolerance("max_gradient", dtype)
         assert max_error(out, ref_out) < tol
         for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), reference_attention_grad(q, k, v, dout, **kw)):
             assert max_error(got, want) < grad_tol, f"{name} with {kw}: {max_error(got, want)}"

@@ -1,34 +1,13 @@
 """tf_flash.sparsity builders, and block-sparse flash_attention vs dense attention under the equivalent
 element mask (float64 NumPy reference in tests/reference.py)."""
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device_util import hold_gpu_float32_to_float16, on_device  # noqa: E402
-from reference import element_mask, reference_attention, reference_attention_grad, to_numpy  # noqa: E402
-
-try:
-    import tf_flash
-    from tf_flash import sparsity
-    HAVE_OP = True
-except ImportError:  # builders are pure NumPy: test them even before the op library is built
-    HAVE_OP = False
-    _spec = importlib.util.spec_from_file_location(
-        "tf_flash_sparsity", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                          "tf_flash", "sparsity.py"))
-    sparsity = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sparsity)
-
-needs_op = pytest.mark.skipif(not HAVE_OP, reason="tf_flash op library not built")
-
-_GPUS = tf.config.list_physical_devices("GPU")
-DEVICES = [pytest.param("/CPU:0", id="cpu"),
-           pytest.param("/GPU:0", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _GPUS, reason="no GPU")])]
+import tf_flash
+from device_util import DEVICES, normal, on_device, random_qkv, run_flash, tolerance
+from reference import element_mask, reference_attention, reference_attention_grad
+from tf_flash import sparsity
 
 BUILDERS = {
     "dense": lambda sq, sk, bs: sparsity.dense(sq, sk, bs),
@@ -237,46 +216,22 @@ def test_validation(call, match):
 # Block-sparse flash_attention vs dense attention under the equivalent element mask
 # ----------------------------------------------------------------------------------------------------------
 
-DTYPES = pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["f32", "bf16"])
-# Max error normalized by max(1, max|reference|): output, lse (absolute), gradients.
-OUT_TOL = {tf.float32: 2e-5, tf.float16: 5e-3, tf.bfloat16: 4e-2}
-LSE_TOL = {tf.float32: 2e-5, tf.float16: 1e-3, tf.bfloat16: 1e-3}
-GRAD_TOL = {tf.float32: 1e-4, tf.float16: 2e-2, tf.bfloat16: 1.5e-1}
-
-
-@pytest.fixture(autouse=True)
-def _gpu_float32_tolerance(request, monkeypatch):
-    # The lse of float32 inputs moves with their rounding to float16 on the GPU (up to 2e-3 on the H100).
-    hold_gpu_float32_to_float16(request, monkeypatch, (OUT_TOL, LSE_TOL, GRAD_TOL), ((LSE_TOL, 4e-3),))
-
-
-def _inputs(rng, batch, sq, sk, heads, heads_kv, dim, dim_v=None, dtype=tf.float32):
-    dim_v = dim_v or dim
-    q = rng.standard_normal((batch, sq, heads, dim)).astype(np.float32)
-    k = rng.standard_normal((batch, sk, heads_kv, dim)).astype(np.float32)
-    v = rng.standard_normal((batch, sk, heads_kv, dim_v)).astype(np.float32)
-    return [tf.constant(x, dtype) for x in (q, k, v)]
+FLOAT32_AND_BFLOAT16 = pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
 
 
 def _call(fn, use_function):
     return tf.function(fn)() if use_function else fn()
 
 
-def _run_flash(q, k, v, device, use_function, grads=False, dout=None, **kwargs):
-    """flash_attention (+ gradients of sum(out * dout)) on `device`; skips on an unsupported block size."""
-    def fn():
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * dout) if grads else None
-        return (out, lse) + (tuple(tape.gradient(loss, [q, k, v])) if grads else ())
-    with on_device(device, head_dim=int(q.shape[-1]), head_dim_v=int(v.shape[-1])):
-        try:
-            return [to_numpy(x) for x in _call(fn, use_function)]
-        except (tf.errors.InvalidArgumentError, ValueError) as err:
-            if "block_size" in str(err) or "block_q" in str(err) or "block_k" in str(err):
-                pytest.skip(f"block size not supported by the kernel: {err}")
-            raise
+def _run_flash(q, k, v, device, use_function, dout=None, **kwargs):
+    """run_flash's out, lse and, with dout, dq, dk, dv; skips on an unsupported block size."""
+    try:
+        out, lse, _, *grads = run_flash(q, k, v, device, use_function, dout=dout, **kwargs)
+    except (tf.errors.InvalidArgumentError, ValueError) as err:
+        if "block_size" in str(err) or "block_q" in str(err) or "block_k" in str(err):
+            pytest.skip(f"block size not supported by the kernel: {err}")
+        raise
+    return [out, lse] + (grads if dout is not None else [])
 
 
 def _assert_close(actual, expected, tol, what, absolute=False):
@@ -291,49 +246,48 @@ def _assert_close(actual, expected, tol, what, absolute=False):
     assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
 
 
-def _check(out, lse, grads, q, k, v, dout, dtype, **ref_kw):
+def _check(out, lse, grads, q, k, v, dout, device, **ref_kw):
+    dtype = q.dtype
     ref_out, ref_lse = reference_attention(q, k, v, **ref_kw)
-    _assert_close(out, ref_out, OUT_TOL[dtype], "out")
-    _assert_close(lse, ref_lse, LSE_TOL[dtype], "lse", absolute=True)
+    _assert_close(out, ref_out, tolerance("max_output", dtype, device), "out")
+    _assert_close(lse, ref_lse, tolerance("lse", dtype, device), "lse", absolute=True)
     if grads:
         for name, got, want in zip(("dq", "dk", "dv"), grads, reference_attention_grad(q, k, v, dout, **ref_kw)):
-            _assert_close(got, want, GRAD_TOL[dtype], name)
+            _assert_close(got, want, tolerance("max_gradient", dtype, device), name)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@FLOAT32_AND_BFLOAT16
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 @pytest.mark.parametrize("sq,sk,bs", [(256, 256, 64), (193, 131, 32), (200, 300, (64, 32)), (77, 77, 128),
                                       (300, 260, 128)])
 def test_builders_match_dense_with_element_mask(device, dtype, name, sq, sk, bs):
     rng = np.random.default_rng(0)
-    q, k, v = _inputs(rng, 2, sq, sk, 2, 2, 32, dtype=dtype)
+    q, k, v = random_qkv(rng, 2, sq, sk, 2, 2, 32, dtype=dtype)
     mask, _ = BUILDERS[name](sq, sk, bs)
     out, lse = _run_flash(q, k, v, device, False, block_mask=mask, block_size=bs)
     el = sparsity.to_element_mask(mask, sq, sk, bs)
-    _check(out, lse, None, q, k, v, None, dtype, attention_mask=el)
+    _check(out, lse, None, q, k, v, None, device, attention_mask=el)
     # And the op's own dense path under the element mask agrees.
     dense_out, dense_lse = _run_flash(q, k, v, device, False, attention_mask=el)
-    _assert_close(out, dense_out, OUT_TOL[dtype], "out vs attention_mask path")
-    _assert_close(lse, dense_lse, LSE_TOL[dtype], "lse vs attention_mask path", absolute=True)
+    _assert_close(out, dense_out, tolerance("max_output", dtype, device), "out vs attention_mask path")
+    _assert_close(lse, dense_lse, tolerance("lse", dtype, device), "lse vs attention_mask path", absolute=True)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@FLOAT32_AND_BFLOAT16
 @pytest.mark.parametrize("use_function", [False, True], ids=["eager", "function"])
 @pytest.mark.parametrize("mask_rank", [2, 3, 4])
 def test_block_mask_ranks_and_gradients(device, dtype, use_function, mask_rank):
     rng = np.random.default_rng(1)
     batch, heads, sq, sk, bs = 2, 4, 160, 224, 32
-    q, k, v = _inputs(rng, batch, sq, sk, heads, 2, 32, 64, dtype=dtype)
+    q, k, v = random_qkv(rng, batch, sq, sk, heads, 2, 32, 64, dtype=dtype)
     shape = {2: (), 3: (heads,), 4: (batch, heads)}[mask_rank] + sparsity.num_blocks(sq, sk, bs)
     mask = rng.random(shape) < 0.5
-    dout = rng.standard_normal((batch, sq, heads, 64)).astype(np.float32)
-    out, lse, *grads = _run_flash(q, k, v, device, use_function, grads=True, dout=dout,
+    dout = normal(rng, (batch, sq, heads, 64))
+    out, lse, *grads = _run_flash(q, k, v, device, use_function, dout=dout,
                                   block_mask=mask, block_size=bs)
-    _check(out, lse, grads, q, k, v, dout, dtype, block_mask=mask, block_size=bs)
+    _check(out, lse, grads, q, k, v, dout, device, block_mask=mask, block_size=bs)
 
 
 COMPOSE = {
@@ -346,38 +300,36 @@ COMPOSE = {
 }
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@FLOAT32_AND_BFLOAT16
 @pytest.mark.parametrize("feature", sorted(COMPOSE))
 @pytest.mark.parametrize("pattern", ["local", "butterfly", "random"])
 @pytest.mark.parametrize("heads,heads_kv", [(4, 4), (4, 1)])
 def test_block_sparse_composes(device, dtype, feature, pattern, heads, heads_kv):
     rng = np.random.default_rng(2)
     batch, sq, sk, bs = 2, 150, 200, 32
-    q, k, v = _inputs(rng, batch, sq, sk, heads, heads_kv, 32, dtype=dtype)
+    q, k, v = random_qkv(rng, batch, sq, sk, heads, heads_kv, 32, dtype=dtype)
     mask, _ = BUILDERS[pattern](sq, sk, bs)
     kw = dict(COMPOSE[feature])
     if kw.get("attention_mask") == "random":
         kw["attention_mask"] = rng.random((batch, 1, sq, sk)) < 0.7
-    dout = rng.standard_normal((batch, sq, heads, 32)).astype(np.float32)
-    out, lse, *grads = _run_flash(q, k, v, device, False, grads=True, dout=dout,
+    dout = normal(rng, (batch, sq, heads, 32))
+    out, lse, *grads = _run_flash(q, k, v, device, False, dout=dout,
                                   block_mask=mask, block_size=bs, **kw)
-    _check(out, lse, grads, q, k, v, dout, dtype, block_mask=mask, block_size=bs, **kw)
+    _check(out, lse, grads, q, k, v, dout, device, block_mask=mask, block_size=bs, **kw)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@FLOAT32_AND_BFLOAT16
 def test_empty_rows_give_zero(device, dtype):
     # Query blocks with no kept key block: out 0, lse -inf, no NaN, zero gradients.
     rng = np.random.default_rng(3)
     sq, sk, bs = 256, 256, 64
-    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 32, dtype=dtype)
+    q, k, v = random_qkv(rng, 1, sq, sk, 2, 2, 32, dtype=dtype)
     mask = np.zeros((4, 4), bool)
     mask[1, 2] = mask[3, 0] = True
-    dout = rng.standard_normal((1, sq, 2, 32)).astype(np.float32)
-    out, lse, dq, dk, dv = _run_flash(q, k, v, device, False, grads=True, dout=dout,
+    dout = normal(rng, (1, sq, 2, 32))
+    out, lse, dq, dk, dv = _run_flash(q, k, v, device, False, dout=dout,
                                       block_mask=mask, block_size=bs)
     assert not np.isnan(out).any() and not np.isnan(dq).any()
     np.testing.assert_array_equal(out[:, :64], 0)
@@ -386,12 +338,11 @@ def test_empty_rows_give_zero(device, dtype):
     np.testing.assert_array_equal(dq[:, :64], 0)
     np.testing.assert_array_equal(dk[:, 64:128], 0)  # key block 1 is never visible
     np.testing.assert_array_equal(dv[:, 64:128], 0)
-    _check(out, lse, (dq, dk, dv), q, k, v, dout, dtype, block_mask=mask, block_size=bs)
+    _check(out, lse, (dq, dk, dv), q, k, v, dout, device, block_mask=mask, block_size=bs)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@FLOAT32_AND_BFLOAT16
 @pytest.mark.parametrize("dim", [64, 256])  # 256: the GPU backward's 64 x 64 tiles
 def test_skipped_blocks_are_not_loaded(device, dtype, dim):
     # NaN in keys/values of key blocks that no query block keeps: if such a tile were loaded and
@@ -399,46 +350,44 @@ def test_skipped_blocks_are_not_loaded(device, dtype, dim):
     rng = np.random.default_rng(4)
     sq = sk = 512
     bs = 128
-    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, dim, dtype=dtype)
+    q, k, v = random_qkv(rng, 1, sq, sk, 2, 2, dim, dtype=dtype)
     mask = np.ones((4, 4), bool)
     mask[:, 2] = False
     k_np, v_np = k.numpy(), v.numpy()
     k_np[:, 256:384] = np.nan
     v_np[:, 256:384] = np.nan
     k_nan, v_nan = tf.constant(k_np), tf.constant(v_np)
-    dout = rng.standard_normal((1, sq, 2, dim)).astype(np.float32)
-    out, lse, dq, dk, dv = _run_flash(q, k_nan, v_nan, device, False, grads=True, dout=dout,
+    dout = normal(rng, (1, sq, 2, dim))
+    out, lse, dq, dk, dv = _run_flash(q, k_nan, v_nan, device, False, dout=dout,
                                       block_mask=mask, block_size=bs)
     assert np.isfinite(out).all() and np.isfinite(lse).all() and np.isfinite(dq).all()
     keep = np.r_[0:256, 384:512]
     assert np.isfinite(dk[:, keep]).all() and np.isfinite(dv[:, keep]).all()
     ref_out, _ = reference_attention(q, k, v, block_mask=mask, block_size=bs)
-    _assert_close(out, ref_out, OUT_TOL[dtype], "out")
+    _assert_close(out, ref_out, tolerance("max_output", dtype, device), "out")
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
 def test_block_sparse_float16(device):
     rng = np.random.default_rng(5)
     sq, sk, bs = 256, 192, 64
-    q, k, v = _inputs(rng, 1, sq, sk, 2, 2, 64, dtype=tf.float16)
+    q, k, v = random_qkv(rng, 1, sq, sk, 2, 2, 64, dtype=tf.float16)
     mask, _ = sparsity.butterfly(sq, sk, bs, num_global=1)
-    dout = rng.standard_normal((1, sq, 2, 64)).astype(np.float32)
-    out, lse, *grads = _run_flash(q, k, v, device, False, grads=True, dout=dout, block_mask=mask, block_size=bs)
-    _check(out, lse, grads, q, k, v, dout, tf.float16, block_mask=mask, block_size=bs)
+    dout = normal(rng, (1, sq, 2, 64))
+    out, lse, *grads = _run_flash(q, k, v, device, False, dout=dout, block_mask=mask, block_size=bs)
+    _check(out, lse, grads, q, k, v, dout, device, block_mask=mask, block_size=bs)
 
 
-@needs_op
 @pytest.mark.parametrize("device", DEVICES)
-@DTYPES
+@FLOAT32_AND_BFLOAT16
 def test_block_sparse_with_dropout_matches_reference(device, dtype):
     # Dropout composes with block sparsity: the keep mask is recomputed from the op's rng state.
     from philox_ref import keep_mask as philox_keep_mask
     rng = np.random.default_rng(6)
     batch, heads, sq, sk, bs, rate = 2, 2, 96, 160, 32, 0.25
-    q, k, v = _inputs(rng, batch, sq, sk, heads, 1, 32, dtype=dtype)
+    q, k, v = random_qkv(rng, batch, sq, sk, heads, 1, 32, dtype=dtype)
     mask, _ = sparsity.local(sq, sk, bs, window=1)
-    dout = tf.constant(rng.standard_normal((batch, sq, heads, 32)).astype(np.float32))
+    dout = normal(rng, (batch, sq, heads, 32))
 
     @tf.function
     def fn():
@@ -452,11 +401,10 @@ def test_block_sparse_with_dropout_matches_reference(device, dtype):
         out, lse, rng_state, *grads = fn()
     seed, offset = (int(x) for x in rng_state.numpy())
     keep = philox_keep_mask(seed, offset, batch, heads, sq, sk, rate)
-    _check(out, lse, grads, q, k, v, dout, dtype, block_mask=mask, block_size=bs, keep_mask=keep,
+    _check(out, lse, grads, q, k, v, dout, device, block_mask=mask, block_size=bs, keep_mask=keep,
            dropout_rate=rate)
 
 
-@needs_op
 def test_bad_block_mask_shape():
     q = tf.zeros([1, 128, 2, 16])
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="block"):

@@ -8,43 +8,19 @@ import re
 import subprocess
 import sys
 import textwrap
-import zlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import philox_ref
+import saving_helper
 import tf_flash
-from device_util import gpu_float32_bound_dtype, on_device
+from device_util import DEVICES, DTYPES, normal, on_device, random_qkv, tolerance
 from reference import draw_features, reference_attention, reference_attention_grad, relative_error, to_numpy
 
-DEVICES = ["/CPU:0", pytest.param("/GPU:0", marks=pytest.mark.gpu)]
-DTYPES = {"float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16}
 MODES = ["eager", "function", "xla"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
-# Relative error bounds vs float64 (output, gradient): as tests/test_flash_attention.py.
-TOLERANCE = {"float32": (1e-5, 1e-4), "float16": (4e-3, 1.5e-2), "bfloat16": (3e-2, 8e-2)}
-# XLA vs the op without XLA: the same kernels; only the CPU backward's split over threads may differ.
-SAME_KERNEL_TOLERANCE = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
-
-
-def _rng(*key):
-    """A generator seeded from the test's parameters (stable across processes, unlike hash())."""
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-def _random(rng, shape, dtype=tf.float32):
-    return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
-
-
-def _tolerance(device, dtype, table=TOLERANCE):
-    name = dtype
-    if "GPU" in device and name == "float32":
-        name = gpu_float32_bound_dtype()
-    return table[name]
 
 
 def _wrap(fn, mode):
@@ -81,17 +57,13 @@ def _forward_backward(q, k, v, d_out, d_lse, kwargs):
     return (out, lse) + tuple(tape.gradient(loss, [q, k, v]))
 
 
-def _case(feature, dtype):
+def _case(rng, feature, dtype):
     shape, feature_kwargs = FEATURES[feature]
-    rng = _rng("xla", feature, dtype)
     batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim_v = shape
-    tf_dtype = DTYPES[dtype]
-    q = _random(rng, (batch, seqlen_q, heads, head_dim), tf_dtype)
-    k = _random(rng, (batch, seqlen_k, heads_kv, head_dim), tf_dtype)
-    v = _random(rng, (batch, seqlen_k, heads_kv, head_dim_v), tf_dtype)
+    q, k, v = random_qkv(rng, *shape, dtype=DTYPES[dtype])
     kwargs = draw_features(rng, feature_kwargs, batch, seqlen_q, seqlen_k, heads)
-    d_out = _random(rng, (batch, seqlen_q, heads, head_dim_v), tf_dtype)
-    d_lse = _random(rng, (batch, heads, seqlen_q))
+    d_out = normal(rng, (batch, seqlen_q, heads, head_dim_v), DTYPES[dtype])
+    d_lse = normal(rng, (batch, heads, seqlen_q))
     return q, k, v, d_out, d_lse, kwargs
 
 
@@ -119,13 +91,13 @@ def _cases():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("feature,dtype", list(_cases()))
-def test_every_feature_matches_reference_in_every_mode(device, mode, feature, dtype):
-    q, k, v, d_out, d_lse, kwargs = _case(feature, dtype)
+def test_every_feature_matches_reference_in_every_mode(device, mode, feature, dtype, rng):
+    q, k, v, d_out, d_lse, kwargs = _case(rng, feature, dtype)
     out, lse, *grads = _run(mode, device, q, k, v, d_out, d_lse, kwargs)
     ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
     finite = np.isfinite(ref_lse)
     ref_grads = reference_attention_grad(q, k, v, d_out, d_lse=np.where(finite, to_numpy(d_lse), 0.0), **kwargs)
-    out_tol, grad_tol = _tolerance(device, dtype)
+    out_tol, grad_tol = tolerance("output", dtype, device), tolerance("gradient", dtype, device)
     assert out.dtype == DTYPES[dtype] and lse.dtype == tf.float32
     assert relative_error(out, ref_out) < out_tol
     np.testing.assert_array_equal(np.isfinite(lse.numpy()), finite)
@@ -137,11 +109,11 @@ def test_every_feature_matches_reference_in_every_mode(device, mode, feature, dt
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("feature,dtype", list(_cases()))
-def test_xla_equals_the_op_without_xla(device, feature, dtype):
-    case = _case(feature, dtype)
+def test_xla_equals_the_op_without_xla(device, feature, dtype, rng):
+    case = _case(rng, feature, dtype)
     eager = _run("eager", device, *case)
     compiled = _run("xla", device, *case)
-    tol = _tolerance(device, dtype, SAME_KERNEL_TOLERANCE)
+    tol = tolerance("same_kernels", dtype, device)
     for name, got, want in zip(["out", "lse", "dq", "dk", "dv"], compiled, eager):
         got, want = to_numpy(got), to_numpy(want)
         np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want), err_msg=name)
@@ -149,19 +121,11 @@ def test_xla_equals_the_op_without_xla(device, feature, dtype):
         assert relative_error(got[finite], want[finite]) <= tol, name
 
 
-def _dropout_case(dtype="float32"):
-    rng = _rng("xla-dropout", dtype)
-    q = _random(rng, (2, 70, 4, 32), DTYPES[dtype])
-    k = _random(rng, (2, 90, 2, 32), DTYPES[dtype])
-    v = _random(rng, (2, 90, 2, 24), DTYPES[dtype])
-    d_out = _random(rng, (2, 70, 4, 24), DTYPES[dtype])
-    return q, k, v, d_out
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_dropout_same_mask_with_and_without_xla(device, dtype):
-    q, k, v, d_out = _dropout_case(dtype)
+def test_dropout_same_mask_with_and_without_xla(device, dtype, rng):
+    q, k, v = random_qkv(rng, 2, 70, 90, 4, 2, 32, 24, dtype=DTYPES[dtype])
+    d_out = normal(rng, (2, 70, 4, 24), DTYPES[dtype])
     rate = 0.2
 
     def fn(q, k, v, d_out, seed):  # the seed is a run-time input of the compiled function
@@ -171,7 +135,7 @@ def test_dropout_same_mask_with_and_without_xla(device, dtype):
         return (out,) + tuple(tape.gradient(out, [q, k, v], output_gradients=d_out))
 
     compiled = tf.function(fn, jit_compile=True)
-    tol = _tolerance(device, dtype, SAME_KERNEL_TOLERANCE)
+    tol = tolerance("same_kernels", dtype, device)
     with on_device(device):
         results = {}
         for seed in ([7, 0], [123456789012, 5]):
@@ -183,7 +147,7 @@ def test_dropout_same_mask_with_and_without_xla(device, dtype):
     # Different seeds drop different entries; both match the float64 reference with philox_ref's mask.
     first, second = results.values()
     assert relative_error(first[0], second[0]) > 1e-2
-    out_tol, grad_tol = _tolerance(device, dtype)
+    out_tol, grad_tol = tolerance("output", dtype, device), tolerance("gradient", dtype, device)
     for (seed, offset), (out, *grads) in results.items():
         keep = philox_ref.keep_mask(seed, offset, 2, 4, 70, 90, rate)
         kwargs = dict(causal=True, dropout_rate=rate, keep_mask=keep)
@@ -193,13 +157,13 @@ def test_dropout_same_mask_with_and_without_xla(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_dropout_without_seed_under_xla_backward_uses_the_forward_mask(device):
+def test_dropout_without_seed_under_xla_backward_uses_the_forward_mask(device, rng):
     # seed=None draws the seed inside the compiled function; the gradient must regenerate that draw's
     # mask. With value = I, out = P_dropped, and with d_out = I, d_value = P_dropped^T: equal iff the
     # forward and backward dropped the same entries.
     seqlen_q, seqlen_k = 40, 48
-    q = _random(_rng("xla-seedless"), (1, seqlen_q, 1, 16))
-    k = _random(_rng("xla-seedless", "k"), (1, seqlen_k, 1, 16))
+    q = normal(rng, (1, seqlen_q, 1, 16))
+    k = normal(rng, (1, seqlen_k, 1, 16))
     v = tf.eye(seqlen_k)[None, :, None, :]
     d_out = tf.eye(seqlen_q, seqlen_k)[None, :, None, :]
 
@@ -223,10 +187,9 @@ def _hlo(fn, *args):
     return fn.experimental_get_compiler_ir(*args)(stage="hlo")
 
 
-def test_hlo_calls_our_kernels_and_never_builds_scores():
+def test_hlo_calls_our_kernels_and_never_builds_scores(rng):
     seqlen = 384  # a size no other dim has: an [.., 384, 384] value would be the score matrix
-    rng = _rng("xla-hlo")
-    q, k, v = (_random(rng, (1, seqlen, 2, 32)) for _ in range(3))
+    q, k, v = random_qkv(rng, 1, seqlen, seqlen, 2, 2, 32)
 
     @tf.function(jit_compile=True)
     def fn(q, k, v):
@@ -295,9 +258,8 @@ def _raw_op(q, k, v, q_lengths=None, kv_lengths=None, attention_mask=None, block
 
 
 @pytest.mark.parametrize("case", ["q_lengths", "attention_mask", "block_mask", "head_dim"])
-def test_static_shape_errors_are_the_ops_messages_at_compile_time(case):
-    rng = _rng("xla-errors", case)
-    q, k, v = (_random(rng, (2, 40, 2, 16)) for _ in range(3))
+def test_static_shape_errors_are_the_ops_messages_at_compile_time(case, rng):
+    q, k, v = random_qkv(rng, 2, 40, 40, 2, 2, 16)
     kwargs, message = {
         "q_lengths": (dict(q_lengths=tf.constant([3, 4, 5])),
                       r"q_lengths must have shape \[batch\] = \[2\].*Received: q_lengths with shape \[3\]"),
@@ -308,7 +270,7 @@ def test_static_shape_errors_are_the_ops_messages_at_compile_time(case):
         "head_dim": (None, r"head dim must be in \[1, 256\]. Received: 300"),
     }[case]
     if case == "head_dim":
-        q = k = v = _random(rng, (1, 8, 1, 300))
+        q = k = v = normal(rng, (1, 8, 1, 300))
         kwargs = {}
     fn = tf.function(lambda q, k, v: _raw_op(q, k, v, **kwargs), jit_compile=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match=message) as error:
@@ -316,8 +278,8 @@ def test_static_shape_errors_are_the_ops_messages_at_compile_time(case):
     assert "XLA" in str(error.value) or "tf2xla" in str(error.value) or "compil" in str(error.value)
 
 
-def test_dynamic_shapes_get_a_clear_error():
-    q = _random(_rng("xla-dynamic"), (1, 40, 2, 16))
+def test_dynamic_shapes_get_a_clear_error(rng):
+    q = normal(rng, (1, 40, 2, 16))
 
     @tf.function(jit_compile=True)
     def fn(q, present):  # a mask absent or present at run time: XLA gives it a dynamic shape
@@ -328,9 +290,8 @@ def test_dynamic_shapes_get_a_clear_error():
         fn(q, tf.constant(True))
 
 
-def test_length_values_are_checked_at_run_time_on_cpu():
-    rng = _rng("xla-lengths")
-    q, k, v = (_random(rng, (2, 40, 2, 16)) for _ in range(3))
+def test_length_values_are_checked_at_run_time_on_cpu(rng):
+    q, k, v = random_qkv(rng, 2, 40, 40, 2, 2, 16)
     fn = tf.function(lambda q, k, v, lengths: tf_flash.flash_attention(q, k, v, kv_lengths=lengths),
                      jit_compile=True)
     with tf.device("/CPU:0"):
@@ -391,7 +352,7 @@ def _keras_model(seed=0):
 
 
 def _keras_data():
-    rng = _rng("xla-keras")
+    rng = np.random.default_rng(0)
     tokens = rng.integers(1, 30, size=(16, 12)).astype("int32")
     tokens[::3, 9:] = 0  # Keras padding masks, as prefixes: the lengths fast path
     return tokens, rng.integers(0, 3, size=(16,)).astype("int32")
@@ -438,32 +399,5 @@ def test_keras_fit_with_xla_equals_fit_without(device):
 
 
 def test_model_trained_under_xla_saves_and_reloads_in_a_fresh_process(tmp_path):
-    import keras
-
-    sys.path.insert(0, TESTS)
-    import saving_helper
-
-    keras.utils.set_random_seed(0)
-    model = saving_helper.build_model(dropout=0.1)
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
-    tokens, labels = saving_helper.data()
-    model.fit(tokens, labels, epochs=2, batch_size=4, verbose=0)
-    logits = model.predict(tokens, verbose=0)
-    model.save(tmp_path / "model.keras")
-    model.export(str(tmp_path / "exported"), verbose=False)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="tokens")])
-    def serve(tokens):
-        return {"logits": model(tokens, training=False)}
-
-    tf.saved_model.save(model, str(tmp_path / "saved_model"), signatures={"serving_default": serve})
-    np.savez(tmp_path / "expected.npz", tokens=tokens, labels=labels, logits=logits)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, os.path.join(TESTS, "saving_helper.py"), "reload", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    tol = 1e-3 if tf.config.list_physical_devices("GPU") else 1e-5
-    for key in ("keras_max_diff", "export_max_diff", "tfsm_max_diff", "signature_max_diff"):
-        assert result[key] < tol, (key, result)
-    assert np.all(np.isfinite(result["keras_continued_loss"])) and result["keras_weights_changed"], result
+    saving_helper.train_and_save(tmp_path, epochs=2, jit_compile=True)
+    saving_helper.assert_reloads(tmp_path)
