@@ -219,10 +219,6 @@ def test_validation(call, match):
 FLOAT32_AND_BFLOAT16 = pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16], ids=["float32", "bfloat16"])
 
 
-def _call(fn, use_function):
-    return tf.function(fn)() if use_function else fn()
-
-
 def _run_flash(q, k, v, device, use_function, dout=None, **kwargs):
     """run_flash's out, lse and, with dout, dq, dk, dv; skips on an unsupported block size."""
     try:
