@@ -296,6 +296,27 @@ def test_chance_level_and_advice():
     assert "Every model" in train.chance_paragraph(rows[1:], chance, info)
 
 
+def test_plot_describes_the_run(tmp_path):
+    """The issue's run: every test document longer than 512 tokens, a custom data set, flash and keras
+    only, both at chance. One line per model (the > 512 line would hide under it), the chance line,
+    the data set's name, no model that did not run."""
+    pytest.importorskip("matplotlib")
+    import train
+
+    runs = [{"attention": a, "context": c, "seed": 1337, "status": "ok", "epochs": 3, "best_epoch": 2,
+             "accuracy": 0.5, "macro_f1": 0.33, "long_accuracy": 0.5, "long_macro_f1": 0.33,
+             "test_docs": 18, "long_docs": 18, "epoch_s": 1.0, "peak_memory_gib": 1.0}
+            for a, c in (("flash", 512), ("flash", 4096), ("keras", 4096))]
+    doc = {"device": "CPU", "config": {"data_dir": "/home/me/speeches"}, "runs": runs,
+           "data": {"name": "speeches", "chance": {"accuracy": 0.5, "class": "a", "test_docs": 18,
+                                                   "long_docs": 18, "long_accuracy": 0.5}}}
+    labels = train.plot(doc, str(tmp_path), quiet=True)
+    assert (tmp_path / "accuracy_vs_context.png").stat().st_size > 1000
+    assert labels == ["chance: always 'a' (0.50)",
+                      "FlashMultiHeadAttention: all test docs (all > 512 tokens)",
+                      "keras MultiHeadAttention: all test docs (all > 512 tokens)"]
+
+
 def _fake_model(root, class_names, **extra):
     """A model folder as train.py leaves it, as far as predict.py reads it before loading the model."""
     os.makedirs(root)

@@ -598,14 +598,14 @@ MODEL_LABELS = {"flash": "FlashMultiHeadAttention", "hub": "KerasHub BERT + tf_f
 def plot(doc, out, quiet=False):
     """accuracy_vs_context.png from a results.json document: the models that finished, all test
     documents (solid, filled markers) and those longer than 512 tokens (dashed, open markers), the
-    chance level, failed runs marked at their context."""
+    chance level, failed runs marked at their context. Returns the legend's entries."""
     try:
         import matplotlib
     except ImportError:
         if not quiet:
             print("matplotlib is not installed: `pip install matplotlib` for accuracy_vs_context.png "
                   "(or `train.py --replot --out DIR` on a machine that has it)")
-        return
+        return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -669,12 +669,13 @@ def plot(doc, out, quiet=False):
         f", mean +- std over {seeds} seeds" if seeds > 1 else "") + f", {doc.get('device', '')}"
     ax.set_title(f"Long-document classification on {name}\n{subtitle.strip(', ')}", fontsize=10)
     # Below the axes: inside, the legend would hide points.
-    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    legend = ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     path = os.path.join(out, "accuracy_vs_context.png")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     if not quiet:
         print(f"wrote {path}")
+    return [t.get_text() for t in legend.get_texts()]
 
 
 def replot(args):
