@@ -938,9 +938,6 @@ int run_bench(const std::vector<int>& dims) {
   const int tokens = 16384, hidden = 2048;
   const GridTensors t(tokens, hidden, size_t(tokens) * 256, false);
   const int seqlens[] = {512, 1024, 2048, 4096, 8192, 16384};
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
   std::printf("%-5s %4s %6s %5s %6s  %9s %9s %9s  %8s %s\n", "dtype", "d", "causal", "batch", "seqlen", "med_ms",
               "min_ms", "max_ms", "TFLOP/s", "kernel");
   for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
@@ -953,20 +950,8 @@ int run_bench(const std::vector<int>& dims) {
           FlashFwdParams p = t.params(b, s, h, d);
           p.causal = causal;
           const tf_flash::CudaKernelCounts counts = tf_flash::flash_cuda_kernel_counts();
-          for (int w = 0; w < 3; ++w) CHECK_CUDA(cudaError_t(tf_flash::flash_fwd_cuda(p, dt, nullptr)));
+          const std::vector<float> ms = time_calls([&] { return tf_flash::flash_fwd_cuda(p, dt, nullptr); });
           const char* family = last_family(counts);
-          std::vector<float> ms;
-          for (int it = 0; it < 30; ++it) {
-            CHECK_CUDA(cudaEventRecord(e0));
-            const int err = tf_flash::flash_fwd_cuda(p, dt, nullptr);
-            CHECK_CUDA(cudaEventRecord(e1));
-            CHECK_CUDA(cudaError_t(err));
-            CHECK_CUDA(cudaEventSynchronize(e1));
-            float t;
-            CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-            ms.push_back(t);
-          }
-          std::sort(ms.begin(), ms.end());
           const double med = ms[ms.size() / 2];
           const double flops = 4.0 * b * double(s) * s * h * d / (causal ? 2 : 1);
           std::printf("%-5s %4d %6d %5d %6d  %9.4f %9.4f %9.4f  %8.1f %s\n", fp16 ? "fp16" : "bf16", d, causal, b, s,
