@@ -163,6 +163,18 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     Returns:
       output [B, Sq, H, Dv] in the dtype of query; (output, lse) when return_lse.
     """
+    return _flash_attention(query, key, value, causal=causal, window=window, q_lengths=q_lengths,
+                            kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,
+                            block_size=block_size, dropout_rate=dropout_rate, seed=seed, scale=scale,
+                            softcap=softcap, deterministic=deterministic, return_lse=return_lse)
+
+
+def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
+                    attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
+                    scale=None, softcap=None, deterministic=None, return_lse=False, query_offset=0):
+    """flash_attention with the kernels' query_offset (tf_flash.parallel's chunks): row i of `query` is row
+    i + query_offset of the attention for causal, window and the dropout mask; lengths and masks stay in
+    `query`'s rows. An int in [0, 2**31), a multiple of 16 with dropout."""
     query = _checks.to_tensor(query, "query")
     key = _checks.to_tensor(key, "key", dtype_hint=query.dtype)
     value = _checks.to_tensor(value, "value", dtype_hint=query.dtype)
@@ -187,6 +199,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     scale = _checks.normalize_scale(scale)
     softcap = _checks.normalize_softcap(softcap)
     deterministic = _checks.check_bool(deterministic, "deterministic", optional=True)
+    query_offset = _checks.check_int(query_offset, "query_offset", minimum=0)
 
     batch, heads = _checks.axis_size(query, 0), _checks.axis_size(query, 2)
     seqlen_q, seqlen_k = _checks.axis_size(query, 1), _checks.axis_size(key, 1)
@@ -203,7 +216,7 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         seed=_seed(seed, dropout_rate),
         causal=causal, window_left=window_left, window_right=window_right,
         block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),
-        softcap=softcap, deterministic=bool(deterministic))
+        softcap=softcap, deterministic=bool(deterministic), query_offset=query_offset)
     return (output, lse) if return_lse else output
 
 
@@ -217,7 +230,7 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
         d_lse = tf.zeros_like(lse)
     attrs = {name: op.get_attr(name) for name in (
         "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale",
-        "softcap", "deterministic")}
+        "softcap", "deterministic", "query_offset")}
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,

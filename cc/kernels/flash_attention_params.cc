@@ -116,6 +116,15 @@ tf::Status FlashAttrs::Validate() const {
   if (!(std::isfinite(softcap) && softcap >= 0.f)) {
     return tf::errors::InvalidArgument("softcap must be finite and >= 0 (0 = off). Received: softcap=", softcap);
   }
+  // Positions row + query_offset + window stay far from int64's end (mask.h).
+  if (query_offset < 0 || query_offset > INT32_MAX) {
+    return tf::errors::InvalidArgument("query_offset must be in [0, 2^31). Received: query_offset=", query_offset);
+  }
+  if (dropout_rate > 0.f && query_offset % 16 != 0) {
+    return tf::errors::InvalidArgument("query_offset must be a multiple of 16 with dropout (dropout draws rows in "
+                                       "blocks of 16). Received: query_offset=", query_offset,
+                                       ", dropout_rate=", dropout_rate);
+  }
   return tf::Status();
 }
 

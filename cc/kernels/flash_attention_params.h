@@ -30,7 +30,8 @@ namespace tf_flash {
   X(float, dropout_rate)        \
   X(float, scale)               \
   X(float, softcap)             \
-  X(bool, deterministic)
+  X(bool, deterministic)        \
+  X(int64_t, query_offset)
 
 struct FlashAttrs {
 #define TF_FLASH_ATTR_FIELD(type, name) type name{};

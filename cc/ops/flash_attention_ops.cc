@@ -69,7 +69,8 @@ Status FlashAttentionGradShape(InferenceContext* c) {
       .Attr("dropout_rate: float = 0.0")                      \
       .Attr("scale: float")                                   \
       .Attr("softcap: float = 0.0")                           \
-      .Attr("deterministic: bool = false")
+      .Attr("deterministic: bool = false")                    \
+      .Attr("query_offset: int = 0")
 
 REGISTER_OP("TfFlash>FlashAttention")
     .Input("query: T")
@@ -89,6 +90,8 @@ REGISTER_OP("TfFlash>FlashAttention")
 Exact attention in tiles with an online softmax (FlashAttention). Layout [batch, seq, heads, dim].
 Empty q_lengths/kv_lengths ([0]) and masks ([0,0,0,0]) mean "absent". rng_state is the Philox
 (seed, offset) the dropout mask was drawn from; the gradient op regenerates the mask from it.
+query_offset: row i of the query is row i + query_offset of the attention for causal, window and
+dropout (lengths and masks stay in the query's rows).
 )doc");
 
 REGISTER_OP("TfFlash>FlashAttentionGrad")

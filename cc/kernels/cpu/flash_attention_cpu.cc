@@ -163,11 +163,12 @@ struct HeadContext {
     return any_visible;
   }
 
-  // keep[r, c] = keep_scale where entry (row0+r, col0+c) survives dropout, else 0.
+  // keep[r, c] = keep_scale where entry (row0+r, col0+c) survives dropout, else 0. Draws are made at the
+  // attention's rows (params.h: query_offset).
   void DropoutScales(int64_t row0, int64_t col0, int64_t rows, int64_t cols, Matrix* keep) const {
     keep->resize(rows, cols);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t row = row0 + r;
+      const int64_t row = row0 + r + p.query_offset;
       if ((row & 8) && r >= 8) continue;  // drawn with row - 8
       // One Philox call holds rows row and row + 8 (philox.h): draw both when both are in the tile.
       const bool pair = !(row & 8) && r + 8 < rows;

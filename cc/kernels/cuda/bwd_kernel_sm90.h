@@ -233,7 +233,7 @@ __device__ __forceinline__ uint32_t dropout_keep_bits_transposed(CoordRC const& 
   uint32_t keep = 0, other = 0;  // other: lane ^ 4's entries, at the places of their key parity
   CUTE_UNROLL
   for (int block = 0; block < kCols / 4; ++block) {  // 16 queries per call: n8 groups 2 block, 2 block + 1
-    const Philox4 draws = dropout_draws(seed.seed, seed.offset, batch_head, query0 + 16 * block + parity, key0);
+    const Philox4 draws = dropout_draws(seed, batch_head, query0 + 16 * block + parity, key0);
     CUTE_UNROLL
     for (int mi = 0; mi < 2; ++mi) {
       const uint32_t bits = dropout_keep_bits4(high_words ? draws.x[2 + mi] : draws.x[mi], threshold2);
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const bool has_dropout = kGeneral && p.dropout_rate > 0.f;
     const uint32_t threshold2 = has_dropout ? dropout_threshold(p.dropout_rate) * 0x10001u : 0u;
     const float keep_scale = has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
-    const DropoutSeed seed = has_dropout ? dropout_seed(p) : DropoutSeed{0, 0};
+    const DropoutSeed seed = has_dropout ? dropout_seed(p) : DropoutSeed{0, 0, 0};
 
     typename PipelineKV::PipelineState read_kv;
     PipelineState read;

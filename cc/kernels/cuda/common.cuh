@@ -277,7 +277,7 @@ __device__ __forceinline__ void for_each_dropout_draw(const DropoutSeed& seed, u
     CUTE_UNROLL
     for (int c = 0; c < kGroups; ++c) {
       const Index col = tile_col0 + cute::get<1>(coord_rc(0, 8 * c));
-      draw(m, c, dropout_draws(seed.seed, seed.offset, batch_head, row, col));
+      draw(m, c, dropout_draws(seed, batch_head, row, col));
     }
   }
 }

@@ -161,7 +161,7 @@ struct Head {
   // The factor dropout puts on entry (row, col): keep_scale or 0 (1 without dropout).
   __device__ float keep(const FlashFwdParams& p, int64_t row, int64_t col) const {
     if (!(p.dropout_rate > 0.f)) return 1.f;
-    return dropout_keep(seed.seed, seed.offset, batch_head, row, col, drop_threshold) ? keep_scale : 0.f;
+    return dropout_keep(seed, batch_head, row, col, drop_threshold) ? keep_scale : 0.f;
   }
 };
 

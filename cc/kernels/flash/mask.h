@@ -35,14 +35,14 @@ TF_FLASH_HOST_DEVICE int64_t right_extent(const FlashFwdParams& p) {
   return p.causal ? 0 : p.window_right;  // causal: j <= row, whatever window_right (>= 0) allows
 }
 
-// Visible keys of query row `row` before element masks: key j iff j < kv_len, j <= row + right and
-// j >= row - window_left.
+// Visible keys of query row `row` before element masks: key j iff j < kv_len, j <= pos + right and
+// j >= pos - window_left, where pos = row + query_offset is the row's position in the attention.
 TF_FLASH_HOST_DEVICE KeyRange key_range(const FlashFwdParams& p, int64_t row, int64_t q_len, int64_t kv_len) {
   if (row >= q_len) return {0, 0};
   int64_t begin = 0, end = kv_len;
-  const int64_t right = right_extent(p);
-  if (right >= 0 && row + right + 1 < end) end = row + right + 1;
-  if (p.window_left >= 0 && row - p.window_left > 0) begin = row - p.window_left;
+  const int64_t right = right_extent(p), pos = row + p.query_offset;
+  if (right >= 0 && pos + right + 1 < end) end = pos + right + 1;
+  if (p.window_left >= 0 && pos - p.window_left > 0) begin = pos - p.window_left;
   return {begin, end};
 }
 
@@ -85,10 +85,12 @@ TF_FLASH_HOST_DEVICE IndexRange query_range_of_keys(const FlashFwdParams& p, int
   col_end = col_end < kv_len ? col_end : kv_len;
   if (col_begin >= col_end) return {0, 0};
   int64_t begin = 0, end = q_len;
-  const int64_t right = right_extent(p);
-  if (right >= 0 && col_begin - right > 0) begin = col_begin - right;  // row >= col - right
-  if (p.window_left >= 0 && col_end + p.window_left < end) end = col_end + p.window_left;  // row <= col + left
-  return {begin, end};
+  const int64_t right = right_extent(p), offset = p.query_offset;
+  if (right >= 0 && col_begin - right - offset > 0) begin = col_begin - right - offset;  // pos >= col - right
+  if (p.window_left >= 0 && col_end + p.window_left - offset < end) {
+    end = col_end + p.window_left - offset;  // pos <= col + left
+  }
+  return end > begin ? IndexRange{begin, end} : IndexRange{0, 0};
 }
 
 // True when every valid row of [row_begin, row_end) sees every key of [col_begin, col_end) before element

@@ -54,6 +54,11 @@ struct FlashFwdParams {
   BroadcastBoolMask block_mask;         // [B, H, num_q_blocks, num_k_blocks], False = skip block
   int block_q = 128, block_k = 128;     // the blocks block_mask describes
   int num_q_blocks = 0, num_k_blocks = 0;
+  // Row i of this call is row i + query_offset of the attention: causal and window place a row there, and
+  // dropout draws there, so that a slice of the queries against all the keys gives those rows of the
+  // whole call (context parallelism, tf_flash/parallel.py). Lengths and element masks stay in this call's
+  // rows. >= 0; a multiple of 16 with dropout (one Philox call holds rows r and r + 8 of 16, philox.h).
+  int64_t query_offset = 0;
 
   // Dropout on the probabilities; the mask is philox(seed, b, h, i, j), never stored.
   float dropout_rate = 0.f;

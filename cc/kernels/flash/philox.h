@@ -74,15 +74,30 @@ TF_FLASH_HOST_DEVICE Philox4 dropout_draws(uint64_t seed, uint64_t offset, uint6
 }
 // The dropout seed and offset of the params `p`: by value, or, on the GPU when p.seed_device is set (XLA,
 // where the seed is a device operand), read from device memory, so no host ever waits for it.
+// row_word carries p.query_offset (params.h: a call's row i draws at row i + query_offset): with dropout the
+// offset is a multiple of 16 (FillParams), which moves only the counter's row word, by query_offset / 16 * 8,
+// so 32 bits hold it (a 64-bit row offset held through the tile loops costs the float32 kernels spills).
 struct DropoutSeed {
   uint64_t seed, offset;
+  uint32_t row_word;
 };
+TF_FLASH_HOST_DEVICE uint32_t dropout_row_word(int64_t query_offset) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(query_offset) >> 4) << 3);
+}
 template <class Params>
 TF_FLASH_HOST_DEVICE DropoutSeed dropout_seed(const Params& p) {
 #ifdef __CUDA_ARCH__
-  if (p.seed_device != nullptr) return {uint64_t(__ldg(p.seed_device)), uint64_t(__ldg(p.seed_device + 1))};
+  if (p.seed_device != nullptr) {
+    return {uint64_t(__ldg(p.seed_device)), uint64_t(__ldg(p.seed_device + 1)), dropout_row_word(p.query_offset)};
+  }
 #endif
-  return {p.seed, p.seed_offset};
+  return {p.seed, p.seed_offset, dropout_row_word(p.query_offset)};
+}
+// The draws of a call's row `row`, made at the attention's row + query_offset: what the kernels call.
+TF_FLASH_HOST_DEVICE Philox4 dropout_draws(const DropoutSeed& s, uint64_t batch_head, int64_t row, int64_t col) {
+  Philox4 counter = dropout_counter(s.offset, batch_head, row, col);
+  counter.x[1] += s.row_word;
+  return philox4x32_10(counter, dropout_key0(s.seed, s.offset), dropout_key1(s.seed, s.offset));
 }
 TF_FLASH_HOST_DEVICE int dropout_byte(int64_t row, int64_t col) {
   return static_cast<int>(((col >> 3) & 3) * 4 + ((row >> 3) & 1) * 2 + (col & 1));
@@ -104,6 +119,12 @@ TF_FLASH_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t 
                                        int64_t col, uint32_t drop_threshold) {
   const Philox4 r = dropout_draws(seed, offset, batch_head, row, col);
   const int byte = dropout_byte(row, col);
+  return ((r.x[byte >> 2] >> (8 * (byte & 3))) & 0xFFu) >= drop_threshold;
+}
+TF_FLASH_HOST_DEVICE bool dropout_keep(const DropoutSeed& s, uint64_t batch_head, int64_t row, int64_t col,
+                                       uint32_t drop_threshold) {
+  const Philox4 r = dropout_draws(s, batch_head, row, col);
+  const int byte = dropout_byte(row, col);  // a multiple of 16 rows apart: the same byte
   return ((r.x[byte >> 2] >> (8 * (byte & 3))) & 0xFFu) >= drop_threshold;
 }
 
