@@ -12,6 +12,7 @@ from tf_flash import sparsity  # noqa: E402
 from tf_flash import layers  # noqa: E402
 from tf_flash import keras  # noqa: E402
 from tf_flash import data  # noqa: E402
+from tf_flash import parallel  # noqa: E402
 
-__all__ = ["flash_attention", "sparsity", "layers", "keras", "data", "build_info", "cuda_kernel_counts",
-           "__version__"]
+__all__ = ["flash_attention", "sparsity", "layers", "keras", "data", "parallel", "build_info",
+           "cuda_kernel_counts", "__version__"]

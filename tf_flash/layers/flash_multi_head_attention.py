@@ -9,6 +9,7 @@ from keras import initializers
 from keras import regularizers
 
 from tf_flash import _checks
+from tf_flash import parallel
 from tf_flash.layers import _common
 
 try:  # Keras keeps these private; they are what its own MultiHeadAttention uses.
@@ -63,6 +64,13 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
             softmax (Gemma 2); None = off. Returned attention scores are capped the same way.
         deterministic: bit-identical gradients for identical inputs (GPU: dQ summed in a fixed
             order); None follows `tf.config.experimental.enable_op_determinism()`.
+        context_parallel: when called inside the replica function of a `tf.distribute` strategy with
+            several replicas, the inputs are this replica's shards of the sequence ("zigzag" layout,
+            `tf_flash.parallel.shard_sequence`) and the attention runs over the whole sequence
+            (`tf_flash.parallel.context_parallel_attention`); padding masks are the shards' masks.
+            `attention_mask` and `return_attention_scores` are then refused, and with dropout the
+            sequence length must be a multiple of 32 x replicas. Elsewhere the layer is unchanged.
+            See docs/parallel.md.
 
     Call arguments: those of Keras' MultiHeadAttention (query, value, key, query_mask, value_mask,
         key_mask, attention_mask, return_attention_scores, training, use_causal_mask) plus
@@ -98,7 +106,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
                  kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
                  kernel_constraint=None, bias_constraint=None, use_gate=False, seed=None,
                  num_key_value_heads=None, window=None, block_mask=None, block_size=128, softcap=None,
-                 deterministic=None, **kwargs):
+                 deterministic=None, context_parallel=False, **kwargs):
         num_heads = _checks.check_int(num_heads, "num_heads", minimum=1)
         key_dim = _checks.check_int(key_dim, "key_dim", minimum=1)
         value_dim = _checks.check_int(value_dim, "value_dim", minimum=1, optional=True)
@@ -136,6 +144,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
                              f"window={window!r}")
         flash_attention = _checks.check_bool(flash_attention, "flash_attention", optional=True)
         use_gate = _checks.check_bool(use_gate, "use_gate")
+        context_parallel = _checks.check_bool(context_parallel, "context_parallel")
         super().__init__(window=window, dropout=dropout, block_mask=block_mask, block_size=block_size, seed=seed,
                          softcap=softcap, deterministic=deterministic, **kwargs)
         self._num_heads = num_heads
@@ -155,6 +164,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
         self._kernel_constraint = constraints.get(kernel_constraint)
         self._bias_constraint = constraints.get(bias_constraint)
         self._use_gate = use_gate
+        self._context_parallel = context_parallel
         self._inverse_sqrt_key_dim = 1.0 / math.sqrt(float(key_dim))
 
     @classmethod
@@ -297,6 +307,15 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
         # Keras' MultiHeadAttention takes its fused path (uniform softmax on fully masked rows)
         # when there is no dropout and no scores are asked for, else its explicit path (zeros).
         empty_rows = "mean" if self._dropout == 0 and not return_attention_scores else "zeros"
+        if self._context_parallel and parallel.in_replica_context():
+            if return_attention_scores:
+                raise ValueError("return_attention_scores=True is not available with context_parallel=True in a "
+                                 "replica context (the scores of a sequence shard span every replica's keys). "
+                                 "Received: return_attention_scores=True")
+            output = parallel._attend_shards(  # pylint: disable=protected-access
+                query, key, value, dropout_rate=dropout_rate, seed=seed, scale=self._inverse_sqrt_key_dim,
+                softcap=self._softcap, deterministic=self._deterministic, empty_rows=empty_rows, **masks)
+            return output, None
         output = _common.attend(query, key, value, dropout_rate=dropout_rate, seed=seed,
                                 scale=self._inverse_sqrt_key_dim, softcap=self._softcap,
                                 deterministic=self._deterministic, empty_rows=empty_rows, **masks)
@@ -350,6 +369,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
             "kernel_constraint": constraints.serialize(self._kernel_constraint),
             "bias_constraint": constraints.serialize(self._bias_constraint),
             "num_key_value_heads": self._num_key_value_heads,
+            "context_parallel": self._context_parallel,
         }
         return {**super().get_config(), **config}
 
