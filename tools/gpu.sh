@@ -26,8 +26,10 @@
 #                                  other     every test file no group above names
 #                                  multi     MirroredStrategy over the machine's GPUs
 #                                  sanitize  compute-sanitizer memcheck over the op's output and empty-row cases
-#   tools/gpu.sh bench [ARGS...]   lib, then benchmarks/bench_gpu.py ARGS (default: the kernel table's run: bf16,
-#                                  head dims 64/128/256, ten attentions per tf.function, torch's flash and cuDNN)
+#   tools/gpu.sh bench [ARGS...]   lib, then benchmarks/bench_gpu.py ARGS (default: the kernel table's tf_flash rows:
+#                                  bf16, head dims 64/128/256, ten attentions per tf.function). torch's rows run
+#                                  outside this tool (bench_gpu.py --torch-only): TensorFlow's environment puts an
+#                                  older cuDNN than torch's on the library path (docs/performance.md)
 #   tools/gpu.sh model [ARGS...]   lib, then benchmarks/bench_model.py ARGS, XLA's autotuning cache shared
 #   tools/gpu.sh run CMD...        lib, then CMD in TensorFlow's environment (TF_FLASH_LIBRARY, PYTHONPATH set)
 # There, the CUDA harnesses alone (no TensorFlow, no stash; carry .gpu_build for the CUTLASS headers):
@@ -487,7 +489,7 @@ case $command in
   test) device_start test; tf_env; set +e; test_groups "$@" ;;
   bench)
     device_start bench; tf_env; set +e
-    if [[ $# -eq 0 ]]; then set -- --torch --impls tf_flash --dtypes bf16 --dims 64 128 256 --skip-memory --skip-extras \
+    if [[ $# -eq 0 ]]; then set -- --impls tf_flash --dtypes bf16 --dims 64 128 256 --skip-memory --skip-extras \
       --calls-per-function 10; fi
     # bench_gpu.py starts no configuration past --time-limit: what is left, less a configuration's worth.
     if ! has_arg --time-limit "$@"; then set -- "$@" --time-limit $(( $(limit 600) > 140 ? $(limit 600) - 80 : 60 )); fi
