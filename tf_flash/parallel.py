@@ -110,20 +110,28 @@ def _all_gather(ctx, replicas, replica, tensors, axis):
     return gather(*tensors)
 
 
+def _sequence_split(x, name, layout, axis, function):
+    """What shard_sequence and unshard_sequence start from: `x` as a tensor, its checked axis, the replica
+    context, the number of replicas, this replica's id, its chunks and the number of chunks under `layout`
+    (None, None with one replica), and the length along `axis` where the shape knows it."""
+    _check_layout(layout)
+    x = _checks.to_tensor(x, name)
+    axis = _check_axis(axis, x, name)
+    ctx, replicas, replica = _replica(function)
+    chunks, count = chunks_of(layout, replicas, replica) if replicas > 1 else (None, None)
+    length = x.shape[axis] if x.shape.rank is not None else None
+    return x, axis, ctx, replicas, replica, chunks, count, length
+
+
 def shard_sequence(x, layout="zigzag", axis=1):
     """Inside a replica context, this replica's shard of `x`, a tensor holding the whole sequence along
     `axis` (the same on every replica): the chunks the layout gives this replica, concatenated. The length
     along `axis` must be a multiple of the number of chunks (2n for "zigzag", n for "contiguous").
     Differentiable: the gradient is zero outside this replica's chunks (summing over replicas, as the
     strategy does for variables, gives the whole gradient)."""
-    _check_layout(layout)
-    x = _checks.to_tensor(x, "x")
-    axis = _check_axis(axis, x, "x")
-    _, replicas, replica = _replica("shard_sequence")
+    x, axis, _, replicas, _, chunks, count, length = _sequence_split(x, "x", layout, axis, "shard_sequence")
     if replicas == 1:
         return x
-    chunks, count = chunks_of(layout, replicas, replica)
-    length = x.shape[axis] if x.shape.rank is not None else None
     if length is not None and length % count:
         raise ValueError(f"The sequence length (axis {axis} of `x`) must be a multiple of the number of chunks, "
                          f"{count} for layout={layout!r} over {replicas} replicas. Received: x.shape={x.shape}")
@@ -135,14 +143,10 @@ def unshard_sequence(x_shard, layout="zigzag", axis=1):
     """Inside a replica context, the whole sequence gathered from every replica's shard (made by
     `shard_sequence` with the same layout), in sequence order, on every replica. Differentiable: the
     gradient sums the replicas' gradients and keeps this replica's shard."""
-    _check_layout(layout)
-    x_shard = _checks.to_tensor(x_shard, "x_shard")
-    axis = _check_axis(axis, x_shard, "x_shard")
-    ctx, replicas, replica = _replica("unshard_sequence")
+    x_shard, axis, ctx, replicas, replica, chunks, _, length = _sequence_split(
+        x_shard, "x_shard", layout, axis, "unshard_sequence")
     if replicas == 1:
         return x_shard
-    chunks, _ = chunks_of(layout, replicas, replica)
-    length = x_shard.shape[axis] if x_shard.shape.rank is not None else None
     if length is not None and length % len(chunks):
         raise ValueError(f"A {layout!r} shard holds {len(chunks)} chunks of equal length: its length (axis "
                          f"{axis} of `x_shard`) must be a multiple of {len(chunks)}. "
