@@ -30,10 +30,11 @@ int main(int argc, char** argv) {
   unsigned long long seed, offset, bh; long long row, col; float rate;
   while (std::scanf("%llu %llu %llu %lld %lld %f", &seed, &offset, &bh, &row, &col, &rate) == 6) {
     const uint32_t th = tf_flash::dropout_threshold(rate);
-    const tf_flash::Philox4 r = tf_flash::dropout_draws(seed, offset, bh, row, col);
+    const tf_flash::DropoutSeed s{seed, offset, 0};
+    const tf_flash::Philox4 r = tf_flash::dropout_draws(s, bh, row, col);
     const int byte = tf_flash::dropout_byte(row, col);
     std::printf("%u %u %d %.9g\n", th, (r.x[byte >> 2] >> (8 * (byte & 3))) & 0xFFu,
-                (int)tf_flash::dropout_keep(seed, offset, bh, row, col, th), tf_flash::dropout_keep_scale(rate));
+                (int)tf_flash::dropout_keep(s, bh, row, col, th), tf_flash::dropout_keep_scale(rate));
   }
   return 0;
 }

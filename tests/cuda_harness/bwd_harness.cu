@@ -233,7 +233,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
             if (!vis[j]) continue;
             double pd = pr[j];
             if (c.dropout > 0)
-              pd = dropout_keep(p.seed, p.seed_offset, uint64_t(b) * H + h, i, j, thr) ? pd * keep_scale : 0.0;
+              pd = dropout_keep(tf_flash::dropout_seed(p), uint64_t(b) * H + h, i, j, thr) ? pd * keep_scale : 0.0;
             const float* vj = &v[((int64_t(b) * Sk + j) * Hkv + hk) * Dv];
             for (int e = 0; e < Dv; ++e) oi[e] += pd * vj[e];
           }
@@ -251,7 +251,7 @@ static int run_case(const Case& c, uint64_t seed, bool verbose) {
             for (int e = 0; e < Dv; ++e) dpd += double(doi[e]) * vj[e];
             double pd = pr[j], dpv = dpd;
             if (c.dropout > 0) {
-              const bool keep = dropout_keep(p.seed, p.seed_offset, uint64_t(b) * H + h, i, j, thr);
+              const bool keep = dropout_keep(tf_flash::dropout_seed(p), uint64_t(b) * H + h, i, j, thr);
               pd = keep ? pd * keep_scale : 0.0;
               dpv = keep ? dpd * keep_scale : 0.0;
             }

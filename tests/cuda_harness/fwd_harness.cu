@@ -174,7 +174,7 @@ void reference(const Case& c, const FlashFwdParams& p, const std::vector<uint16_
           double w = pr[j] / sum;
           float w32 = round_dt(s32[j] / sum32, dt);
           if (p.dropout_rate > 0.f) {
-            const bool keep = tf_flash::dropout_keep(p.seed, p.seed_offset, uint64_t(b) * c.H + h, i, j, thr);
+            const bool keep = tf_flash::dropout_keep(tf_flash::dropout_seed(p), uint64_t(b) * c.H + h, i, j, thr);
             w = keep ? w * keep_scale : 0.0;
             w32 = keep ? round_dt(w32 * float(keep_scale), dt) : 0.f;
           }

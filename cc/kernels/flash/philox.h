@@ -67,11 +67,6 @@ TF_FLASH_HOST_DEVICE Philox4 dropout_counter(uint64_t offset, uint64_t batch_hea
                   static_cast<uint32_t>(((row >> 4) << 3) | (row & 7)), static_cast<uint32_t>(batch_head),
                   static_cast<uint32_t>(offset) ^ static_cast<uint32_t>(batch_head >> 32)}};
 }
-TF_FLASH_HOST_DEVICE Philox4 dropout_draws(uint64_t seed, uint64_t offset, uint64_t batch_head, int64_t row,
-                                           int64_t col) {
-  return philox4x32_10(dropout_counter(offset, batch_head, row, col), dropout_key0(seed, offset),
-                       dropout_key1(seed, offset));
-}
 // The dropout seed and offset of the params `p`: by value, or, on the GPU when p.seed_device is set (XLA,
 // where the seed is a device operand), read from device memory, so no host ever waits for it.
 // row_word carries p.query_offset (params.h: a call's row i draws at row i + query_offset): with dropout the
@@ -115,12 +110,6 @@ TF_FLASH_HOST_DEVICE float dropout_keep_scale(float rate) {
   return 256.f / static_cast<float>(256u - dropout_threshold(rate));
 }
 
-TF_FLASH_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t batch_head, int64_t row,
-                                       int64_t col, uint32_t drop_threshold) {
-  const Philox4 r = dropout_draws(seed, offset, batch_head, row, col);
-  const int byte = dropout_byte(row, col);
-  return ((r.x[byte >> 2] >> (8 * (byte & 3))) & 0xFFu) >= drop_threshold;
-}
 TF_FLASH_HOST_DEVICE bool dropout_keep(const DropoutSeed& s, uint64_t batch_head, int64_t row, int64_t col,
                                        uint32_t drop_threshold) {
   const Philox4 r = dropout_draws(s, batch_head, row, col);
