@@ -14,6 +14,7 @@ the shapes small. Semantics follow the README's API section:
   philox_ref.keep_scale(p) (1 / the keep probability of the rate in steps of 1/256);
   lse is the log-sum-exp of the (undropped) scaled scores;
 - softcap: the scaled scores s become softcap * tanh(s / softcap) before masking and the softmax;
+- segment_ids [B, S] or a tuple (q ids [B, Sq], kv ids [B, Sk]): i sees j only where their ids are equal;
 - a row with nothing visible: output 0, lse -inf, zero gradients.
 """
 import numpy as np
@@ -86,7 +87,7 @@ def _window_sides(window):
 
 
 def element_mask(batch, heads, seqlen_q, seqlen_k, *, causal=False, window=None, q_lengths=None,
-                 kv_lengths=None, attention_mask=None, block_mask=None, block_size=128):
+                 kv_lengths=None, attention_mask=None, block_mask=None, block_size=128, segment_ids=None):
     """The visibility of every (b, h, i, j) as a bool array [B, H, Sq, Sk] (True = visible)."""
     rows = np.arange(seqlen_q)[:, None]
     cols = np.arange(seqlen_k)[None, :]
@@ -119,11 +120,15 @@ def element_mask(batch, heads, seqlen_q, seqlen_k, *, causal=False, window=None,
                              f"seqlen_q={seqlen_q}, seqlen_k={seqlen_k}, block_size={block_size}")
         expanded = np.repeat(np.repeat(bm, bq, axis=-2), bk, axis=-1)[..., :seqlen_q, :seqlen_k]
         mask &= np.broadcast_to(expanded, mask.shape)
+    if segment_ids is not None:
+        q_ids, kv_ids = segment_ids if isinstance(segment_ids, tuple) else (segment_ids, segment_ids)
+        q_ids, kv_ids = to_numpy(q_ids, np.int64), to_numpy(kv_ids, np.int64)
+        mask &= (q_ids[:, :, None] == kv_ids[:, None, :])[:, None]
     return mask
 
 
 def _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, block_mask, block_size,
-             scale, keep_mask, dropout_rate, softcap=None):
+             scale, keep_mask, dropout_rate, softcap=None, segment_ids=None):
     q, k, v = to_numpy(q), to_numpy(k), to_numpy(v)
     batch, seqlen_q, heads, head_dim = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
@@ -138,7 +143,7 @@ def _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, blo
         scale = 1.0 / np.sqrt(head_dim)
     mask = element_mask(batch, heads, seqlen_q, seqlen_k, causal=causal, window=window,
                         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask,
-                        block_mask=block_mask, block_size=block_size)
+                        block_mask=block_mask, block_size=block_size, segment_ids=segment_ids)
     scores = scale * np.einsum("bhqd,bhkd->bhqk", qh, kh)
     d_capped = None  # d(capped score) / d(score)
     if softcap:
@@ -169,10 +174,10 @@ def _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, blo
 
 def reference_attention(q, k, v, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                         attention_mask=None, block_mask=None, block_size=128, scale=None, keep_mask=None,
-                        dropout_rate=0.0, softcap=None):
+                        dropout_rate=0.0, softcap=None, segment_ids=None):
     """Returns (out [B, Sq, H, Dv], lse [B, H, Sq]) in float64."""
     c = _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, block_mask, block_size,
-                 scale, keep_mask, dropout_rate, softcap)
+                 scale, keep_mask, dropout_rate, softcap, segment_ids)
     probs = c["probs"] if c["drop_scale"] is None else c["probs"] * c["drop_scale"]
     out = np.einsum("bhqk,bhkd->bqhd", probs, c["vh"])
     return out, c["lse"]
@@ -186,10 +191,10 @@ def _sum_groups(x, heads_kv, group):
 
 def reference_attention_grad(q, k, v, dout, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                              attention_mask=None, block_mask=None, block_size=128, scale=None, keep_mask=None,
-                             dropout_rate=0.0, d_lse=None, softcap=None):
+                             dropout_rate=0.0, d_lse=None, softcap=None, segment_ids=None):
     """Gradients (dq, dk, dv) of sum(out * dout) [+ sum(lse * d_lse)] in float64."""
     c = _prepare(q, k, v, causal, window, q_lengths, kv_lengths, attention_mask, block_mask, block_size,
-                 scale, keep_mask, dropout_rate, softcap)
+                 scale, keep_mask, dropout_rate, softcap, segment_ids)
     probs, qh, kh, vh, scale = c["probs"], c["qh"], c["kh"], c["vh"], c["scale"]
     do = to_numpy(dout).transpose(0, 2, 1, 3)  # [B, H, Sq, Dv]
     dropped = probs if c["drop_scale"] is None else probs * c["drop_scale"]

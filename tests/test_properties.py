@@ -147,10 +147,12 @@ def test_matches_float64_reference(case, mode):
 
 FUZZ_LOG = os.environ.get("TF_FLASH_FUZZ_LOG")
 RAW_ERRORS = (tf.errors.InvalidArgumentError, ValueError, TypeError)
-FORWARD_INPUTS = ["query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask", "seed"]
+FORWARD_INPUTS = ["query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask",
+                  "q_segment_ids", "kv_segment_ids", "seed"]
 GRAD_INPUTS = ["d_output", "query", "key", "value", "output", "lse", "d_lse", "q_lengths", "kv_lengths",
-               "attention_mask", "block_mask", "rng_state"]
+               "attention_mask", "block_mask", "q_segment_ids", "kv_segment_ids", "rng_state"]
 INPUT_DTYPES = {"q_lengths": np.int32, "kv_lengths": np.int32, "attention_mask": bool, "block_mask": bool,
+                "q_segment_ids": np.int32, "kv_segment_ids": np.int32,
                 "seed": np.int64, "rng_state": np.int64, "lse": np.float32, "d_lse": np.float32}
 
 shapes = st.lists(st.integers(0, 6), min_size=0, max_size=5).map(tuple)
@@ -165,7 +167,8 @@ def _valid_raw_inputs(config, grad):
     q, k, v, d_out, _ = _inputs(config)
     b, h, sq = config["batch"], config["heads"], config["seqlen_q"]
     inputs = dict(query=q, key=k, value=v, q_lengths=np.zeros([0], np.int32), kv_lengths=np.zeros([0], np.int32),
-                  attention_mask=np.zeros([0, 0, 0, 0], bool), block_mask=np.zeros([0, 0, 0, 0], bool))
+                  attention_mask=np.zeros([0, 0, 0, 0], bool), block_mask=np.zeros([0, 0, 0, 0], bool),
+                  q_segment_ids=np.zeros([0, 0], np.int32), kv_segment_ids=np.zeros([0, 0], np.int32))
     if not grad:
         inputs["seed"] = np.array([1, 2], np.int64)
         return inputs

@@ -271,6 +271,7 @@ def _raw_forward_inputs(**overrides):
     q = tf.zeros([B, S, H, D])
     inputs = dict(query=q, key=q, value=q, q_lengths=np.zeros([0], np.int32), kv_lengths=np.zeros([0], np.int32),
                   attention_mask=np.zeros([0, 0, 0, 0], bool), block_mask=np.zeros([0, 0, 0, 0], bool),
+                  q_segment_ids=np.zeros([0, 0], np.int32), kv_segment_ids=np.zeros([0, 0], np.int32),
                   seed=np.array([1, 2], np.int64), scale=0.25)
     inputs.update(overrides)
     return inputs

@@ -253,7 +253,8 @@ def _raw_op(q, k, v, q_lengths=None, kv_lengths=None, attention_mask=None, block
         query=q, key=k, value=v, q_lengths=none_lengths if q_lengths is None else q_lengths,
         kv_lengths=none_lengths if kv_lengths is None else kv_lengths,
         attention_mask=none_mask if attention_mask is None else attention_mask,
-        block_mask=none_mask if block_mask is None else block_mask, seed=tf.zeros([2], tf.int64),
+        block_mask=none_mask if block_mask is None else block_mask, q_segment_ids=tf.zeros([0, 0], tf.int32),
+        kv_segment_ids=tf.zeros([0, 0], tf.int32), seed=tf.zeros([2], tf.int64),
         block_q=block_size, block_k=block_size, scale=0.25)[0]
 
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 MAX_HEAD_DIM = 256  # the kernels' largest head dim (CPU and CUDA)
 INT32_MAX = 2**31 - 1  # attrs and lengths are int32 in the kernels
+INT32_MIN = -2**31
 
 
 def is_int(value):

@@ -10,6 +10,7 @@ from tf_flash._ops import ops as _ops
 
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 _NO_LENGTHS_SHAPE = [0]
+_NO_SEGMENT_IDS_SHAPE = [0, 0]
 _INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
 
 
@@ -104,6 +105,42 @@ def _rank4_mask(mask, name, full, what, device=None):
     return _checks.check_dims(mask, name, full, what, received_shape, broadcast=True, absent_ok=rank in (4, None))
 
 
+def _segment_ids(segment_ids, batch, seqlen_q, seqlen_k, device=None):
+    """The op's (q_segment_ids, kv_segment_ids): int32 [B, Sq] and [B, Sk], or both absent. `segment_ids` is
+    one [B, S] tensor (self-attention: Sq == Sk) or a tuple of the two."""
+    if segment_ids is None:
+        absent = _absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device)
+        return absent, absent
+    if isinstance(segment_ids, tuple):
+        if len(segment_ids) != 2:
+            raise ValueError("`segment_ids` must be one int tensor [batch, seq] or a tuple (q_segment_ids, "
+                             f"kv_segment_ids). Received: a tuple of {len(segment_ids)} items")
+        pairs = (("q_segment_ids", segment_ids[0], seqlen_q), ("kv_segment_ids", segment_ids[1], seqlen_k))
+    else:
+        if seqlen_q.static is not None and seqlen_k.static is not None and seqlen_q.static != seqlen_k.static:
+            raise ValueError("`segment_ids` as one tensor needs query and key of one length (self-attention); "
+                             "pass a tuple (q_segment_ids, kv_segment_ids) for cross-attention. Received: "
+                             f"query length {seqlen_q.static}, key length {seqlen_k.static}")
+        pairs = (("segment_ids", segment_ids, seqlen_q), ("segment_ids", segment_ids, seqlen_k))
+    ids = []
+    for name, value, seqlen in pairs:
+        tensor = _checks.to_tensor(value, name)
+        if not tensor.dtype.is_integer:
+            raise ValueError(f"`{name}` must be an integer tensor [batch, seq]. Received: {name} of dtype "
+                             f"{tensor.dtype.name} ({name}={_checks.describe(value)})")
+        if tensor.shape.rank is not None and tensor.shape.rank != 2:
+            raise ValueError(f"`{name}` must have rank 2 [batch, seq]. Received: {name}.shape={tensor.shape}")
+        tensor = _checks.check_dims(tensor, name, (batch, seqlen), "[batch, seq]")
+        if tensor.dtype != tf.int32:
+            # Ids past int32 would wrap and could make two documents one.
+            wide = tf.cast(tensor, tf.int64)
+            tensor = _checks.checked(
+                tensor, tf.reduce_all((wide >= _checks.INT32_MIN) & (wide <= _checks.INT32_MAX)),
+                f"`{name}` must hold int32 values. Received: {name}=", tensor)
+        ids.append(tf.cast(tensor, tf.int32))
+    return tuple(ids)
+
+
 def _seed(seed, dropout_rate):
     # The op reads the seed in host memory. Made on the host, it needs no device-to-host copy, which
     # would wait for all work queued on the GPU and so stall the pipeline at every call.
@@ -133,7 +170,7 @@ def _seed(seed, dropout_rate):
 
 def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
-                    scale=None, softcap=None, deterministic=None, return_lse=False):
+                    scale=None, softcap=None, deterministic=None, return_lse=False, segment_ids=None):
     """Exact attention computed in tiles; the [Sq, Sk] score matrix never exists in memory.
 
     Args:
@@ -146,6 +183,11 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
       attention_mask: bool, broadcastable to [B, H, Sq, Sk] (rank 2 to 4), True = attend.
       block_mask: bool [nqb, nkb], [H, nqb, nkb] or [B, H, nqb, nkb]; False blocks are skipped.
       block_size: int or (bq, bk), the blocks `block_mask` describes.
+      segment_ids: packed documents. int [B, S] (self-attention, Sq == Sk) or a tuple (q_segment_ids [B, Sq],
+        kv_segment_ids [B, Sk]): query i sees key j only where their ids are equal (AND every other mask;
+        `causal` stays on row positions, so it is causal within each document). Memory O(B x S); tiles whose
+        rows and keys hold no common id are skipped, tiles inside one document run unmasked. Contiguous
+        runs of ids are the fast path; any ids are correct.
       dropout_rate: dropout on the attention probabilities, in [0, 1). Applied in steps of 1/256: an
         entry is dropped with probability round(256 * rate) / 256 (at least 1/256 for rate > 0) and kept
         entries are scaled by 1 / (1 - that probability), so the expectation is exact.
@@ -166,12 +208,14 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
     return _flash_attention(query, key, value, causal=causal, window=window, q_lengths=q_lengths,
                             kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,
                             block_size=block_size, dropout_rate=dropout_rate, seed=seed, scale=scale,
-                            softcap=softcap, deterministic=deterministic, return_lse=return_lse)
+                            softcap=softcap, deterministic=deterministic, return_lse=return_lse,
+                            segment_ids=segment_ids)
 
 
 def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
-                    scale=None, softcap=None, deterministic=None, return_lse=False, query_offset=0):
+                    scale=None, softcap=None, deterministic=None, return_lse=False, query_offset=0,
+                    segment_ids=None):
     """flash_attention with the kernels' query_offset (tf_flash.parallel's chunks): row i of `query` is row
     i + query_offset of the attention for causal, window and the dropout mask; lengths and masks stay in
     `query`'s rows. An int in [0, 2**31), a multiple of 16 with dropout."""
@@ -205,6 +249,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     seqlen_q, seqlen_k = _checks.axis_size(query, 1), _checks.axis_size(key, 1)
     blocks_q, blocks_k = _checks.num_blocks(seqlen_q, block_q), _checks.num_blocks(seqlen_k, block_k)
     device = _current_device() if tf.executing_eagerly() else None  # where eager absent inputs are kept
+    q_segment_ids, kv_segment_ids = _segment_ids(segment_ids, batch, seqlen_q, seqlen_k, device)
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,
         q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q, device),
@@ -213,6 +258,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
                                    "[batch, heads, seq_q, seq_k]", device),
         block_mask=_rank4_mask(block_mask, "block_mask", (batch, heads, blocks_q, blocks_k),
                                "[batch, heads, query blocks, key blocks]", device),
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         seed=_seed(seed, dropout_rate),
         causal=causal, window_left=window_left, window_right=window_right,
         block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),
@@ -222,7 +268,8 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
 
 @tf.RegisterGradient("TfFlash>FlashAttention")
 def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
-    query, key, value, q_lengths, kv_lengths, attention_mask, block_mask, _seed_input = op.inputs
+    (query, key, value, q_lengths, kv_lengths, attention_mask, block_mask, q_segment_ids, kv_segment_ids,
+     _seed_input) = op.inputs
     output, lse, rng_state = op.outputs
     if d_output is None:
         d_output = tf.zeros_like(output)
@@ -234,5 +281,5 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,
-        rng_state=rng_state, **attrs)
-    return [d_query, d_key, d_value, None, None, None, None, None]
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, rng_state=rng_state, **attrs)
+    return [d_query, d_key, d_value] + [None] * 7

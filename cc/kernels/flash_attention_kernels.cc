@@ -40,15 +40,15 @@ template <> struct DTypeOf<Eigen::bfloat16> { static constexpr DType value = DTy
 FlashInputShapes InputShapes(tf::OpKernelContext* ctx, const int (&index)[kNumFwdInputs]) {
   FlashInputShapes s;
   s.seed_name = SeedInputName(index);
-  tf::TensorShape* shapes[] = {&s.q, &s.k, &s.v, &s.q_lengths, &s.kv_lengths, &s.attn_mask, &s.block_mask, &s.seed};
-  for (int i = 0; i < kNumFwdInputs; ++i) *shapes[i] = ctx->input(index[i]).shape();
+  const auto fields = InputShapeFields(&s);
+  for (int i = 0; i < kNumFwdInputs; ++i) *fields[i] = ctx->input(index[i]).shape();
   return s;
 }
 
 FlashInputData InputData(tf::OpKernelContext* ctx, const int (&index)[kNumFwdInputs]) {
-  return {ctx->input(index[0]).data(), ctx->input(index[1]).data(), ctx->input(index[2]).data(),
-          ctx->input(index[3]).flat<int32_t>().data(), ctx->input(index[4]).flat<int32_t>().data(),
-          ctx->input(index[5]).flat<bool>().data(), ctx->input(index[6]).flat<bool>().data()};
+  FlashInputData data;
+  for (int i = 0; i < kNumFwdInputs; ++i) data[i] = ctx->input(index[i]).data();
+  return data;
 }
 
 // Scratch from TF's allocator, kept alive by `held` until the kernel call returns (the GPU stream
@@ -115,7 +115,7 @@ class FlashAttentionOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
     SetInputPointers(shapes, InputData(ctx, kFwdInputs), &p);
     if (Launcher<Device>::kLengthsOnHost) OP_REQUIRES_OK(ctx, CheckLengthValues(p));
-    const tf::Tensor& seed = ctx->input(7);
+    const tf::Tensor& seed = ctx->input(kFwdInputs[kSeedInput]);
     p.seed = static_cast<uint64_t>(seed.flat<int64_t>()(0));
     p.seed_offset = static_cast<uint64_t>(seed.flat<int64_t>()(1));
     tf::Tensor* out = nullptr;
@@ -151,7 +151,7 @@ class FlashAttentionGradOp : public tf::OpKernel {
     OP_REQUIRES_OK(ctx, CheckGradShapes(shapes, d_out.shape(), out.shape(), lse.shape(), d_lse.shape()));
     SetInputPointers(shapes, InputData(ctx, kBwdForwardInputs), &p);
     if (Launcher<Device>::kLengthsOnHost) OP_REQUIRES_OK(ctx, CheckLengthValues(p));
-    const tf::Tensor& rng_state = ctx->input(11);
+    const tf::Tensor& rng_state = ctx->input(kBwdForwardInputs[kSeedInput]);
     p.seed = static_cast<uint64_t>(rng_state.flat<int64_t>()(0));
     p.seed_offset = static_cast<uint64_t>(rng_state.flat<int64_t>()(1));
     tf::Tensor *d_q = nullptr, *d_k = nullptr, *d_v = nullptr;

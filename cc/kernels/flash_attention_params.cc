@@ -5,10 +5,12 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "cc/kernels/flash/mask.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/util/determinism.h"
 #include "tsl/platform/tensor_float_32_utils.h"
@@ -75,6 +77,27 @@ tf::Status SetBroadcastMaskStrides(const tf::TensorShape& mask, const char* name
   out->head_stride = strides[1];
   out->row_stride = strides[2];
   out->col_stride = strides[3];
+  return tf::Status();
+}
+
+// The ops' "absent" segment ids: shape [0, 0].
+bool IsAbsentSegmentIds(const tf::TensorShape& ids) {
+  return ids.dims() == 2 && ids.dim_size(0) == 0 && ids.dim_size(1) == 0;
+}
+
+// q_segment_ids [B, Sq] and kv_segment_ids [B, Sk], both present or both absent.
+tf::Status CheckSegmentIdsShapes(const tf::TensorShape& q_ids, const tf::TensorShape& kv_ids, int64_t batch,
+                                 int64_t seqlen_q, int64_t seqlen_k) {
+  if (IsAbsentSegmentIds(q_ids) && IsAbsentSegmentIds(kv_ids)) return tf::Status();
+  for (const auto& [name, ids, seqlen] : {std::tuple<const char*, const tf::TensorShape*, int64_t>{
+                                              "q_segment_ids", &q_ids, seqlen_q},
+                                          {"kv_segment_ids", &kv_ids, seqlen_k}}) {
+    if (ids->dims() != 2 || ids->dim_size(0) != batch || ids->dim_size(1) != seqlen) {
+      return tf::errors::InvalidArgument(name, " must have shape [batch, seq] = [", batch, ", ", seqlen,
+                                         "] (both segment ids given, or neither). Received: ", name, " with shape ",
+                                         ids->DebugString());
+    }
+  }
   return tf::Status();
 }
 
@@ -197,6 +220,7 @@ tf::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& s, FlashF
   const int64_t batch = q.dim_size(0), seqlen_q = q.dim_size(1), seqlen_k = k.dim_size(1);
   TF_RETURN_IF_ERROR(CheckLengthsShape(s.q_lengths, "q_lengths", batch));
   TF_RETURN_IF_ERROR(CheckLengthsShape(s.kv_lengths, "kv_lengths", batch));
+  TF_RETURN_IF_ERROR(CheckSegmentIdsShapes(s.q_segment_ids, s.kv_segment_ids, batch, seqlen_q, seqlen_k));
 
   // Attributes land in the params fields of the same names.
 #define TF_FLASH_SET_PARAM(type, name) p->name = static_cast<decltype(p->name)>(attrs.name);
@@ -240,13 +264,16 @@ tf::Status CheckGradShapes(const FlashInputShapes& s, const tf::TensorShape& d_o
 }
 
 void SetInputPointers(const FlashInputShapes& s, const FlashInputData& data, FlashFwdParams* p) {
-  p->q = data.q;
-  p->k = data.k;
-  p->v = data.v;
-  p->q_lengths = s.q_lengths.num_elements() ? data.q_lengths : nullptr;
-  p->kv_lengths = s.kv_lengths.num_elements() ? data.kv_lengths : nullptr;
-  p->attn_mask.data = IsAbsentMask(s.attn_mask) ? nullptr : data.attn_mask;
-  p->block_mask.data = IsAbsentMask(s.block_mask) ? nullptr : data.block_mask;
+  p->q = data[0];
+  p->k = data[1];
+  p->v = data[2];
+  p->q_lengths = s.q_lengths.num_elements() ? static_cast<const int32_t*>(data[3]) : nullptr;
+  p->kv_lengths = s.kv_lengths.num_elements() ? static_cast<const int32_t*>(data[4]) : nullptr;
+  p->attn_mask.data = IsAbsentMask(s.attn_mask) ? nullptr : static_cast<const bool*>(data[5]);
+  p->block_mask.data = IsAbsentMask(s.block_mask) ? nullptr : static_cast<const bool*>(data[6]);
+  const bool segments = !IsAbsentSegmentIds(s.q_segment_ids);
+  p->q_segment_ids = segments ? static_cast<const int32_t*>(data[7]) : nullptr;
+  p->kv_segment_ids = segments ? static_cast<const int32_t*>(data[8]) : nullptr;
 }
 
 tf::Status CheckLengthValues(const FlashFwdParams& p) {
@@ -255,7 +282,23 @@ tf::Status CheckLengthValues(const FlashFwdParams& p) {
 }
 
 // ---- CPU ----
-tf::Status RunFlashFwdCpu(const FlashFwdParams& p, DType dtype, const ParallelFor& parallel_for) {
+namespace {
+// The bounds of the segment ids (launch.h) in `bounds`, pointed at by the params.
+void SetSegmentBoundsCpu(FlashFwdParams* p, std::vector<int32_t>* bounds) {
+  if (!has_segments(*p)) return;
+  bounds->resize(segment_bounds_elements(p->batch, p->seqlen_q) + segment_bounds_elements(p->batch, p->seqlen_k));
+  int32_t* kv_bounds = bounds->data() + segment_bounds_elements(p->batch, p->seqlen_q);
+  segment_bounds_cpu(p->q_segment_ids, p->batch, p->seqlen_q, bounds->data());
+  segment_bounds_cpu(p->kv_segment_ids, p->batch, p->seqlen_k, kv_bounds);
+  p->q_segment_bounds = bounds->data();
+  p->kv_segment_bounds = kv_bounds;
+}
+}  // namespace
+
+tf::Status RunFlashFwdCpu(const FlashFwdParams& params, DType dtype, const ParallelFor& parallel_for) {
+  FlashFwdParams p = params;
+  std::vector<int32_t> bounds;
+  SetSegmentBoundsCpu(&p, &bounds);
   flash_fwd_cpu(p, dtype, parallel_for);
   return tf::Status();
 }
@@ -263,6 +306,8 @@ tf::Status RunFlashFwdCpu(const FlashFwdParams& p, DType dtype, const ParallelFo
 tf::Status RunFlashBwdCpu(const FlashBwdParams& params, DType dtype, int num_threads,
                           const ParallelFor& parallel_for, const FlashAllocate& allocate) {
   FlashBwdParams p = params;
+  std::vector<int32_t> bounds;
+  SetSegmentBoundsCpu(&p, &bounds);
   void* scratch = nullptr;
   TF_RETURN_IF_ERROR(allocate(flash_bwd_cpu_scratch_bytes(p, num_threads), &scratch));
   p.scratch = static_cast<float*>(scratch);
@@ -289,6 +334,21 @@ tf::Status CudaStatus(int error) {
 tf::Status CheckCudaSupport(const FlashFwdParams& p, DType dtype, bool backward) {
   const std::string reason = cuda::check_supported(p, dtype, backward ? Direction::kBackward : Direction::kForward);
   if (!reason.empty()) return tf::errors::InvalidArgument("tf_flash GPU kernel: ", reason);
+  return tf::Status();
+}
+
+// The bounds of the segment ids (launch.h), computed on `stream` into memory from `allocate`.
+tf::Status SetSegmentBoundsCuda(FlashFwdParams* p, void* stream, const FlashAllocate& allocate) {
+  if (!has_segments(*p)) return tf::Status();
+  const int64_t q_elements = segment_bounds_elements(p->batch, p->seqlen_q);
+  void* bounds = nullptr;
+  TF_RETURN_IF_ERROR(allocate((q_elements + segment_bounds_elements(p->batch, p->seqlen_k)) * 4, &bounds));
+  int32_t* q_bounds = static_cast<int32_t*>(bounds);
+  TF_RETURN_IF_ERROR(CudaStatus(flash_cuda_segment_bounds(p->q_segment_ids, p->batch, p->seqlen_q, q_bounds, stream)));
+  TF_RETURN_IF_ERROR(CudaStatus(
+      flash_cuda_segment_bounds(p->kv_segment_ids, p->batch, p->seqlen_k, q_bounds + q_elements, stream)));
+  p->q_segment_bounds = q_bounds;
+  p->kv_segment_bounds = q_bounds + q_elements;
   return tf::Status();
 }
 
@@ -414,6 +474,7 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                     S{false, nullptr, &P::out, true, false, StageRole::kOutput}},
                    [&](const FlashFwdParams& params, DType compute) {
                      FlashFwdParams launch = params;
+                     TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
                      const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, compute);
                      if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
@@ -434,6 +495,7 @@ tf::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream, c
                     S{false, nullptr, &P::d_v, true, true, StageRole::kValueGrad}},
                    [&](const FlashBwdParams& params, DType compute) {
                      FlashBwdParams launch = params;
+                     TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
                      void* scratch = nullptr;
                      TF_RETURN_IF_ERROR(allocate(flash_bwd_cuda_scratch_bytes(launch, compute), &scratch));
                      launch.scratch = static_cast<float*>(scratch);

@@ -3,6 +3,7 @@
 // handlers (flash_attention_xla.cc), so a shape XLA knows at compile time fails with the op's message.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -48,23 +49,31 @@ struct FlashAttrs {
 // The attributes as an MLIR dictionary, the backend_config of a typed-FFI custom call.
 std::string FlashAttrsToFfiDictionary(const FlashAttrs& attrs);
 
-// The forward op's inputs: query, key, value, q_lengths, kv_lengths, attention_mask, block_mask, seed.
-// The gradient op's: d_output, query, key, value, output, lse, d_lse, q_lengths, kv_lengths,
-// attention_mask, block_mask, rng_state. Where the forward's inputs sit in each:
-constexpr int kNumFwdInputs = 8;
-constexpr int kNumBwdInputs = 12;
-constexpr int kFwdInputs[kNumFwdInputs] = {0, 1, 2, 3, 4, 5, 6, 7};
-constexpr int kBwdForwardInputs[kNumFwdInputs] = {1, 2, 3, 7, 8, 9, 10, 11};
+// The forward op's inputs: query, key, value, q_lengths, kv_lengths, attention_mask, block_mask,
+// q_segment_ids, kv_segment_ids, seed. The gradient op's: d_output, query, key, value, output, lse, d_lse,
+// then the forward's from q_lengths on (rng_state for seed). Where the forward's inputs sit in each:
+constexpr int kNumFwdInputs = 10;
+constexpr int kNumBwdInputs = 14;
+constexpr int kFwdInputs[kNumFwdInputs] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+constexpr int kBwdForwardInputs[kNumFwdInputs] = {1, 2, 3, 7, 8, 9, 10, 11, 12, 13};
+constexpr int kSeedInput = kNumFwdInputs - 1;  // seed / rng_state: kFwdInputs[kSeedInput]
 
-// The shapes of the forward inputs (the gradient op's inputs of the same names).
+// The shapes of the forward inputs (the gradient op's inputs of the same names), in kFwdInputs' order.
 struct FlashInputShapes {
-  ::tensorflow::TensorShape q, k, v, q_lengths, kv_lengths, attn_mask, block_mask, seed;
+  ::tensorflow::TensorShape q, k, v, q_lengths, kv_lengths, attn_mask, block_mask, q_segment_ids, kv_segment_ids,
+      seed;
   const char* seed_name = "seed";  // the gradient op's input is "rng_state": errors name what the user passed
 };
 
 // The seed input's name among the inputs `index` points at (kFwdInputs or kBwdForwardInputs).
 inline const char* SeedInputName(const int (&index)[kNumFwdInputs]) {
-  return index[kNumFwdInputs - 1] == kFwdInputs[kNumFwdInputs - 1] ? "seed" : "rng_state";
+  return index[kSeedInput] == kFwdInputs[kSeedInput] ? "seed" : "rng_state";
+}
+
+// The fields of `s` in kFwdInputs' order.
+inline std::array<::tensorflow::TensorShape*, kNumFwdInputs> InputShapeFields(FlashInputShapes* s) {
+  return {&s->q, &s->k, &s->v, &s->q_lengths, &s->kv_lengths, &s->attn_mask, &s->block_mask, &s->q_segment_ids,
+          &s->kv_segment_ids, &s->seed};
 }
 
 // Validates the shapes and fills every field of the forward params that does not point at data: sizes,
@@ -81,12 +90,9 @@ inline const char* SeedInputName(const int (&index)[kNumFwdInputs]) {
 ::tensorflow::TensorShape OutputShape(const FlashInputShapes& shapes);
 ::tensorflow::TensorShape LseShape(const FlashInputShapes& shapes);
 
-// Points the params at the input buffers; empty lengths/masks (the ops' "absent") become nullptr.
-struct FlashInputData {
-  const void *q, *k, *v;
-  const int32_t *q_lengths, *kv_lengths;
-  const bool *attn_mask, *block_mask;
-};
+// Points the params at the input buffers (data[kFwdInputs order], seed excluded); empty lengths, masks and
+// segment ids (the ops' "absent") become nullptr.
+using FlashInputData = std::array<const void*, kNumFwdInputs>;
 void SetInputPointers(const FlashInputShapes& shapes, const FlashInputData& data, FlashFwdParams* p);
 
 // Lengths in [0, seqlen]: checked where their values are on the host (CPU); the GPU kernels clamp.

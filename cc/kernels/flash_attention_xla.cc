@@ -48,7 +48,7 @@ constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
 FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int (&index)[kNumFwdInputs]) {
   FlashInputShapes s;
   s.seed_name = SeedInputName(index);
-  tf::TensorShape* fields[] = {&s.q, &s.k, &s.v, &s.q_lengths, &s.kv_lengths, &s.attn_mask, &s.block_mask, &s.seed};
+  const auto fields = InputShapeFields(&s);
   for (int i = 0; i < kNumFwdInputs; ++i) *fields[i] = shapes[index[i]];
   return s;
 }
@@ -95,10 +95,11 @@ tf::Status InputShapes(tf::XlaOpKernelContext* ctx, const char* const* names, in
 }
 
 constexpr const char* kFwdInputNames[kNumFwdInputs] = {
-    "query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask", "seed"};
+    "query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask", "q_segment_ids",
+    "kv_segment_ids", "seed"};
 constexpr const char* kBwdInputNames[kNumBwdInputs] = {
     "d_output",  "query",      "key",            "value",      "output", "lse", "d_lse",
-    "q_lengths", "kv_lengths", "attention_mask", "block_mask", "rng_state"};
+    "q_lengths", "kv_lengths", "attention_mask", "block_mask", "q_segment_ids", "kv_segment_ids", "rng_state"};
 
 class FlashAttentionXlaOp : public tf::XlaOpKernel {
  public:
@@ -117,7 +118,7 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
         {RowMajor(ctx->input_xla_type(0), OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))}, attrs_);
     ctx->SetOutput(0, xla::GetTupleElement(call, 0));
     ctx->SetOutput(1, xla::GetTupleElement(call, 1));
-    ctx->SetOutput(2, ctx->Input(7));  // rng_state: the seed itself, as in the OpKernel
+    ctx->SetOutput(2, ctx->Input(kFwdInputs[kSeedInput]));  // rng_state: the seed itself, as in the OpKernel
   }
 
  private:
@@ -268,6 +269,13 @@ tf::Status ReadAttrs(const ffi::Dictionary& dict, FlashAttrs* attrs) {
   return attrs->Validate();
 }
 
+// The forward's inputs among a call's operands.
+FlashInputData DataAt(const std::vector<void*>& data, const int (&index)[kNumFwdInputs]) {
+  FlashInputData out;
+  for (int i = 0; i < kNumFwdInputs; ++i) out[i] = data[index[i]];
+  return out;
+}
+
 // Everything of a call but the seed (which lives on the host or the device): validated params with
 // every data pointer set, as the OpKernels build them.
 struct ForwardCall {
@@ -287,10 +295,7 @@ tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs&
   TF_RETURN_IF_ERROR(FillParams(attrs, shapes, &p));
   TF_RETURN_IF_ERROR(ToDType(in->types[0], &call->dtype));
   const auto& d = in->data;
-  SetInputPointers(shapes,
-                   {d[0], d[1], d[2], static_cast<const int32_t*>(d[3]), static_cast<const int32_t*>(d[4]),
-                    static_cast<const bool*>(d[5]), static_cast<const bool*>(d[6])},
-                   &p);
+  SetInputPointers(shapes, DataAt(d, kFwdInputs), &p);
   p.out = out.data[0];
   p.lse = static_cast<float*>(out.data[1]);
   call->empty = out.shapes[0].num_elements() == 0 && out.shapes[1].num_elements() == 0;
@@ -315,10 +320,7 @@ tf::Status PrepareBackward(const ffi::Dictionary& dict, const ffi::RemainingArgs
   TF_RETURN_IF_ERROR(CheckGradShapes(shapes, in->shapes[0], in->shapes[4], in->shapes[5], in->shapes[6]));
   TF_RETURN_IF_ERROR(ToDType(in->types[1], &call->dtype));
   const auto& d = in->data;
-  SetInputPointers(shapes,
-                   {d[1], d[2], d[3], static_cast<const int32_t*>(d[7]), static_cast<const int32_t*>(d[8]),
-                    static_cast<const bool*>(d[9]), static_cast<const bool*>(d[10])},
-                   &p);
+  SetInputPointers(shapes, DataAt(d, kBwdForwardInputs), &p);
   p.d_out = d[0];
   p.out = d[4];
   p.lse = static_cast<float*>(d[5]);
@@ -376,7 +378,7 @@ ffi::Error FlashFwdHost(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Rema
   tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
   if (status.ok()) status = CheckLengthValues(call.params);
   if (!status.ok() || call.empty) return ToFfiError(status);
-  SetSeed(static_cast<const int64_t*>(in.data[7]), &call.params);
+  SetSeed(static_cast<const int64_t*>(in.data[kFwdInputs[kSeedInput]]), &call.params);
   const int num_threads = static_cast<int>(std::max<int64_t>(pool.num_threads(), 1));
   return ToFfiError(RunFlashFwdCpu(call.params, call.dtype, PoolParallelFor(&pool, num_threads)));
 }
@@ -388,7 +390,7 @@ ffi::Error FlashBwdHost(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Rema
   tf::Status status = PrepareBackward(attrs, args, rets, &call, &in);
   if (status.ok()) status = CheckLengthValues(call.params);
   if (!status.ok() || call.empty) return ToFfiError(status);
-  SetSeed(static_cast<const int64_t*>(in.data[11]), &call.params);
+  SetSeed(static_cast<const int64_t*>(in.data[kBwdForwardInputs[kSeedInput]]), &call.params);
   const int num_threads = static_cast<int>(std::max<int64_t>(pool.num_threads(), 1));
   std::vector<std::unique_ptr<char[]>> held;
   const FlashAllocate allocate = [&held](int64_t bytes, void** ptr) {
@@ -443,7 +445,7 @@ ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   CallBuffers in;
   tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
   if (!status.ok() || call.empty) return ToFfiError(status);
-  SetDeviceSeed(in.data[7], &call.params);
+  SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
   status = RunFlashFwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
   return ToFfiError(status);
 }
@@ -454,7 +456,7 @@ ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   CallBuffers in;
   tf::Status status = PrepareBackward(attrs, args, rets, &call, &in);
   if (!status.ok() || call.empty) return ToFfiError(status);
-  SetDeviceSeed(in.data[11], &call.params);
+  SetDeviceSeed(in.data[kBwdForwardInputs[kSeedInput]], &call.params);
   status = RunFlashBwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
   return ToFfiError(status);
 }

@@ -1,7 +1,7 @@
 // Op definitions only: signatures and shape functions. Kernels live in cc/kernels/.
 //
 // Optional inputs are passed as empty tensors (q_lengths/kv_lengths of shape [0], masks of shape
-// [0, 0, 0, 0]) so that one graph signature serves every combination and SavedModels stay stable.
+// [0, 0, 0, 0], segment ids of shape [0, 0]) so that one graph signature serves every combination and SavedModels stay stable.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -32,8 +32,11 @@ Status FlashAttentionShape(InferenceContext* c) {
   ShapeHandle mask;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 4, &mask));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(6), 4, &mask));
+  ShapeHandle segment_ids;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(7), 2, &segment_ids));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(8), 2, &segment_ids));
   ShapeHandle seed;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(7), 1, &seed));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(9), 1, &seed));
   DimensionHandle unused;
   TF_RETURN_IF_ERROR(c->WithValue(c->Dim(seed, 0), 2, &unused));
   c->set_output(0, c->MakeShape({batch, c->Dim(q, 1), c->Dim(q, 2), c->Dim(v, 3)}));
@@ -44,7 +47,7 @@ Status FlashAttentionShape(InferenceContext* c) {
 
 Status FlashAttentionGradShape(InferenceContext* c) {
   // Inputs: d_output, query, key, value, output, lse, d_lse, q_lengths, kv_lengths, attention_mask,
-  // block_mask, rng_state. Gradients have the shapes of query, key, value.
+  // block_mask, q_segment_ids, kv_segment_ids, rng_state. Gradients have the shapes of query, key, value.
   for (int i = 0; i < 5; ++i) {
     ShapeHandle unused;
     TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 4, &unused));
@@ -80,6 +83,8 @@ REGISTER_OP("TfFlash>FlashAttention")
     .Input("kv_lengths: int32")
     .Input("attention_mask: bool")
     .Input("block_mask: bool")
+    .Input("q_segment_ids: int32")
+    .Input("kv_segment_ids: int32")
     .Input("seed: int64")
     .Output("output: T")
     .Output("lse: float")
@@ -88,7 +93,8 @@ REGISTER_OP("TfFlash>FlashAttention")
     .SetShapeFn(FlashAttentionShape)
     .Doc(R"doc(
 Exact attention in tiles with an online softmax (FlashAttention). Layout [batch, seq, heads, dim].
-Empty q_lengths/kv_lengths ([0]) and masks ([0,0,0,0]) mean "absent". rng_state is the Philox
+Empty q_lengths/kv_lengths ([0]), masks ([0,0,0,0]) and segment ids ([0,0]) mean "absent". Query i
+sees key j only where q_segment_ids[b, i] == kv_segment_ids[b, j] (packed documents). rng_state is the Philox
 (seed, offset) the dropout mask was drawn from; the gradient op regenerates the mask from it.
 query_offset: row i of the query is row i + query_offset of the attention for causal, window and
 dropout (lengths and masks stay in the query's rows).
@@ -106,6 +112,8 @@ REGISTER_OP("TfFlash>FlashAttentionGrad")
     .Input("kv_lengths: int32")
     .Input("attention_mask: bool")
     .Input("block_mask: bool")
+    .Input("q_segment_ids: int32")
+    .Input("kv_segment_ids: int32")
     .Input("rng_state: int64")
     .Output("d_query: T")
     .Output("d_key: T")

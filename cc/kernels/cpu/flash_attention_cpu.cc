@@ -93,7 +93,8 @@ void ZeroUnseenRows(const std::vector<uint8_t>& col_seen, Matrix* tile) {
 
 enum class TileCover { kSkip, kPartial, kFull };
 
-// How the block mask covers the tile [row0, row0+rows) x [col0, col0+cols) of (b, h) (mask.h's rule).
+// How the block mask and the segment ids cover the tile [row0, row0+rows) x [col0, col0+cols) of (b, h)
+// (mask.h's rule).
 TileCover BlockCover(const FlashFwdParams& p, int b, int h, int64_t row0, int64_t rows, int64_t col0,
                      int64_t cols) {
   const BlockCoverage c = block_coverage(p, b, h, row0, row0 + rows, col0, col0 + cols);
@@ -154,6 +155,7 @@ struct HeadContext {
           visible = block_visible(p, b, h, row / p.block_q, col / p.block_k);
         }
         if (visible && p.attn_mask.data) visible = mask_at(p.attn_mask, b, h, row, col);
+        if (visible && block_cover == TileCover::kPartial && has_segments(p)) visible = same_segment(p, b, row, col);
         if (!visible) s[c] = kNegInf;
         (*col_seen)[c] |= visible;
         any_visible |= visible;
@@ -573,6 +575,17 @@ void flash_fwd_cpu(const FlashFwdParams& params, DType dtype, const ParallelFor&
     case DType::kFloat32: return Forward<float>(params, parallel_for);
     case DType::kFloat16: return Forward<Eigen::half>(params, parallel_for);
     case DType::kBFloat16: return Forward<Eigen::bfloat16>(params, parallel_for);
+  }
+}
+
+void segment_bounds_cpu(const int32_t* ids, int batch, int64_t seqlen, int32_t* bounds) {
+  for (int b = 0; b < batch; ++b) {
+    for (int64_t begin = 0; begin < seqlen; begin += kSegmentBlock) {
+      const int32_t* first = ids + b * seqlen + begin;
+      const auto [lo, hi] = std::minmax_element(first, first + std::min<int64_t>(kSegmentBlock, seqlen - begin));
+      *bounds++ = *lo;
+      *bounds++ = *hi;
+    }
   }
 }
 

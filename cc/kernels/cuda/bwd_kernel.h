@@ -360,8 +360,10 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
   // also gets the element-wise block check.
   const bool has_block_mask = p.block_mask.data != nullptr;
   const bool tile_in_one_kblock = !has_block_mask || (n0 / p.block_k == (n0 + kBlockN - 1) / p.block_k);
+  // Segment ids skip tiles as block masks do, and mask per entry the tiles that hold a document border.
+  const bool has_segment_ids = kMasks && has_segments(p);
   auto tile_visible = [&](int it) -> bool {
-    if (!has_block_mask) return true;
+    if (!has_block_mask && !has_segment_ids) return true;
     const int h = h_kv * group + it / n_m;
     const int m0 = (m_begin + it % n_m) * kBlockM;
     return block_coverage(p, b, h, m0, min(m0 + kBlockM, q_len), n0, min(n0 + kBlockN, kv_len)).any;
@@ -561,6 +563,8 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     const bool need_mask = has_attn_mask ||
                            (kMasks && has_block_mask &&
                             !(tile_in_one_kblock && m0 / p.block_q == (m0 + kBlockM - 1) / p.block_q)) ||
+                           (has_segment_ids && !block_coverage(p, b, h, m0, min(m0 + kBlockM, q_len), n0,
+                                                              min(n0 + kBlockN, kv_len)).all) ||
                            !tile_fully_visible(p, m0, m0 + kBlockM, n0, int64_t(n0) + kBlockN, q_len, kv_len);
     constexpr int kFrag = decltype(size(acc_s))::value;
     uint32_t keep_mask[(kFrag + 31) / 32];  // bit mi * cols + ni: entry kept by dropout
@@ -571,7 +575,8 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
     Tensor Pd = make_tensor(acc_pd.data(), acc_rowcol(acc_pd.layout()));
     const uint64_t key_columns = key_mask ? key_mask_columns(tScS_rc, p, b, h, n0) : 0;
     probabilities<kMasks, kDropout, kBlockN>(S, Pd, tScS_rc, lse2, p, b, h, m0, n0, q_len, kv_len, need_mask,
-                                             has_attn_mask || has_block_mask, key_mask, key_columns, scale_log2,
+                                             has_attn_mask || has_block_mask || has_segment_ids, key_mask,
+                                             key_columns, scale_log2,
                                              keep_mask, keep_scale);
     Tensor rP = [&] {
       if constexpr (kDropout) return convert_fragment<Element>(acc_pd);
@@ -697,7 +702,7 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
       kernel<<<grid, Traits::kNThreads, smem, stream>>>(p, s);
       return cudaGetLastError();
     };
-    const bool masks = p.attn_mask.data != nullptr ||
+    const bool masks = p.attn_mask.data != nullptr || has_segments(p) ||
                        (p.block_mask.data != nullptr &&
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
@@ -705,7 +710,8 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
     // The Hopper kernel takes its head dims with attn_mask (packed in the scratch) and block masks of whole
     // tiles; everything else, and a library without sm_90a code, runs here.
     if constexpr (hopper_backward_headdim(kHeadDim)) {
-      if (p.seqlen_q > 0 && (p.attn_mask.data == nullptr || s.mask != nullptr) &&
+      // Segment ids run here too: the Hopper kernels do not read them.
+      if (p.seqlen_q > 0 && (p.attn_mask.data == nullptr || s.mask != nullptr) && !has_segments(p) &&
           hopper_backward_takes_block_mask<kHeadDim>(p) && hopper_family_allowed()) {
         const cudaError_t e = run_bwd_dkdv_sm90<Element, kHeadDim>(p, s, stream);
         if (e != cudaErrorNoKernelImageForDevice) {

@@ -10,6 +10,7 @@
 #include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
 namespace tf_flash {
@@ -74,7 +75,7 @@ constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128 || d 
 // The packed attn_mask of the Hopper backward (packed_mask.h), where that kernel may run with one: its family on
 // this device, its head dims. Else 0.
 inline int64_t bwd_mask_bytes(const FlashBwdParams& p) {
-  if (p.attn_mask.data == nullptr || !hopper_backward_headdim(tf_flash_kernel_headdim(p)) ||
+  if (p.attn_mask.data == nullptr || has_segments(p) || !hopper_backward_headdim(tf_flash_kernel_headdim(p)) ||
       !hopper_family_allowed())
     return 0;
   return PackedMaskLayout(p, MaskPacking::kBackward).bytes;

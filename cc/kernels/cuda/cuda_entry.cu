@@ -12,6 +12,7 @@
 #include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
 namespace tf_flash {
@@ -19,9 +20,11 @@ namespace cuda {
 namespace {
 
 // What the Hopper forward takes besides its head dims and block masks (fwd_api.h): keys to attend to (a TMA
-// descriptor has no empty dimension). attn_mask needs the workspace it is packed into (the launcher falls
-// back without one).
-bool hopper_forward_runs(const FlashFwdParams& p) { return p.seqlen_k > 0 && hopper_family_allowed(); }
+// descriptor has no empty dimension), no segment ids (the sm_80 family reads them). attn_mask needs the
+// workspace it is packed into (the launcher falls back without one).
+bool hopper_forward_runs(const FlashFwdParams& p) {
+  return p.seqlen_k > 0 && !has_segments(p) && hopper_family_allowed();
+}
 
 }  // namespace
 }  // namespace cuda

@@ -91,7 +91,8 @@ template <class E> struct FwdConfig<256, E> {
 template <class Traits>
 __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p, int b, int h, int64_t m0,
                                                         int64_t n0, int64_t q_len, int64_t kv_len, bool has_attn,
-                                                        bool partial_blocks, bool key_mask, int64_t keys_begin,
+                                                        bool partial_blocks, bool partial_segments, bool key_mask,
+                                                        int64_t keys_begin,
                                                         int64_t keys_end, uint8_t* mask_tile, int tidx) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   const BroadcastBoolMask& am = p.attn_mask;
@@ -132,6 +133,12 @@ __device__ __forceinline__ uint32_t stage_element_masks(const FlashFwdParams& p,
           }
           if (!vis) word &= ~(0xFFu << (8 * t));
         }
+      }
+      if (partial_segments && word != 0) {
+        const int32_t row_id = p.q_segment_ids[int64_t(b) * p.seqlen_q + row];
+        const int32_t* key_ids = p.kv_segment_ids + int64_t(b) * p.seqlen_k + col;
+        for (int t = 0; t < 4 && col + t < kv_len; ++t)
+          if (key_ids[t] != row_id) word &= ~(0xFFu << (8 * t));
       }
     }
     if (word != 0) {  // what the row (a key mask: some row) sees structurally, for col_seen
@@ -507,7 +514,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
 
-  // Block-mask state of the key tiles: computed once per CTA, in parallel, into a shared table of
+  // Block-mask and segment-id state of the key tiles: computed once per CTA, in parallel, into a shared table of
   // flags (bit 0: some block visible, bit 1: all visible), so that skipping runs of hidden tiles costs
   // no global reads; tiles past the table's end are looked up directly.
   constexpr int kTileTable = kMasks ? 1024 : 1;
@@ -517,8 +524,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     const int64_t n_end = n0 + kBlockN < kv_len ? n0 + kBlockN : kv_len;
     return block_coverage(p, b, h, m0, m_valid_end, n0, n_end);
   };
-  const bool has_block_mask = kMasks && p.block_mask.data != nullptr;  // the other variants get none
-  if (has_block_mask) {
+  // Block masks and segment ids skip tiles (the other variants get neither).
+  const bool has_tile_masks = kMasks && (p.block_mask.data != nullptr || has_segments(p));
+  if (has_tile_masks) {
     for (int n = n_block_min + tidx; n < n_block_max && n < kTileTable; n += Traits::kNThreads) {
       const BlockCoverage c = coverage_global(n);
       tile_flags[n] = uint8_t((c.any ? 1 : 0) | (c.all ? 2 : 0));
@@ -526,7 +534,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     __syncthreads();
   }
   auto coverage = [&](int n_block) -> BlockCoverage {
-    if (!has_block_mask) return BlockCoverage{true, true};
+    if (!has_tile_masks) return BlockCoverage{true, true};
     if (n_block < kTileTable) {
       const int f = tile_flags[n_block];
       return BlockCoverage{(f & 1) != 0, (f & 2) != 0};
@@ -535,7 +543,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   };
   auto next_visible = [&](int n_block) -> int {  // the next tile to process below n_block
     int n = n_block - 1;
-    if (has_block_mask)
+    if (has_tile_masks)
       while (n >= n_block_min && !coverage(n).any) --n;
     return n;
   };
@@ -611,13 +619,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
     bool staged = false, key_mask = false;
     if constexpr (kMasks && kMask) {
       const bool has_attn = p.attn_mask.data != nullptr;
-      const bool partial_blocks = !cover.all;
-      staged = has_attn || partial_blocks;
+      const bool partial = !cover.all;
+      staged = has_attn || partial;
       // A key mask stages one row instead of kBlockM (with kBlockM rows a padding mask costs ~10x the plain kernel).
-      key_mask = has_attn && p.attn_mask.row_stride == 0 && !partial_blocks;
+      key_mask = has_attn && p.attn_mask.row_stride == 0 && !partial;
       if (staged) {
-        const uint32_t seen = stage_element_masks<Traits>(p, b, h, m0, n0, q_len, kv_len, has_attn, partial_blocks,
-                                                          key_mask, first_row.begin, keys_end, mask_tile, tidx);
+        const uint32_t seen = stage_element_masks<Traits>(
+            p, b, h, m0, n0, q_len, kv_len, has_attn, partial && p.block_mask.data != nullptr,
+            partial && has_segments(p), key_mask, first_row.begin, keys_end, mask_tile, tidx);
         if (seen != 0) atomicOr(&col_seen[seen_parity][tidx % (kBlockN / 4)], seen);
       }
     }

@@ -27,7 +27,7 @@ cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
   using Config = FwdConfig<kHeadDim, Element>;
   if (params.batch == 0 || params.seqlen_q == 0 || params.num_heads == 0) return cudaSuccess;
   // Soft-capping runs in the general variant (the others carry none of its code).
-  const bool masks = params.attn_mask.data != nullptr || params.block_mask.data != nullptr || params.softcap > 0.f;
+  const bool masks = has_element_masks(params) || params.softcap > 0.f;
   const bool dropout = params.dropout_rate > 0.f;
   using Traits = typename Config::Traits;
   if (masks) {  // dropout off at rate 0

@@ -1,5 +1,8 @@
-// The passes of packed_mask.h: attn_mask -> bits and tile summaries, V -> non-finite tile flags.
+// The mask passes that run before the kernels: attn_mask -> bits and tile summaries, V -> non-finite tile
+// flags (packed_mask.h), segment ids -> their bounds per kSegmentBlock rows (launch.h).
 #include "cc/kernels/cuda/packed_mask.h"
+
+#include "cc/kernels/flash/launch.h"
 
 #include <cuda_runtime.h>
 
@@ -100,6 +103,23 @@ __global__ void __launch_bounds__(256) flag_value_tiles_kernel(const FlashFwdPar
   }
 }
 
+// One thread per kSegmentBlock rows: {min, max} of their ids (launch.h: segment bounds).
+__global__ void segment_bounds_kernel(const int32_t* ids, int64_t seqlen, int64_t blocks_per_row, int64_t total,
+                                      int32_t* bounds) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t b = i / blocks_per_row, begin = (i % blocks_per_row) * kSegmentBlock;
+  const int64_t end = begin + kSegmentBlock < seqlen ? begin + kSegmentBlock : seqlen;
+  const int32_t* row = ids + b * seqlen;
+  int32_t lo = row[begin], hi = row[begin];
+  for (int64_t j = begin + 1; j < end; ++j) {
+    lo = min(lo, row[j]);
+    hi = max(hi, row[j]);
+  }
+  bounds[2 * i] = lo;
+  bounds[2 * i + 1] = hi;
+}
+
 }  // namespace
 
 cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout& layout, void* workspace,
@@ -130,4 +150,15 @@ cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout&
 }
 
 }  // namespace cuda
+
+int flash_cuda_segment_bounds(const int32_t* ids, int batch, int64_t seqlen, int32_t* bounds, void* stream) {
+  const int64_t blocks_per_row = (seqlen + kSegmentBlock - 1) / kSegmentBlock;
+  const int64_t total = int64_t{batch} * blocks_per_row;
+  if (total == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  cuda::segment_bounds_kernel<<<unsigned((total + kThreads - 1) / kThreads), kThreads, 0,
+                                static_cast<cudaStream_t>(stream)>>>(ids, seqlen, blocks_per_row, total, bounds);
+  return cudaGetLastError();
+}
+
 }  // namespace tf_flash

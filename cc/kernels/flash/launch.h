@@ -23,6 +23,14 @@ void flash_fwd_cpu(const FlashFwdParams& params, DType dtype, const ParallelFor&
 int64_t flash_bwd_cpu_scratch_bytes(const FlashBwdParams& params, int num_threads);
 void flash_bwd_cpu(const FlashBwdParams& params, DType dtype, int num_threads, const ParallelFor& parallel_for);
 
+// Segment ids (params.h: q_segment_ids): the int32 elements of the bounds of ids [batch, seqlen], a
+// {min, max} pair per kSegmentBlock rows, which the runners fill before every launch (here on the host,
+// flash_cuda_segment_bounds on the device).
+inline int64_t segment_bounds_elements(int batch, int64_t seqlen) {
+  return 2 * int64_t{batch} * ((seqlen + kSegmentBlock - 1) / kSegmentBlock);
+}
+void segment_bounds_cpu(const int32_t* ids, int batch, int64_t seqlen, int32_t* bounds);
+
 // ---- CUDA (cc/kernels/cuda/), compiled only with nvcc; stream is a cudaStream_t ----
 // What each device supports is stated in one place per device: the CPU kernels run every input that
 // FillParams (cc/kernels/flash_attention_params.cc) accepts, which also holds the argument rules common to
@@ -44,6 +52,7 @@ int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& params, DType dtype
 int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream);
 int flash_bwd_cuda(const FlashBwdParams& params, DType dtype, void* stream);
 const char* flash_cuda_error_string(int error);
+int flash_cuda_segment_bounds(const int32_t* ids, int batch, int64_t seqlen, int32_t* bounds, void* stream);
 // Kernel launches of this process by family (the Hopper family on sm_90 GPUs for the params it takes,
 // else sm_80's, cc/kernels/cuda/family.h; the full-float32 kernels): what tests read to prove which ran.
 struct CudaKernelCounts {

@@ -125,11 +125,23 @@ TF_FLASH_HOST_DEVICE bool block_visible(const FlashFwdParams& p, int b, int h, i
   return !p.block_mask.data || mask_at(p.block_mask, b, h, qb, kb);
 }
 
-// The element masks (attn_mask, block_mask) at one entry. Index: the type the block indices are divided
+TF_FLASH_HOST_DEVICE bool has_segments(const FlashFwdParams& p) { return p.q_segment_ids != nullptr; }
+
+// Any mask read entry by entry or block by block: attn_mask, block_mask, segment ids.
+TF_FLASH_HOST_DEVICE bool has_element_masks(const FlashFwdParams& p) {
+  return p.attn_mask.data != nullptr || p.block_mask.data != nullptr || has_segments(p);
+}
+
+TF_FLASH_HOST_DEVICE bool same_segment(const FlashFwdParams& p, int b, int64_t row, int64_t col) {
+  return p.q_segment_ids[int64_t{b} * p.seqlen_q + row] == p.kv_segment_ids[int64_t{b} * p.seqlen_k + col];
+}
+
+// The element masks (attn_mask, block_mask, segment ids) at one entry. Index: the type the block indices are divided
 // in; int where positions fit (the GPU backward's inner loop: a 64-bit division there costs registers).
 template <class Index>
 TF_FLASH_HOST_DEVICE bool element_visible(const FlashFwdParams& p, int b, int h, Index row, Index col) {
   if (p.attn_mask.data && !mask_at(p.attn_mask, b, h, row, col)) return false;
+  if (has_segments(p) && !same_segment(p, b, row, col)) return false;
   return block_visible(p, b, h, row / Index(p.block_q), col / Index(p.block_k));
 }
 
@@ -140,26 +152,52 @@ TF_FLASH_HOST_DEVICE bool visible(const FlashFwdParams& p, int b, int h, int64_t
   return col >= range.begin && col < range.end && element_visible(p, b, h, row, col);
 }
 
-// How block_mask covers the tile [row_begin, row_end) x [col_begin, col_end) (valid rows and columns
-// only): `any` block True (else the tile is skipped, never loaded), `all` True (else entries are masked
-// one by one). Without a block_mask every tile is covered in full; an empty tile is not covered.
+// The {min, max} of the segment ids of rows [begin, end) of entry b, from their kSegmentBlock bounds.
+struct SegmentSpan {
+  int32_t min, max;
+};
+TF_FLASH_HOST_DEVICE SegmentSpan segment_span(const int32_t* bounds, int64_t seqlen, int b, int64_t begin,
+                                              int64_t end) {
+  const int64_t blocks = (seqlen + kSegmentBlock - 1) / kSegmentBlock;
+  const int32_t* entry = bounds + 2 * (b * blocks);
+  SegmentSpan s{entry[2 * (begin / kSegmentBlock)], entry[2 * (begin / kSegmentBlock) + 1]};
+  for (int64_t i = begin / kSegmentBlock + 1; i <= (end - 1) / kSegmentBlock; ++i) {
+    s.min = entry[2 * i] < s.min ? entry[2 * i] : s.min;
+    s.max = entry[2 * i + 1] > s.max ? entry[2 * i + 1] : s.max;
+  }
+  return s;
+}
+
+// How the element masks that tiles can skip by (block_mask, segment ids) cover the tile
+// [row_begin, row_end) x [col_begin, col_end) (valid rows and columns only): `any` entry may be visible
+// (else the tile is skipped, never loaded), `all` are (else entries are masked one by one). Segment ids
+// cover a tile in full when its rows and columns lie in one document, and not at all when their id ranges
+// do not meet. Without either mask every tile is covered in full; an empty tile is not covered.
 struct BlockCoverage {
   bool any, all;
 };
 TF_FLASH_HOST_DEVICE BlockCoverage block_coverage(const FlashFwdParams& p, int b, int h, int64_t row_begin,
                                                   int64_t row_end, int64_t col_begin, int64_t col_end) {
-  if (!p.block_mask.data) return {true, true};
+  if (!p.block_mask.data && !has_segments(p)) return {true, true};
   if (row_end <= row_begin || col_end <= col_begin) return {false, false};
-  BlockCoverage c{false, true};
+  BlockCoverage c{true, true};
+  if (has_segments(p)) {
+    const SegmentSpan rows = segment_span(p.q_segment_bounds, p.seqlen_q, b, row_begin, row_end);
+    const SegmentSpan cols = segment_span(p.kv_segment_bounds, p.seqlen_k, b, col_begin, col_end);
+    if (rows.max < cols.min || cols.max < rows.min) return {false, false};
+    c.all = rows.min == rows.max && cols.min == cols.max && rows.min == cols.min;
+  }
+  if (!p.block_mask.data) return c;
+  bool block_any = false, block_all = true;
   for (int64_t qb = row_begin / p.block_q; qb <= (row_end - 1) / p.block_q; ++qb) {
     for (int64_t kb = col_begin / p.block_k; kb <= (col_end - 1) / p.block_k; ++kb) {
       const bool v = mask_at(p.block_mask, b, h, qb, kb);
-      c.any |= v;
-      c.all &= v;
-      if (c.any && !c.all) return c;  // partial: no further block changes the answer
+      block_any |= v;
+      block_all &= v;
+      if (block_any && !block_all) return {true, false};  // partial: no further block changes the answer
     }
   }
-  return c;
+  return {block_any, c.all && block_all};
 }
 
 // The scale the CUDA kernels apply to the raw q.k: p.scale, times the staging's power of two (params.h).

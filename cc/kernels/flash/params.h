@@ -13,6 +13,10 @@
 
 namespace tf_flash {
 
+// Rows per entry of the segment bounds (FlashFwdParams::q_segment_bounds). Kernel tiles are multiples of it;
+// a tile that is not still gets a correct (wider) range.
+constexpr int kSegmentBlock = 16;
+
 // A boolean tensor broadcast to [batch, heads, rows, cols]: a stride of 0 repeats that axis.
 struct BroadcastBoolMask {
   const bool* data = nullptr;  // nullptr: no mask
@@ -54,6 +58,14 @@ struct FlashFwdParams {
   BroadcastBoolMask block_mask;         // [B, H, num_q_blocks, num_k_blocks], False = skip block
   int block_q = 128, block_k = 128;     // the blocks block_mask describes
   int num_q_blocks = 0, num_k_blocks = 0;
+  // Packed documents: query row i sees key j only where q_segment_ids[b, i] == kv_segment_ids[b, j]
+  // ([B, Sq] and [B, Sk], contiguous; both nullptr = off). The kernels skip and run tiles whole by the
+  // ids' range over each kSegmentBlock rows (segment_bounds, [B, ceil(S / kSegmentBlock)] pairs of
+  // {min, max}), which the runner computes from the ids before the launch (segment_bounds_cpu / _cuda).
+  const int32_t* q_segment_ids = nullptr;
+  const int32_t* kv_segment_ids = nullptr;
+  const int32_t* q_segment_bounds = nullptr;
+  const int32_t* kv_segment_bounds = nullptr;
   // Row i of this call is row i + query_offset of the attention: causal and window place a row there, and
   // dropout draws there, so that a slice of the queries against all the keys gives those rows of the
   // whole call (context parallelism, tf_flash/parallel.py). Lengths and element masks stay in this call's
