@@ -6,6 +6,7 @@ the shapes small. Semantics follow the README's API section:
 
 - scale on the scores (default 1/sqrt(D)); all masks combine by AND;
 - causal top-left (i sees j <= i); window (left, right): i sees i-left .. i+right, None = unlimited;
+  causal="bottom_right": row i sits at i + kv_len[b] - Sq for both (kv_len = kv_lengths[b] or Sk);
 - q_lengths / kv_lengths: rows >= q_len and columns >= kv_len invisible;
 - attention_mask bool broadcastable to [B, H, Sq, Sk]; block_mask [nqb, nkb] | [H, nqb, nkb] |
   [B, H, nqb, nkb] with block_size int or (bq, bk), False = invisible block;
@@ -89,9 +90,13 @@ def _window_sides(window):
 def element_mask(batch, heads, seqlen_q, seqlen_k, *, causal=False, window=None, q_lengths=None,
                  kv_lengths=None, attention_mask=None, block_mask=None, block_size=128, segment_ids=None):
     """The visibility of every (b, h, i, j) as a bool array [B, H, Sq, Sk] (True = visible)."""
-    rows = np.arange(seqlen_q)[:, None]
-    cols = np.arange(seqlen_k)[None, :]
-    visible = np.ones((seqlen_q, seqlen_k), bool)
+    # Each row's position: i, or with causal="bottom_right" i + kv_len[b] - Sq (causal and window move).
+    kv_len = (np.full(batch, seqlen_k) if kv_lengths is None
+              else to_numpy(kv_lengths, np.int64).reshape(batch))
+    shift = kv_len - seqlen_q if causal == "bottom_right" else np.zeros(batch, np.int64)
+    rows = np.arange(seqlen_q)[None, :, None] + shift[:, None, None]  # [B, Sq, 1]
+    cols = np.arange(seqlen_k)[None, None, :]
+    visible = np.ones((batch, seqlen_q, seqlen_k), bool)
     if causal:
         visible &= cols <= rows
     left, right = _window_sides(window)
@@ -99,7 +104,7 @@ def element_mask(batch, heads, seqlen_q, seqlen_k, *, causal=False, window=None,
         visible &= cols >= rows - left
     if right is not None:
         visible &= cols <= rows + right
-    mask = np.broadcast_to(visible, (batch, heads, seqlen_q, seqlen_k)).copy()
+    mask = np.broadcast_to(visible[:, None], (batch, heads, seqlen_q, seqlen_k)).copy()
     if q_lengths is not None:
         q_len = to_numpy(q_lengths, np.int64).reshape(batch)
         mask &= (np.arange(seqlen_q)[None, :] < q_len[:, None])[:, None, :, None]

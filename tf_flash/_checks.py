@@ -48,6 +48,18 @@ def check_bool(value, name, optional=False):
     return bool(value)
 
 
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def normalize_causal(causal):
+    """`causal` (a bool, "top_left" or "bottom_right") -> (causal, bottom_right), the op's two attrs."""
+    if isinstance(causal, str):
+        if causal not in CAUSAL_ALIGNMENTS:
+            raise ValueError(f"`causal` must be a bool, \"top_left\" or \"bottom_right\". Received: causal={causal!r}")
+        return True, causal == "bottom_right"
+    return check_bool(causal, "causal"), False
+
+
 def check_int(value, name, minimum=None, optional=False):
     """An int >= `minimum` (any int when None), or None when `optional` -> int or None."""
     if optional and value is None:

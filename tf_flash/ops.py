@@ -177,7 +177,11 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
       query: [B, Sq, H, D] float32, float16 or bfloat16.
       key: [B, Sk, Hkv, D], same dtype; Hkv must divide H (grouped-query / multi-query attention).
       value: [B, Sk, Hkv, Dv], same dtype.
-      causal: query i sees keys j <= i (top-left aligned, like `tf.linalg.band_part`).
+      causal: True or "top_left": query i sees keys j <= i (top-left aligned, like `tf.linalg.band_part`).
+        "bottom_right": the Sq queries are the last Sq positions of each entry's keys (decoding against a KV
+        cache): query i of entry b sees keys j <= kv_lengths[b] - Sq + i (Sk without kv_lengths); `window`
+        is then aligned the same way. Rows that land before the first key see nothing. Equal to
+        "top_left" when Sq == Sk and no kv_lengths are given.
       window: (left, right): query i sees keys i-left .. i+right; None on a side = unlimited.
       q_lengths, kv_lengths: int [B] valid prefix lengths; rows/columns beyond are invisible.
       attention_mask: bool, broadcastable to [B, H, Sq, Sk] (rank 2 to 4), True = attend.
@@ -229,7 +233,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
             raise ValueError(f"`{name}` must have the dtype of query ({query.dtype.name}). "
                              f"Received: {name}.dtype={tensor.dtype.name}")
     _check_qkv(query, key, value)
-    causal = _checks.check_bool(causal, "causal")
+    causal, bottom_right = _checks.normalize_causal(causal)
     return_lse = _checks.check_bool(return_lse, "return_lse")
     dropout_rate = _checks.check_rate(dropout_rate, "dropout_rate")
     block_q, block_k = _checks.normalize_block_size(block_size)
@@ -262,7 +266,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
         seed=_seed(seed, dropout_rate),
         causal=causal, window_left=window_left, window_right=window_right,
         block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),
-        softcap=softcap, deterministic=bool(deterministic), query_offset=query_offset)
+        softcap=softcap, deterministic=bool(deterministic), query_offset=query_offset, bottom_right=bottom_right)
     return (output, lse) if return_lse else output
 
 
@@ -277,7 +281,7 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
         d_lse = tf.zeros_like(lse)
     attrs = {name: op.get_attr(name) for name in (
         "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale",
-        "softcap", "deterministic", "query_offset")}
+        "softcap", "deterministic", "query_offset", "bottom_right")}
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,

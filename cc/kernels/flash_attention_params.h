@@ -32,7 +32,8 @@ namespace tf_flash {
   X(float, scale)               \
   X(float, softcap)             \
   X(bool, deterministic)        \
-  X(int64_t, query_offset)
+  X(int64_t, query_offset)      \
+  X(bool, bottom_right)
 
 struct FlashAttrs {
 #define TF_FLASH_ATTR_FIELD(type, name) type name{};

@@ -73,7 +73,8 @@ Status FlashAttentionGradShape(InferenceContext* c) {
       .Attr("scale: float")                                   \
       .Attr("softcap: float = 0.0")                           \
       .Attr("deterministic: bool = false")                    \
-      .Attr("query_offset: int = 0")
+      .Attr("query_offset: int = 0")                          \
+      .Attr("bottom_right: bool = false")
 
 REGISTER_OP("TfFlash>FlashAttention")
     .Input("query: T")
@@ -98,6 +99,8 @@ sees key j only where q_segment_ids[b, i] == kv_segment_ids[b, j] (packed docume
 (seed, offset) the dropout mask was drawn from; the gradient op regenerates the mask from it.
 query_offset: row i of the query is row i + query_offset of the attention for causal, window and
 dropout (lengths and masks stay in the query's rows).
+bottom_right: causal and window aligned to the bottom right: row i of entry b is position
+i + kv_lengths[b] - Sq (the queries are the last Sq positions of the entry's keys).
 )doc");
 
 REGISTER_OP("TfFlash>FlashAttentionGrad")

@@ -49,7 +49,7 @@ struct FlashFwdParams {
   float softcap = 0.f;
 
   // Masks, all combined by AND.
-  bool causal = false;    // query i sees keys j <= i (top-left aligned)
+  bool causal = false;    // query i sees keys j <= i (top-left aligned; bottom_right moves row i)
   int window_left = -1;   // query i sees keys i-left .. i+right; -1 = unlimited on that side
   int window_right = -1;
   const int32_t* q_lengths = nullptr;   // [B] valid query prefix; nullptr = all valid
@@ -71,6 +71,10 @@ struct FlashFwdParams {
   // whole call (context parallelism, tf_flash/parallel.py). Lengths and element masks stay in this call's
   // rows. >= 0; a multiple of 16 with dropout (one Philox call holds rows r and r + 8 of 16, philox.h).
   int64_t query_offset = 0;
+  // Bottom-right alignment of causal and window: row i of entry b is position i + kv_len(b) - seqlen_q, so
+  // that the seqlen_q queries are the last positions of the entry's valid keys (new tokens against a KV
+  // cache filled to kv_lengths[b]). Rows whose position is negative see nothing.
+  bool bottom_right = false;
 
   // Dropout on the probabilities; the mask is philox(seed, b, h, i, j), never stored.
   float dropout_rate = 0.f;
