@@ -151,3 +151,44 @@ def test_plot_writes_the_result_and_its_figure(tmp_path, make, expected):
     assert png == str(tmp_path / "result.png") and os.path.getsize(png) > 10000
     os.remove(png)
     assert plot.main([path, "--tables"]) == 0 and os.path.getsize(png) > 10000
+
+
+_SEG_SPEC = importlib.util.spec_from_file_location(
+    "bench_segments", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                   "bench_segments.py"))
+bench_segments = importlib.util.module_from_spec(_SEG_SPEC)
+_SEG_SPEC.loader.exec_module(bench_segments)
+
+
+def test_segments_flops_count_the_pairs_the_mask_lets_through():
+    """bench_segments.py: the rows are filled exactly, a shorter row is a prefix of a longer one, and each case's
+    FLOPs are 4 x dim x heads per (query, key) pair its mask lets through (x 3.5 forward+backward)."""
+    lengths = bench_segments.document_lengths(1000, 60, seed=3)
+    assert sum(lengths) == 1000 and min(lengths) >= 1
+    assert bench_segments.document_lengths(3000, 60, seed=3)[:len(lengths) - 1] == lengths[:-1]
+    ids = bench_segments.segment_ids(lengths)
+    same = ids[:, None] == ids[None, :]
+    below = np.tril(np.ones_like(same))
+    for case, mask in (("segments_causal", same & below), ("mask_causal", same & below), ("causal", below),
+                       ("segments_bidir", same)):
+        assert bench_segments.case_flops(case, [lengths], 3, 8, "fwd") == 4 * 8 * 3 * mask.sum(), case
+        assert bench_segments.case_flops(case, [lengths], 3, 8, "fwd_bwd") == 3.5 * 4 * 8 * 3 * mask.sum(), case
+
+
+def test_segments_table_and_figure(tmp_path):
+    stats = {"median_ms": 2.0, "median_s": 2e-3, "tflops": 100.0}
+    records = [{"seqlen": 1024, "case": c, "status": "ok", "fwd": dict(stats, median_ms=ms), "fwd_bwd": stats,
+                "memory": {"fwd": {"peak_bytes": 2**30}, "fwd_bwd": {"peak_bytes": 2**31}}}
+               for c, ms in (("segments_causal", 1.0), ("mask_causal", 3.0), ("causal", 2.0))]
+    records.append({"seqlen": 1024, "case": "segments_bidir", "status": "skipped: --time-limit"})
+    payload = {"benchmark": "segments", "info": _INFO, "records": records,
+               "config": {"seqlens": [1024], "cases": bench_segments.CASES, "mean_doc_len": 128, "batch": 1,
+                          "heads": 2, "kv_heads": 2, "dim": 64, "dtype": "float32"},
+               "documents": {"1024": {"lengths": [[512, 512]]}}}
+    text = bench_segments.table(payload)
+    assert "| 1k | segments_causal | 2 | 1.000 | 100 | 2.000 | 100 | 1.00 / 2.00 | 3.00 / 1.00 |" in text, text
+    assert "| 1k | causal | 1 |" in text and "| 1k | segments_bidir | skipped: --time-limit |" in text, text
+    png = bench_segments.write_outputs(str(tmp_path / "segments.json"), payload)
+    assert json.load(open(tmp_path / "segments.json")) == payload
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert os.path.getsize(png) > 10000
