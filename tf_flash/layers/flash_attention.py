@@ -43,6 +43,11 @@ class FlashAttention(_common.FlashOptionsLayer):
             attend.
         q_lengths, kv_lengths: int [B] valid prefix lengths (alternative to the masks).
         block_mask: per-call block pattern (see above).
+        segment_ids: packed documents: int [B, S] (self-attention, Sq == Sk), or a pair
+            (q_segment_ids [B, Sq], kv_segment_ids [B, Sk]); query i sees key j only where their ids
+            are equal, AND every other mask (causal stays on row positions, so it is causal within each
+            document). O(B x S) memory, unlike a block-diagonal `attention_mask`; masked tiles are
+            skipped. See `tf_flash.flash_attention` and `tf_flash.data.pack_documents`.
         use_causal_mask: None = the constructor's `causal`; True/False overrides it.
         training: dropout only when True.
 
@@ -69,7 +74,7 @@ class FlashAttention(_common.FlashOptionsLayer):
 
     def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
              attention_mask=None, q_lengths=None, kv_lengths=None, block_mask=None,
-             use_causal_mask=None, training=None):
+             use_causal_mask=None, training=None, segment_ids=None):
         if key is None:
             key = value
             key_mask = None
@@ -85,6 +90,7 @@ class FlashAttention(_common.FlashOptionsLayer):
                                   tf.logical_and)
         if attention_mask is not None:
             attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
+        segment_ids = _common.check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k)
         # Checked at run time too: a padding mask may lower them (tf.minimum) before the kernels see them,
         # and the GPU kernels clamp lengths instead of checking them.
         q_lengths = _checks.check_lengths(q_lengths, "q_lengths", batch, seqlen_q, runtime_range_check=True)
@@ -96,7 +102,8 @@ class FlashAttention(_common.FlashOptionsLayer):
             block_mask = self._block_mask
         return _common.attend(
             query, key, value, query_mask=query_mask, kv_mask=kv_mask, q_lengths=q_lengths,
-            kv_lengths=kv_lengths, attention_mask=attention_mask, causal=causal, window=self._window,
+            kv_lengths=kv_lengths, attention_mask=attention_mask, segment_ids=segment_ids, causal=causal,
+            window=self._window,
             block_mask=block_mask, block_size=self._block_size, dropout_rate=dropout_rate, seed=seed,
             scale=self._scale, softcap=self._softcap, deterministic=self._deterministic, empty_rows="zeros")
 

@@ -68,13 +68,16 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
             several replicas, the inputs are this replica's shards of the sequence ("zigzag" layout,
             `tf_flash.parallel.shard_sequence`) and the attention runs over the whole sequence
             (`tf_flash.parallel.context_parallel_attention`); padding masks are the shards' masks.
-            `attention_mask` and `return_attention_scores` are then refused, and with dropout the
+            `attention_mask`, `segment_ids` and `return_attention_scores` are then refused, and with dropout the
             sequence length must be a multiple of 32 x replicas. Elsewhere the layer is unchanged.
             See docs/parallel.md.
 
     Call arguments: those of Keras' MultiHeadAttention (query, value, key, query_mask, value_mask,
         key_mask, attention_mask, return_attention_scores, training, use_causal_mask) plus
-        `block_mask`. Keras padding masks (e.g. from `Embedding(mask_zero=True)`) arrive as
+        `block_mask` and `segment_ids` (packed documents: int [B, S] for self-attention, or a pair
+        (q_segment_ids [B, Sq], kv_segment_ids [B, Sk]); a query sees a key only where their ids are
+        equal, AND every other mask, causal staying on row positions; refused with
+        context_parallel=True in a replica context). Keras padding masks (e.g. from `Embedding(mask_zero=True)`) arrive as
         query_mask/value_mask/key_mask; prefix masks (padding at the end) become sequence lengths
         and the kernel skips the padding; other patterns go through the general mask path.
 
@@ -246,7 +249,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
 
     def call(self, query, value, key=None, query_mask=None, value_mask=None, key_mask=None,
              attention_mask=None, return_attention_scores=False, training=None,
-             use_causal_mask=False, block_mask=None):
+             use_causal_mask=False, block_mask=None, segment_ids=None):
         if key is None:
             key = value
         if query_mask is None:
@@ -264,6 +267,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
         key_mask = _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k)
         if attention_mask is not None:
             attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
+        segment_ids = _common.check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k)
         # The masks are handled here; keep them from reaching the projections (which do not
         # support masking), as Keras' MultiHeadAttention does.
         for tensor in (query, value, key):
@@ -279,7 +283,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
             query, key, value, query_mask=query_mask, kv_mask=kv_mask,
             attention_mask=attention_mask, training=training,
             return_attention_scores=return_attention_scores, use_causal_mask=use_causal_mask,
-            block_mask=block_mask)
+            block_mask=block_mask, segment_ids=segment_ids)
         if self._use_gate:
             attention_output = attention_output * gate
         attention_output = self._output_dense(attention_output)
@@ -291,18 +295,19 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
 
     def _compute_attention(self, query, key, value, query_mask=None, kv_mask=None,
                            attention_mask=None, training=None, return_attention_scores=False,
-                           use_causal_mask=False, block_mask=None):
+                           use_causal_mask=False, block_mask=None, segment_ids=None):
         """Attention on projected heads: query [B, T, N, key_dim], key [B, S, Nkv, key_dim],
         value [B, S, Nkv, value_dim] -> ([B, T, N, value_dim], scores [B, N, T, S] or None).
 
         Unlike Keras' hook of the same name it takes the padding masks separately (so that prefix
-        masks can become lengths) and `attention_mask` as rank 4.
+        masks can become lengths), `attention_mask` as rank 4 and `segment_ids` as the checked (query ids,
+        key ids) pair of `_common.check_segment_ids`.
         """
         dropout_rate, seed = self._dropout_and_seed(training)
         if block_mask is None:
             block_mask = self._block_mask
         masks = dict(query_mask=query_mask, kv_mask=kv_mask, attention_mask=attention_mask,
-                     causal=bool(use_causal_mask), window=self._effective_window,
+                     segment_ids=segment_ids, causal=bool(use_causal_mask), window=self._effective_window,
                      block_mask=block_mask, block_size=self._block_size)
         # Keras' MultiHeadAttention takes its fused path (uniform softmax on fully masked rows)
         # when there is no dropout and no scores are asked for, else its explicit path (zeros).
@@ -312,6 +317,14 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
                 raise ValueError("return_attention_scores=True is not available with context_parallel=True in a "
                                  "replica context (the scores of a sequence shard span every replica's keys). "
                                  "Received: return_attention_scores=True")
+            if masks.pop("segment_ids") is not None:
+                # The sharded attention runs each query chunk against the whole sequence's keys and takes no
+                # segment ids; a block-diagonal attention_mask instead would be O(S^2) again.
+                raise ValueError("segment_ids is not available with context_parallel=True in a replica context: "
+                                 "the sequence-sharded attention does not take segment ids (packed documents "
+                                 "would span the shards). Train packed rows without context_parallel, or give "
+                                 "each sequence one document. Received: segment_ids of shape "
+                                 f"{segment_ids[0].shape} (query ids) and {segment_ids[1].shape} (key ids)")
             output = parallel._attend_shards(  # pylint: disable=protected-access
                 query, key, value, dropout_rate=dropout_rate, seed=seed, scale=self._inverse_sqrt_key_dim,
                 softcap=self._softcap, deterministic=self._deterministic, empty_rows=empty_rows, **masks)
@@ -341,7 +354,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
 
     def compute_output_spec(self, query, value, key=None, query_mask=None, value_mask=None,
                             key_mask=None, attention_mask=None, return_attention_scores=False,
-                            training=None, use_causal_mask=False, block_mask=None):
+                            training=None, use_causal_mask=False, block_mask=None, segment_ids=None):
         output_shape = self.compute_output_shape(query.shape, value.shape,
                                                  None if key is None else key.shape)
         output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
