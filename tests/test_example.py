@@ -210,6 +210,142 @@ def test_end_to_end_tiny(tmp_path, example_env):
     assert "test split: 3 documents" in proc.stdout and "chance 0.333" in proc.stdout
 
 
+def test_pack_tiny(tmp_path, example_env):
+    """--pack: the flash model on packed rows (one shape, segment_ids, a prediction per document) beside the
+    bucketed one, both reported with real tokens per second, padding fraction and accuracy."""
+    data = tmp_path / "docs"
+    out = tmp_path / "out"
+    _synthetic_tree(str(data))
+    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir", str(data),
+           "--out", str(out), "--contexts", "128", "--hub-contexts", "none", "--keras-contexts", "none",
+           "--pack", "--no-save", "--in-process", "--verbose", "0"]
+    proc = subprocess.run(cmd, env=example_env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert [n for n in NOISE if n in log] == [], log[-4000:]
+    with open(out / "results.json") as f:
+        results = json.load(f)
+    runs = {r["attention"]: r for r in results["runs"]}
+    assert set(runs) == {"flash", "packed"} and all(r["status"] == "ok" for r in runs.values()), runs
+    flash, packed = runs["flash"], runs["packed"]
+    # The same documents cut to the same context: the same real tokens, in fewer slots and one shape.
+    assert packed["real_tokens"] == flash["real_tokens"] > 0
+    assert packed["padding_fraction"] < flash["padding_fraction"]
+    assert packed["train_shapes"] == 1 and flash["train_shapes"] >= 1
+    assert packed["real_tokens_per_s"] > 0 and flash["real_tokens_per_s"] > 0
+    assert packed["test_docs"] == 3 and 0.0 <= packed["accuracy"] <= 1.0  # every test document classified
+    assert packed["max_documents"] >= 2 and packed["pack_batch_size"] >= 1
+    md = (out / "results.md").read_text()
+    assert "| packed | 128 | 1 |" in md and "| real tok/s | padding |" in md
+    assert "FlashMultiHeadAttention on packed rows (segment_ids)" in md
+
+
+def test_packed_batches_hold_every_document_once():
+    """The packed rows of the example: each document once (cut to the context), its label in its slot, the
+    batches of one shape with padding rows of weight 0; max_documents_per_row bounds any packing."""
+    import common
+
+    rng = np.random.default_rng(0)
+    lengths = [5, 40, 3, 0, 17, 64, 100, 9, 9, 30, 2]
+    tokens = [rng.integers(2, 50, n).astype(np.int32) for n in lengths]
+    labels = np.arange(len(tokens)) % 3
+    context = 32
+    bound = common.max_documents_per_row(lengths, context)
+    assert bound == 6  # 1 (the empty one) + 2 + 3 + 5 + 9 + 9 = 29 <= 32; adding 17 would not fit
+    for shuffle in (False, True):
+        batches = common.PackedBatches(tokens, labels, context, batch_size=3, max_documents=bound,
+                                       shuffle=shuffle, seed=1)
+        seen = []
+        for inputs, label, weight in batches.dataset():
+            assert inputs["token_ids"].shape == (3, context) and label.shape == (3, bound)
+            ids, positions = inputs["segment_ids"].numpy(), inputs["positions"].numpy()
+            for row in range(3):
+                for slot in range(bound):
+                    where = ids[row] == slot + 1
+                    assert bool(weight[row, slot]) == bool(where.any())
+                    if where.any():
+                        doc = inputs["token_ids"].numpy()[row][where]
+                        assert np.array_equal(positions[row][where], np.arange(where.sum()))
+                        match = [i for i, t in enumerate(tokens) if np.array_equal(
+                            (t[:context] if len(t) else np.ones(1, np.int32)), doc) and labels[i] == label[row, slot]]
+                        assert match, (row, slot)
+                        seen.append(len(doc))
+        assert sorted(seen) == sorted(max(1, min(n, context)) for n in lengths)
+    assert batches.token_stats()[2] == 1
+    test_batches = common.PackedBatches(tokens, labels, context, 3, bound)
+    slots = test_batches.slots()
+    assert sorted(slots[slots >= 0].tolist()) == list(range(len(tokens)))
+
+
+def test_context_parallel_tiny(tmp_path, example_env):
+    """--context-parallel 2 on 2 logical CPU devices: the flash model's documents split along the sequence
+    over the replicas of a MirroredStrategy, trained with Keras fit (its worker process makes the devices),
+    the test split classified by the same weights on one device."""
+    data = tmp_path / "docs"
+    out = tmp_path / "out"
+    _synthetic_tree(str(data))
+    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir", str(data),
+           "--out", str(out), "--contexts", "128", "--hub-contexts", "none", "--keras-contexts", "none",
+           "--context-parallel", "2", "--epochs", "2", "--no-save", "--verbose", "0"]
+    proc = subprocess.run(cmd, env=example_env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert [n for n in NOISE if n in log] == [], log[-4000:]
+    with open(out / "results.json") as f:
+        (run,) = json.load(f)["runs"]
+    assert run["status"] == "ok" and run["context_parallel"] == 2 and run["epochs"] == 2, run
+    assert run["test_docs"] == 3 and 0.0 <= run["accuracy"] <= 1.0 and np.isfinite(run["val_loss"]).all()
+    assert "sequence split over 2 replicas" in (out / "results.md").read_text()
+
+
+_SHARDED_STEP = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {example!r})
+import common  # noqa: E402
+import keras, tensorflow as tf  # noqa: E402
+
+strategy = common.replica_strategy(2)
+rng = np.random.default_rng(0)
+tokens = np.zeros([3, 64], np.int32)
+for row, length in enumerate([64, 37, 5]):
+    tokens[row, :length] = rng.integers(1, 50, length)
+labels = np.array([0, 2, 1], np.int32)
+
+def build():
+    keras.utils.set_random_seed(1)
+    model = common.build_sharded_classifier(50, 3, 64, embed_dim=8, num_heads=2, ff_dim=16, num_layers=2,
+                                            dropout=0.0)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+    return model
+
+whole = build()
+with strategy.scope():
+    sharded = build()
+sharded.set_weights(whole.get_weights())
+dataset = tf.data.Dataset.from_tensors((tokens, labels))
+whole.fit(dataset, epochs=1, verbose=0)
+sharded.fit(common.replicated(strategy, dataset), epochs=1, steps_per_epoch=1, verbose=0)
+errors = [float(np.max(np.abs(a - b))) for a, b in zip(whole.get_weights(), sharded.get_weights())]
+moved = max(float(np.max(np.abs(a - b))) for a, b in zip(whole.get_weights(), build().get_weights()))
+print(json.dumps({{"max_error": max(errors), "moved": moved}}))
+"""
+
+
+def test_sharded_fit_step_equals_one_device(tmp_path, example_env):
+    """One Keras fit step of the example's sharded encoder on 2 logical CPU devices (each replica its zigzag
+    shard of every document, the masked mean summed over the replicas) gives the weights of the same step
+    on one device, padding included."""
+    script = tmp_path / "step.py"
+    script.write_text(_SHARDED_STEP.format(example=EXAMPLE))
+    proc = subprocess.run([sys.executable, str(script)], env=example_env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["moved"] > 1e-3  # the step changed the weights
+    assert result["max_error"] < 1e-5, result
+
+
 def test_recipe_on_licence_texts(tmp_path, example_env):
     """The README's recipe for your own documents, briefly: the licence texts of this machine as a
     folder-per-class tree, two contexts of the example's model, the chance level reported."""
@@ -362,6 +498,11 @@ def test_predict_refuses_a_model_of_other_documents(tmp_path, capsys, example_en
     ("train.py", ["--epochs", "0", "--data-dir", "EMPTY"], "--epochs must be >= 1"),
     ("train.py", ["--contexts", "512,abc"], "--contexts must be comma-separated integers"),
     ("train.py", ["--preset", "huge"], "invalid choice"),
+    ("train.py", ["--context-parallel", "0", "--data-dir", "EMPTY"], "--context-parallel must be >= 1"),
+    ("train.py", ["--pack", "--context-parallel", "2", "--data-dir", "EMPTY"], "does not combine with --pack"),
+    ("train.py", ["--context-parallel", "2", "--contexts", "100", "--data-dir", "EMPTY"], "multiples of 64"),
+    ("train.py", ["--pack", "--attention", "keras", "--data-dir", "EMPTY"], "--pack trains FlashMultiHeadAttention"),
+    ("train.py", ["--pack-batch-size", "0", "--data-dir", "EMPTY"], "--pack-batch-size must be >= 1"),
     ("predict.py", ["--model", "/nonexistent/model.keras", "README.md"], "no model at"),
     ("predict.py", ["missing.txt"], "no such file: missing.txt"),
     ("predict.py", [], "give at least one document FILE"),

@@ -176,6 +176,100 @@ class LengthBucketedBatches:
         return np.concatenate(self.batch_indices())
 
 
+    def token_stats(self):
+        """(real tokens, token slots, distinct batch shapes) of one pass: the real tokens are the documents'
+        (cut to the context), the slots every token of the padded batches. A shuffled pass's batches are
+        those of the first training epoch (the epochs differ little)."""
+        import copy
+
+        batches = copy.copy(self).batch_indices()  # a copy: the epoch counter of the training pass stays
+        widths = [self.padded(idx).shape[1] for idx in batches]
+        slots = sum(len(idx) * width for idx, width in zip(batches, widths))
+        return sum(len(t) for t in self.tokens), slots, len(set(widths))
+
+
+# ----------------------------------------------------------------------------------------------
+# Packing (--pack): several documents in each row of exactly `context` tokens, told apart by segment ids,
+# so every batch has one static shape and almost every token is a real one.
+# ----------------------------------------------------------------------------------------------
+def max_documents_per_row(lengths, context):
+    """The most documents (cut to `context`, an empty one counting as one token) that one row of `context`
+    tokens can hold: the shortest ones, as many as fit. Every packing fits in it, whatever the order."""
+    fitted = np.sort(np.maximum(np.minimum(np.asarray(lengths), context), 1))
+    return max(1, int(np.searchsorted(np.cumsum(fitted), context, side="right")))
+
+
+class PackedBatches:
+    """Documents packed by `tf_flash.data.pack_documents` into rows of `context` tokens, batched.
+
+    Each document is cut to its first `context` tokens (`long_documents="truncate"`: the bucketed batches
+    see the same tokens) and classified once: a row holds up to `max_documents` documents, each with its
+    label in a slot, and the model pools each document alone (`segment_ids`). The documents are shuffled
+    once (a fixed seed: rows mix the classes) and packed once; training reshuffles the rows every epoch.
+    The last batch is filled with rows of padding (weight 0), so every batch is [batch_size, context]: one
+    shape, one XLA compilation. An empty document is one out-of-vocabulary token (id 1), so that it is
+    still classified, as in the bucketed batches.
+
+    dataset() yields ({"token_ids", "segment_ids", "positions"}: [batch, context] int32, labels
+    [batch, max_documents] int32, weights [batch, max_documents] float32: 1 for a document's slot, 0 for an
+    unused one).
+    """
+
+    def __init__(self, tokens, labels, context, batch_size, max_documents, shuffle=False, seed=0):
+        import tf_flash
+
+        self.tokens = [np.asarray(t[:context], np.int32) if len(t) else np.ones(1, np.int32) for t in tokens]
+        self.labels = np.asarray(labels, np.int32)
+        self.context, self.batch_size, self.max_documents = context, batch_size, max_documents
+        self.shuffle, self.seed = shuffle, seed
+        lengths = [len(t) for t in self.tokens]
+        ragged = tf.RaggedTensor.from_row_lengths(np.concatenate(self.tokens), lengths)
+        docs = tf.data.Dataset.from_tensor_slices({"tokens": ragged, "label": self.labels})
+        if shuffle:
+            docs = docs.shuffle(len(self.tokens), seed=seed, reshuffle_each_iteration=False)
+        rows = tf_flash.data.pack_documents(docs, context, token_key="tokens", long_documents="truncate",
+                                            max_documents_per_row=max_documents)
+        self.rows = rows.cache()
+        # One pass packs the documents (and fills the cache); packing filters, so the count comes from it.
+        self.num_rows = int(self.rows.reduce(0, lambda count, _: count + 1))
+        self.num_batches = math.ceil(self.num_rows / batch_size)
+
+    def _fill_batch(self, rows):
+        """A batch of fewer rows completed with rows of padding (document_ids -1, so weight 0)."""
+        missing = self.batch_size - tf.shape(rows["token_ids"])[0]
+        filled = {}
+        for key, value in rows.items():
+            pad = [[0, missing]] + [[0, 0]] * (value.shape.rank - 1)
+            filled[key] = tf.pad(value, pad, constant_values=-1 if key == "document_ids" else 0)
+            filled[key] = tf.ensure_shape(filled[key], [self.batch_size] + value.shape.as_list()[1:])
+        return filled
+
+    def _batched(self, reshuffle):
+        rows = self.rows
+        if reshuffle:
+            rows = rows.shuffle(self.num_rows, seed=self.seed, reshuffle_each_iteration=True)
+        return rows.batch(self.batch_size).map(self._fill_batch)
+
+    def dataset(self):
+        def to_example(rows):
+            inputs = {key: tf.cast(rows[key], tf.int32) for key in ("token_ids", "segment_ids", "positions")}
+            return inputs, rows["label"], tf.cast(rows["document_ids"] >= 0, tf.float32)
+
+        ds = self._batched(self.shuffle).map(to_example)
+        return ds.apply(tf.data.experimental.assert_cardinality(self.num_batches)).prefetch(2)
+
+    def slots(self):
+        """The index (in `tokens`) of the document in every slot, [batches x batch_size, max_documents]
+        (-1: no document), in the order of dataset()'s outputs (to map predictions back; unshuffled
+        batches only: shuffled documents are numbered in their shuffled order)."""
+        index = [batch["document_ids"].numpy() for batch in self._batched(False)]
+        return np.concatenate(index) if index else np.zeros([0, self.max_documents], np.int64)
+
+    def token_stats(self):
+        """(real tokens, token slots, distinct batch shapes) of one pass (see LengthBucketedBatches)."""
+        return sum(len(t) for t in self.tokens), self.num_batches * self.batch_size * self.context, 1
+
+
 # ----------------------------------------------------------------------------------------------
 # Model
 # ----------------------------------------------------------------------------------------------
@@ -339,6 +433,192 @@ def build_classifier(vocab_size, num_classes, context, embed_dim=64, num_heads=2
     x = keras.layers.Dropout(dropout)(x)
     probs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="classifier")(x)
     return keras.Model(tokens, probs, name=f"long_doc_{attention}_{context}")
+
+
+@keras.saving.register_keras_serializable(package="tf_flash_examples")
+class DocumentMean(keras.layers.Layer):
+    """The mean of hidden states [B, L, D] over each document of each packed row -> [B, num_documents, D]
+    (`tf_flash.data.segment_mean`: slot j is segment id j + 1; padding, id 0, is left out)."""
+
+    def __init__(self, num_documents, **kwargs):
+        super().__init__(**kwargs)
+        self.num_documents = int(num_documents)
+
+    def call(self, hidden, segment_ids):
+        return import_tf_flash().data.segment_mean(hidden, segment_ids, self.num_documents)
+
+    def get_config(self):
+        return {**super().get_config(), "num_documents": self.num_documents}
+
+
+def build_packed_classifier(vocab_size, num_classes, context, max_documents, embed_dim=64, num_heads=2,
+                            ff_dim=128, num_layers=2, dropout=0.1):
+    """The classifier of build_classifier on packed rows: token ids, segment ids and positions [B, context]
+    -> class probabilities of every document slot [B, max_documents, num_classes].
+
+    The same blocks, with the attention kept inside each document by `segment_ids` (padding, id 0, attends
+    only to padding), the position embedding read at each token's position within its document, and the
+    masked mean taken per document (DocumentMean) instead of per row.
+    """
+    mha = import_tf_flash().layers.FlashMultiHeadAttention
+    token_ids = keras.Input((context,), dtype="int32", name="token_ids")
+    segment_ids = keras.Input((context,), dtype="int32", name="segment_ids")
+    positions = keras.Input((context,), dtype="int32", name="positions")
+    x = keras.layers.Embedding(vocab_size, embed_dim, name="token_embedding")(token_ids)
+    # PositionEmbedding's table and initializer, indexed by position within the document.
+    position = keras.layers.Embedding(context, embed_dim, embeddings_initializer="glorot_uniform",
+                                      name="position_embedding")(positions)
+    x = keras.layers.Add(name="embeddings")([x, position])
+    x = keras.layers.Dropout(dropout)(x)
+    for i in range(num_layers):
+        h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block{i}_ln1")(x)
+        h = mha(num_heads=num_heads, key_dim=embed_dim // num_heads, name=f"block{i}_attention")(
+            h, h, segment_ids=segment_ids)
+        x = keras.layers.Add(name=f"block{i}_add1")([x, keras.layers.Dropout(dropout)(h)])
+        h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block{i}_ln2")(x)
+        h = keras.layers.Dense(ff_dim, activation="gelu", name=f"block{i}_ff1")(h)
+        h = keras.layers.Dense(embed_dim, name=f"block{i}_ff2")(h)
+        x = keras.layers.Add(name=f"block{i}_add2")([x, keras.layers.Dropout(dropout)(h)])
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_ln")(x)
+    x = DocumentMean(max_documents, name="document_mean")(x, segment_ids)
+    x = keras.layers.Dropout(dropout)(x)
+    probs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="classifier")(x)
+    return keras.Model({"token_ids": token_ids, "segment_ids": segment_ids, "positions": positions}, probs,
+                       name=f"long_doc_packed_{context}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Context parallelism (--context-parallel N): each document's sequence split over N replicas
+# ----------------------------------------------------------------------------------------------
+def replica_strategy(replicas):
+    """A MirroredStrategy over `replicas` devices: the first GPUs where there are enough, else as many logical
+    CPU devices (made here: call it before TensorFlow runs its first op, or after ensure_cpu_replicas)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        if len(gpus) < replicas:
+            raise ValueError(f"--context-parallel {replicas} needs {replicas} GPUs. Received: {len(gpus)} visible")
+        return tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(replicas)])
+    ensure_cpu_replicas(replicas)
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+def ensure_cpu_replicas(replicas):
+    """Splits the CPU into `replicas` logical devices (one process, as tf.distribute tests do); a no-op where
+    that many exist. TensorFlow fixes its devices at its first op, so this comes before it."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu) or []
+    if len(configured) >= replicas:
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+    except RuntimeError as err:
+        raise RuntimeError(f"--context-parallel {replicas} on a CPU needs {replicas} logical CPU devices, made "
+                           f"before TensorFlow starts; it had started with {max(1, len(configured))}") from err
+
+
+def _parallel():
+    return import_tf_flash().parallel
+
+
+@keras.saving.register_keras_serializable(package="tf_flash_examples")
+class SequenceShard(keras.layers.Layer):
+    """Inside the replica function of a strategy with several replicas: this replica's shard of a [B, S, ...]
+    sequence (`tf_flash.parallel.shard_sequence`, zigzag: the layout FlashMultiHeadAttention(context_parallel=
+    True) expects). Elsewhere (one device, building the model) the identity, so the same model runs whole."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, x):
+        return _parallel().shard_sequence(x) if _parallel().in_replica_context() else x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+@keras.saving.register_keras_serializable(package="tf_flash_examples")
+class SequencePositions(keras.layers.Layer):
+    """Token ids [B, S] -> their positions in the sequence, [B, S] int32 (before any sharding: a shard's
+    positions are then those of the whole sequence, as the position embedding must see them)."""
+
+    def call(self, tokens):
+        return tf.broadcast_to(tf.range(tf.shape(tokens)[1])[tf.newaxis], tf.shape(tokens))
+
+    def compute_output_spec(self, tokens):
+        return keras.KerasTensor(tokens.shape, dtype="int32")
+
+
+@keras.saving.register_keras_serializable(package="tf_flash_examples")
+class SequenceMean(keras.layers.Layer):
+    """The masked mean of [B, S, D] over the sequence (GlobalAveragePooling1D's), summed over the replicas
+    when the sequence is sharded: every replica then holds the whole sequence's mean, and so the whole
+    loss (Keras scales each replica's loss by 1/replicas and sums the gradients: exact)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, x, mask=None):
+        weight = tf.ones(tf.shape(x)[:2], x.dtype) if mask is None else tf.cast(mask, x.dtype)
+        total = tf.reduce_sum(x * weight[..., tf.newaxis], axis=1)
+        count = tf.reduce_sum(weight, axis=1, keepdims=True)
+        if _parallel().in_replica_context():
+            total, count = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                                         [total, count])
+        return total / tf.maximum(count, 1.0)
+
+    def compute_mask(self, x, mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[2])
+
+
+def build_sharded_classifier(vocab_size, num_classes, context, embed_dim=64, num_heads=2, ff_dim=128,
+                             num_layers=2, dropout=0.1):
+    """build_classifier's encoder for sequences split over the replicas of a strategy: token ids
+    [B, context] (0 = padding, the whole sequence on every replica) -> class probabilities.
+
+    Each replica takes its zigzag shard of the tokens and of their positions (SequenceShard), embeds it
+    (positions of the whole sequence), runs the blocks on its shard with
+    FlashMultiHeadAttention(context_parallel=True) (attention over the whole sequence, the shards' padding
+    masks gathered) and pools with the masked mean summed over the replicas (SequenceMean). Outside a
+    strategy every layer is the plain one: the same weights classify whole sequences on one device.
+    """
+    mha = import_tf_flash().layers.FlashMultiHeadAttention
+    tokens = keras.Input((context,), dtype="int32", name="tokens")
+    positions = SequenceShard(name="position_shard")(SequencePositions(name="positions")(tokens))
+    shard = SequenceShard(name="token_shard")(tokens)
+    x = keras.layers.Embedding(vocab_size, embed_dim, mask_zero=True, name="token_embedding")(shard)
+    position = keras.layers.Embedding(context, embed_dim, embeddings_initializer="glorot_uniform",
+                                      name="position_embedding")(positions)
+    x = keras.layers.Add(name="embeddings")([x, position])
+    x = keras.layers.Dropout(dropout)(x)
+    for i in range(num_layers):
+        h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block{i}_ln1")(x)
+        h = mha(num_heads=num_heads, key_dim=embed_dim // num_heads, context_parallel=True,
+                name=f"block{i}_attention")(h, h)
+        x = keras.layers.Add(name=f"block{i}_add1")([x, keras.layers.Dropout(dropout)(h)])
+        h = keras.layers.LayerNormalization(epsilon=1e-6, name=f"block{i}_ln2")(x)
+        h = keras.layers.Dense(ff_dim, activation="gelu", name=f"block{i}_ff1")(h)
+        h = keras.layers.Dense(embed_dim, name=f"block{i}_ff2")(h)
+        x = keras.layers.Add(name=f"block{i}_add2")([x, keras.layers.Dropout(dropout)(h)])
+    x = keras.layers.LayerNormalization(epsilon=1e-6, name="final_ln")(x)
+    x = SequenceMean(name="masked_mean")(x)
+    x = keras.layers.Dropout(dropout)(x)
+    probs = keras.layers.Dense(num_classes, activation="softmax", dtype="float32", name="classifier")(x)
+    return keras.Model(tokens, probs, name=f"long_doc_sharded_{context}")
+
+
+def replicated(strategy, dataset):
+    """A distributed dataset in which every replica gets every batch of `dataset` (repeated without end:
+    give fit its steps): each replica then takes its own shard of the same documents. With one input
+    pipeline, tf.distribute hands consecutive elements to the replicas in turn."""
+    def per_pipeline(context):
+        return dataset.repeat().flat_map(
+            lambda *batch: tf.data.Dataset.from_tensors(batch).repeat(context.num_replicas_in_sync))
+    return strategy.distribute_datasets_from_function(per_pipeline)
 
 
 def build_text_model(classifier, vocabulary, context):

@@ -12,6 +12,9 @@
 # A call is limited to 10 minutes: the script stops training at LD_TIME_LIMIT seconds (default 540; 420 in
 # the call that also builds the library) and a second call on the still-warm machine goes on where it
 # stopped (--resume).
+# Packed rows against bucketed padding (issue 43), one XLA compilation per shape: append
+#   --pack --jit-compile true --hub-contexts none --keras-contexts none
+# to the command (arguments after the script's name reach train.py), with LD_TIME_LIMIT and --resume as above.
 # Back here: python3 examples/long_document/train.py --replot --publish --out <fetched folder> draws
 # the plot and replaces examples/long_document/results/gpu/ (the log stays out of git).
 set -uo pipefail

@@ -36,6 +36,22 @@ Configurations (``--preset``):
   Keras baseline at 4096 and 16384 (1 epoch: its time and memory, and where it runs out of memory).
 * ``tiny``: a few documents per class and a toy model (the end-to-end test).
 
+``--pack`` adds, at each of ``--contexts``, the flash model trained on packed rows (``packed``): instead
+of batches of similar-length documents padded to a multiple of 128 tokens, ``tf_flash.data.pack_documents``
+packs the documents (cut to the context, as the batches cut them) into rows of exactly the context length,
+the attention stays inside each document through ``segment_ids``, the position embedding reads each
+token's position within its document, and the classifier pools and classifies each document of a row
+(``tf_flash.data.segment_mean``; the loss and accuracy count the real documents only). Every batch has one
+shape (one XLA compilation with ``--jit-compile true``). The results give, for every run, the real
+(non-padding) training tokens per second and the padding fraction beside the accuracy.
+
+``--context-parallel N`` trains the flash model with each document's sequence split over N replicas of a
+``tf.distribute.MirroredStrategy`` (N GPUs, or N logical CPU devices): every replica gets the same
+documents (padded to the context), takes its zigzag shard of the tokens and of their positions (positions
+of the whole sequence), runs ``FlashMultiHeadAttention(context_parallel=True)`` (attention over the whole
+sequence) and pools with the masked mean summed over the replicas; Keras ``fit`` trains it under the
+strategy. The test split is classified by the same weights on one device.
+
 Every preset value can be overridden (``--contexts 512,4096 --epochs 5 ...``). Runs that are already
 in ``OUT/runs/`` are reused with ``--resume`` (useful to run the full preset piece by piece).
 ``--publish`` copies the results (table, json, plot) to ``examples/long_document/results/cpu`` or
@@ -45,6 +61,7 @@ TensorFlow's start-up notices (its GPU probe on a machine without one, the oneDN
 notices) are hidden in the example's processes; ``--tf-logs`` shows them.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -100,6 +117,17 @@ def parse_args(argv):
     p.add_argument("--out", default=None, help="output folder (default runs/long_document/PRESET)")
     p.add_argument("--attention", choices=["flash", "keras"], default="flash",
                    help="attention layer of the example's own encoder at --contexts")
+    p.add_argument("--pack", action="store_true",
+                   help="also train the flash model on packed rows at each of --contexts: documents packed "
+                        "into rows of exactly the context length (tf_flash.data.pack_documents), attention "
+                        "kept inside each document by segment_ids, one prediction per document")
+    p.add_argument("--context-parallel", type=int, default=1, metavar="N",
+                   help="train the flash model with each document's sequence split over N replicas "
+                        "(MirroredStrategy over N GPUs, or N logical CPU devices; documents padded to the "
+                        "context, which must be a multiple of 2N, of 32N with dropout); 1: off")
+    p.add_argument("--pack-batch-size", type=int, default=None,
+                   help="rows per packed batch (default: about as many documents per step as --batch-size "
+                        "gives the bucketed runs: batch size x mean document length / context, at least 1)")
     p.add_argument("--contexts", help="comma-separated context lengths in tokens")
     p.add_argument("--keras-contexts",
                    help="contexts for the keras.layers.MultiHeadAttention baseline: a list, "
@@ -134,9 +162,10 @@ def parse_args(argv):
                         "(0: the constant rate of the other runs; full preset: 1)")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--jit-compile", choices=["false", "auto"], default="false",
+    p.add_argument("--jit-compile", choices=["false", "auto", "true"], default="false",
                    help="Keras jit_compile for every run (false: the same for both attention "
-                        "layers; XLA recompiles for every padded length)")
+                        "layers; XLA recompiles for every padded length, packed rows compile once; "
+                        "auto: Keras' default, XLA on a GPU)")
     p.add_argument("--mixed-precision", choices=["none", "mixed_float16", "mixed_bfloat16"],
                    default=None, help="Keras dtype policy (full preset: mixed_bfloat16)")
     p.add_argument("--cpu-memory-limit-gb", type=float, default=12.0,
@@ -172,6 +201,19 @@ def parse_args(argv):
             p.error(f"--{name.replace('_', '-')} must be >= 1. Received: {name}={getattr(args, name)}")
     if args.patience < 0:
         p.error(f"--patience must be >= 0. Received: patience={args.patience}")
+    if args.pack_batch_size is not None and args.pack_batch_size < 1:
+        p.error(f"--pack-batch-size must be >= 1. Received: pack_batch_size={args.pack_batch_size}")
+    if args.context_parallel < 1:
+        p.error(f"--context-parallel must be >= 1. Received: context_parallel={args.context_parallel}")
+    if args.context_parallel > 1 and args.pack:
+        p.error("--context-parallel does not combine with --pack: the sequence-sharded attention takes no "
+                f"segment_ids. Received: --pack with context_parallel={args.context_parallel}")
+    if args.context_parallel > 1 and args.attention == "keras":
+        p.error("--context-parallel shards FlashMultiHeadAttention (Keras' layer attends within one device). "
+                f"Received: attention='keras' with context_parallel={args.context_parallel}")
+    if args.pack and args.attention == "keras":
+        p.error("--pack trains FlashMultiHeadAttention with segment_ids (Keras' layer has none). "
+                "Received: --pack with attention='keras'")
     if args.learning_rate <= 0 or (args.hub_learning_rate is not None and args.hub_learning_rate <= 0):
         p.error(f"learning rates must be positive. Received: learning_rate={args.learning_rate}, "
                 f"hub_learning_rate={args.hub_learning_rate}")
@@ -217,6 +259,13 @@ def parse_args(argv):
         p.error(f"--save-model {args.save_model}: that model has no run. Received: "
                 f"save_model={args.save_model!r}")
     args.save_context = max(saved_contexts)
+    if args.context_parallel > 1:
+        # Zigzag shards hold two chunks each; with dropout the kernel draws rows in blocks of 16 per chunk.
+        multiple = args.context_parallel * (32 if args.dropout > 0 else 2)
+        if any(c % multiple for c in args.contexts):
+            p.error(f"--context-parallel {args.context_parallel} needs contexts that are multiples of {multiple} "
+                    f"(2 chunks per replica{', 16 tokens a chunk with dropout' if args.dropout > 0 else ''}). "
+                    f"Received: contexts={args.contexts}")
     if args.embed_dim % args.num_heads:
         p.error(f"--embed-dim must be divisible by --num-heads. Received: embed_dim="
                 f"{args.embed_dim}, num_heads={args.num_heads}")
@@ -391,8 +440,8 @@ def fmt(v, spec):
 
 
 METRICS = ("accuracy", "macro_f1", "long_accuracy", "long_macro_f1")
-MODEL_NAMES = {"flash": "FlashMultiHeadAttention", "hub": "KerasHub BertBackbone + tf_flash.keras",
-               "keras": "keras MultiHeadAttention"}
+MODEL_NAMES = {"flash": "FlashMultiHeadAttention", "packed": "FlashMultiHeadAttention on packed rows (segment_ids)",
+               "hub": "KerasHub BertBackbone + tf_flash.keras", "keras": "keras MultiHeadAttention"}
 
 
 def aggregate(results):
@@ -417,7 +466,7 @@ def aggregate(results):
             values = np.array([r[metric] for r in done if r.get(metric) is not None], float)
             row[metric] = float(values.mean()) if len(values) else None
             row[metric + "_std"] = float(values.std(ddof=1)) if len(values) > 1 else None
-        for metric in ("epoch_s", "epoch_cpu_s"):
+        for metric in ("epoch_s", "epoch_cpu_s", "real_tokens_per_s", "padding_fraction"):
             values = [r[metric] for r in done if r.get(metric) is not None]
             row[metric] = float(np.mean(values)) if values else None
         row["peak_memory_gib"] = max((r["peak_memory_gib"] for r in done), default=None)
@@ -497,15 +546,16 @@ def write_results(args, info, results, device, quiet=False, date=None, cores=Non
     long_head = "acc >512 tok" + (f" (chance {chance['long_accuracy']:.3f})"
                                   if chance.get("long_accuracy") is not None else "")
     rows.append(f"| model | context | seeds | epochs | {acc_head} | beats chance | macro-F1 | {long_head} | "
-                "F1 >512 tok | s/epoch | CPU s/epoch | peak mem GiB | status |")
-    rows.append("|" + "---|" * 13)
+                "F1 >512 tok | s/epoch | CPU s/epoch | real tok/s | padding | peak mem GiB | status |")
+    rows.append("|" + "---|" * 15)
     for r in summary:
         beats = {True: "yes", False: "**no**", None: "-"}[r.get("beats_chance")]
-        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+        padding = r.get("padding_fraction")
+        rows.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             r["attention"], r["context"], r["seeds"], fmt_epochs(r), fmt_mean(r, "accuracy"), beats,
             fmt_mean(r, "macro_f1"), fmt_mean(r, "long_accuracy"), fmt_mean(r, "long_macro_f1"),
-            fmt(r.get("epoch_s"), ".1f"), fmt(r.get("epoch_cpu_s"), ".0f"),
-            fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
+            fmt(r.get("epoch_s"), ".1f"), fmt(r.get("epoch_cpu_s"), ".0f"), fmt(r.get("real_tokens_per_s"), ".0f"),
+            "-" if padding is None else f"{padding:.0%}", fmt(r.get("peak_memory_gib"), ".2f"), r["status"]))
     table = "\n".join(rows)
     if any(r["runs"] > 1 for r in summary):
         per_run = ["| model | context | seed | test acc | macro-F1 | acc >512 tok | F1 >512 tok | status |",
@@ -538,12 +588,24 @@ def write_results(args, info, results, device, quiet=False, date=None, cores=Non
             f", {args.hub_warmup_epochs}-epoch warm-up then cosine decay" if args.hub_warmup_epochs
             else "") + ")"
     baseline = ""
+    sharded = next((r for r in results if r.get("context_parallel", 1) > 1 and r.get("status") == "ok"), None)
+    if sharded:
+        lines[0] += (f" The flash runs trained with each document's sequence split over "
+                     f"{sharded['context_parallel']} replicas (--context-parallel: "
+                     f"FlashMultiHeadAttention(context_parallel=True) under a MirroredStrategy; documents "
+                     f"padded to the context); their test split is classified on one device.")
+    if "packed" in ran:
+        packed = next(r for r in results if r["attention"] == "packed" and r.get("status") == "ok")
+        baseline_pack = (f"; packed rows: {packed['pack_batch_size']} rows of the context per batch, up to "
+                         f"{packed['max_documents']} documents a row")
+    else:
+        baseline_pack = ""
     if "keras" in ran and args.attention != "keras" and args.keras_epochs != args.epochs:
         baseline = f"; the keras baseline trains {args.keras_epochs} epoch{'s' if args.keras_epochs > 1 else ''}"
     lines.append(f"Model: {args.num_layers} block{'s' if args.num_layers > 1 else ''}, width "
                  f"{args.embed_dim}, {args.num_heads} heads, ff {args.ff_dim}, vocabulary "
                  f"{args.vocab_size}, {ok.get('params', '?')} parameters; batch {args.batch_size}, "
-                 f"AdamW lr {args.learning_rate}{hub_recipe}, up to {args.epochs} epochs{baseline}; "
+                 f"AdamW lr {args.learning_rate}{hub_recipe}, up to {args.epochs} epochs{baseline}{baseline_pack}; "
                  f"evaluated with {kept}; jit_compile={args.jit_compile}, precision "
                  f"{args.mixed_precision}; settings of the {args.preset} preset unless given.")
     long_docs, test_docs = ok.get("long_docs", chance.get("long_docs", "?")), ok.get(
@@ -553,7 +615,10 @@ def write_results(args, info, results, device, quiet=False, date=None, cores=Non
                  f"level, p < 0.05; s/epoch: training + validation, mean over the epochs after the "
                  f"first (one epoch: without its first step, which traces the graph); CPU s/epoch: the "
                  f"process's CPU time per epoch (user + system, all threads: less sensitive to other "
-                 f"load than wall time); peak memory: {mem_kind}.")
+                 f"load than wall time); real tok/s: the training split's real (non-padding) tokens, "
+                 f"cut to the context, per second of training (without validation; epochs after the "
+                 f"first, or without the first step); padding: the share of the training batches' token "
+                 f"slots that are padding; peak memory: {mem_kind}.")
     if date is None:  # this run's, not a record's
         date, cores = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.cpu_count()
     lines.append(f"Device: {device}{load_note(results, cores)}; TensorFlow {ok.get('tf_version', '?')}, Keras "
@@ -591,8 +656,8 @@ def publish(out, device):
     print(f"published to {repo_relative(dest)}")
 
 
-MODEL_LABELS = {"flash": "FlashMultiHeadAttention", "hub": "KerasHub BERT + tf_flash.keras",
-                "keras": "keras MultiHeadAttention"}
+MODEL_LABELS = {"flash": "FlashMultiHeadAttention", "packed": "FlashMultiHeadAttention, packed rows",
+                "hub": "KerasHub BERT + tf_flash.keras", "keras": "keras MultiHeadAttention"}
 
 
 def plot(doc, out, quiet=False):
@@ -614,12 +679,13 @@ def plot(doc, out, quiet=False):
     chance = data.get("chance")
     name = data.get("name") or os.path.basename(os.path.normpath(doc["config"]["data_dir"]))
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
-    styles = {"flash": ("tab:blue", "o"), "hub": ("tab:green", "^"), "keras": ("tab:orange", "s")}
+    styles = {"flash": ("tab:blue", "o"), "packed": ("tab:purple", "D"), "hub": ("tab:green", "^"),
+              "keras": ("tab:orange", "s")}
     # Models at the same context and accuracy would hide each other: each is drawn a little to the
     # side of its context (the ticks mark the contexts).
-    shift = {"flash": 2 ** -0.08, "hub": 1.0, "keras": 2 ** 0.08}
+    shift = {"flash": 2 ** -0.08, "packed": 2 ** -0.04, "hub": 1.0, "keras": 2 ** 0.08}
     epochs = {r["epochs"] for r in summary if r["seeds"]}
-    for attention in ("flash", "hub", "keras"):
+    for attention in ("flash", "packed", "hub", "keras"):
         done = [r for r in summary if r["attention"] == attention and r["seeds"]]
         color, marker = styles[attention]
         label = MODEL_LABELS[attention]
@@ -708,6 +774,11 @@ def last_run_record(args, info):
 def main(argv=None):
     args = parse_args(argv)
     cli.quiet_tensorflow(tf_logs=getattr(args, "tf_logs", False))
+    if not args.worker and not args.replot and args.in_process and args.context_parallel > 1 \
+            and not cli.gpu_present():
+        # The runs share this process: its logical CPU devices must exist before TensorFlow starts.
+        import common
+        common.ensure_cpu_replicas(args.context_parallel)
     if args.worker:
         cli.import_tensorflow()  # before the run imports Keras, which imports TensorFlow unfiltered
         return worker(args.worker)
@@ -725,6 +796,8 @@ def main(argv=None):
     plan = []
     for seed in seeds:
         plan += [(args.attention, c, seed) for c in args.contexts]
+        if args.pack:
+            plan += [("packed", c, seed) for c in args.contexts]
         plan += [("hub", c, seed) for c in args.hub_contexts]
     # The Keras baseline shows time and memory (and where it runs out of memory): one seed.
     plan += [("keras", c, seeds[0]) for c in args.keras_contexts if ("keras", c, seeds[0]) not in plan]
@@ -829,6 +902,9 @@ def train_run(spec):
     import common
 
     out = spec["out"]
+    replicas = spec.get("context_parallel", 1) if spec["attention"] == "flash" else 1
+    # Before TensorFlow's first op: on a CPU the strategy splits it into logical devices.
+    strategy = common.replica_strategy(replicas) if replicas > 1 else None
     data = np.load(os.path.join(out, "data.npz"))
     with open(os.path.join(out, "data.json")) as f:
         meta = json.load(f)
@@ -845,22 +921,53 @@ def train_run(spec):
     if spec["mixed_precision"] != "none":
         keras.mixed_precision.set_global_policy(spec["mixed_precision"])
 
+    packed = attention == "packed"
+    if packed:
+        # One model shape for every split: the most documents any row of the context can hold.
+        max_documents = common.max_documents_per_row([len(t) for t in tokens], context)
+        mean_length = float(np.mean([max(1, min(len(tokens[i]), context)) for i in train]))
+        pack_batch_size = spec.get("pack_batch_size") or max(1, round(spec["batch_size"] * mean_length / context))
+        result.update(max_documents=max_documents, pack_batch_size=pack_batch_size)
+
     def batches(idx, shuffle):
+        if packed:
+            return common.PackedBatches([tokens[i] for i in idx], labels[idx], context, pack_batch_size,
+                                        max_documents, shuffle=shuffle, seed=spec["seed"])
+        # Sharded, every batch is padded to the context: the shards' length is fixed when the step is traced
+        # (the kernel skips the padding all the same: the padding masks become lengths).
         return common.LengthBucketedBatches([tokens[i] for i in idx], labels[idx], context,
-                                            spec["batch_size"], shuffle=shuffle, seed=spec["seed"])
+                                            spec["batch_size"], shuffle=shuffle, seed=spec["seed"],
+                                            pad_to=context if strategy else 128)
 
     train_b, val_b, test_b = batches(train, True), batches(val, False), batches(test, False)
-    if attention == "hub":
-        model = common.build_hub_classifier(len(vocab), len(class_names), context, spec["embed_dim"],
-                                            spec["num_heads"], spec["ff_dim"], spec["num_layers"],
-                                            spec["dropout"])
-    else:
-        model = common.build_classifier(len(vocab), len(class_names), context, spec["embed_dim"],
-                                        spec["num_heads"], spec["ff_dim"], spec["num_layers"],
-                                        spec["dropout"], attention)
-    model.compile(optimizer=keras.optimizers.AdamW(learning_rate(spec, train_b.num_batches), weight_decay=0.01),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                  jit_compile=False if spec["jit_compile"] == "false" else "auto")
+    real_tokens, token_slots, shapes = train_b.token_stats()
+    result.update(real_tokens=int(real_tokens), token_slots=int(token_slots),
+                  padding_fraction=1.0 - real_tokens / token_slots, train_shapes=int(shapes))
+    if strategy:
+        result["context_parallel"] = replicas
+    sizes = (spec["embed_dim"], spec["num_heads"], spec["ff_dim"], spec["num_layers"], spec["dropout"])
+    # A sharded model's variables and optimizer are made under its strategy.
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        if strategy:
+            model = common.build_sharded_classifier(len(vocab), len(class_names), context, *sizes)
+        elif packed:
+            model = common.build_packed_classifier(len(vocab), len(class_names), context, max_documents, *sizes)
+        elif attention == "hub":
+            model = common.build_hub_classifier(len(vocab), len(class_names), context, *sizes)
+        else:
+            model = common.build_classifier(len(vocab), len(class_names), context, *sizes, attention)
+        optimizer = keras.optimizers.AdamW(learning_rate(spec, train_b.num_batches), weight_decay=0.01)
+        jit_compile = {"false": False, "auto": "auto", "true": True}[spec["jit_compile"]]
+        if packed:
+            # One prediction per document slot; the unused slots weigh 0, and the loss is the mean over the
+            # real documents (not over every slot), so its scale and the learning rate mean what they mean
+            # unpacked.
+            model.compile(optimizer=optimizer,
+                          loss=keras.losses.SparseCategoricalCrossentropy(reduction="mean_with_sample_weight"),
+                          weighted_metrics=["accuracy"], jit_compile=jit_compile)
+        else:
+            model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                          jit_compile=jit_compile)
     result["params"] = int(model.count_params())
 
     epochs = spec["keras_epochs"] if spec.get("baseline") else spec["epochs"]
@@ -870,8 +977,9 @@ def train_run(spec):
             self.t, self.first_step, self.cpu = time.perf_counter(), None, time.process_time()
 
         def on_train_batch_end(self, batch, logs=None):
+            self.last_step = time.perf_counter()
             if self.first_step is None:
-                self.first_step = time.perf_counter()
+                self.first_step = self.last_step
             loads.append(os.getloadavg()[0])
 
         def on_epoch_end(self, epoch, logs=None):
@@ -880,23 +988,49 @@ def train_run(spec):
             cpu_times.append(time.process_time() - self.cpu)
             n = train_b.num_batches
             after_first.append((now - self.first_step) * n / max(1, n - 1))
+            # The training steps alone (validation runs after the last one): for tokens per second.
+            train_times.append(self.last_step - self.t)
+            train_after_first.append((self.last_step - self.first_step) * n / max(1, n - 1))
 
-    times, after_first, loads, cpu_times = [], [], [], []
+    times, after_first, loads, cpu_times, train_times, train_after_first = [], [], [], [], [], []
     if gpus:
         tf.config.experimental.reset_memory_stats("GPU:0")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     best = common.BestOnValidation(patience=spec["patience"], restore=not spec["keep_last"])
     try:
         # The batches shuffle themselves (documents of similar length stay together): shuffle=False.
-        history = model.fit(train_b.dataset(), validation_data=val_b.dataset(), epochs=epochs,
-                            callbacks=[EpochTimer(), best], verbose=spec["verbose"], shuffle=False)
+        if strategy:
+            def sharded(batches):
+                # Every replica gets the same documents; their length is static, as the shards need it.
+                whole = batches.dataset().map(lambda x, y: (tf.ensure_shape(x, [None, context]), y))
+                return common.replicated(strategy, whole)
+            history = model.fit(sharded(train_b), validation_data=sharded(val_b), epochs=epochs,
+                                steps_per_epoch=train_b.num_batches, validation_steps=val_b.num_batches,
+                                callbacks=[EpochTimer(), best], verbose=spec["verbose"], shuffle=False)
+            # The test split on one device, by the same weights (the sharding layers are plain there).
+            whole_model = common.build_sharded_classifier(len(vocab), len(class_names), context, *sizes)
+            whole_model.set_weights(model.get_weights())
+            model = whole_model
+        else:
+            history = model.fit(train_b.dataset(), validation_data=val_b.dataset(), epochs=epochs,
+                                callbacks=[EpochTimer(), best], verbose=spec["verbose"], shuffle=False)
         probs = model.predict(test_b.dataset(), verbose=0)
     except tf.errors.ResourceExhaustedError as e:
         result.update(status="OOM", error=str(e).splitlines()[0][:300])
         return finish(spec, result, gpus)
-    order = test_b.order()
+    if packed:
+        # probs [rows, max_documents, classes]: each test document in exactly one slot.
+        slots = test_b.slots()
+        taken = slots >= 0
+        order = slots[taken]
+        if sorted(order.tolist()) != list(range(len(test))):
+            raise RuntimeError(f"packed test rows must hold every test document once. Received: documents "
+                               f"{sorted(order.tolist())} of {len(test)}")
+        y_pred = probs[taken].argmax(-1)
+    else:
+        order = test_b.order()
+        y_pred = probs.argmax(-1)
     y_true = labels[test][order]
-    y_pred = probs.argmax(-1)
     long = np.array([len(tokens[i]) for i in test])[order] > common.SHORT_CONTEXT
     n = len(class_names)
     hist = history.history
@@ -911,6 +1045,8 @@ def train_run(spec):
         val_loss=[float(a) for a in hist.get("val_loss", [])],
         chance_accuracy=chance.get("accuracy"), epoch_times_s=times,
         epoch_s=float(np.mean(times[1:]) if len(times) > 1 else after_first[0]),
+        real_tokens_per_s=real_tokens / float(np.mean(train_times[1:]) if len(train_times) > 1
+                                              else train_after_first[0] or train_times[0]),
         load_avg=float(np.mean(loads)) if loads else None, epoch_cpu_times_s=cpu_times,
         epoch_cpu_s=float(np.mean(cpu_times[1:]) if len(cpu_times) > 1 else cpu_times[0]),
         cpu_s=float(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])),
