@@ -129,8 +129,10 @@ def test_flash_attention_layer_matches_reference(causal):
     expected, _ = reference_attention(q, k, v, causal=causal, attention_mask=same[:, None])
     layer = FlashAttention(causal=causal)
     np.testing.assert_allclose(layer(q, v, key=k, segment_ids=IDS), expected, **TOL)
-    # int64 ids (tf.data's default) are taken too; and the pair form with the same ids.
+    # int64 ids (tf.data's default) are taken too; and the pair form with the same ids. A list of two lists
+    # is one [2, 12] array of ids (a pair is a tuple, or a list of two tensors).
     np.testing.assert_allclose(layer(q, v, key=k, segment_ids=(IDS.astype(np.int64), IDS)), expected, **TOL)
+    np.testing.assert_allclose(layer(q, v, key=k, segment_ids=IDS.tolist()), expected, **TOL)
     # With kv_lengths beside them: both rules hold.
     lengths = np.array([9, 12], np.int32)
     visible = same & (np.arange(12)[None, None, :] < lengths[:, None, None])
