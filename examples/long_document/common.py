@@ -199,13 +199,32 @@ def max_documents_per_row(lengths, context):
     return max(1, int(np.searchsorted(np.cumsum(fitted), context, side="right")))
 
 
+def first_fit_order(lengths, context):
+    """An order of the documents (lengths already cut to `context`) in which packing them one after the
+    other (next fit, as `pack_documents` does) wastes little: first fit decreasing. The longest documents
+    open rows, and each shorter one goes into the first row with room for it; the documents are then listed
+    row by row. In a random order a document that does not fit the room left closes the row instead (at
+    512 tokens, where half the documents fill a row alone, that leaves 18% padding on the kernel docs)."""
+    lengths = np.asarray(lengths)
+    rows, room = [], np.zeros(0, np.int64)
+    for index in np.argsort(-lengths, kind="stable"):
+        fits = np.flatnonzero(room >= lengths[index])
+        if len(fits):
+            rows[fits[0]].append(int(index))
+            room[fits[0]] -= lengths[index]
+        else:
+            rows.append([int(index)])
+            room = np.append(room, context - lengths[index])
+    return [index for row in rows for index in row]
+
+
 class PackedBatches:
     """Documents packed by `tf_flash.data.pack_documents` into rows of `context` tokens, batched.
 
     Each document is cut to its first `context` tokens (`long_documents="truncate"`: the bucketed batches
     see the same tokens) and classified once: a row holds up to `max_documents` documents, each with its
-    label in a slot, and the model pools each document alone (`segment_ids`). The documents are shuffled
-    once (a fixed seed: rows mix the classes) and packed once; training reshuffles the rows every epoch.
+    label in a slot, and the model pools each document alone (`segment_ids`). The documents are packed
+    once, in the order of `first_fit_order` (little padding); training reshuffles the rows every epoch.
     The last batch is filled with rows of padding (weight 0), so every batch is [batch_size, context]: one
     shape, one XLA compilation. An empty document is one out-of-vocabulary token (id 1), so that it is
     still classified, as in the bucketed batches.
@@ -222,11 +241,11 @@ class PackedBatches:
         self.labels = np.asarray(labels, np.int32)
         self.context, self.batch_size, self.max_documents = context, batch_size, max_documents
         self.shuffle, self.seed = shuffle, seed
-        lengths = [len(t) for t in self.tokens]
-        ragged = tf.RaggedTensor.from_row_lengths(np.concatenate(self.tokens), lengths)
-        docs = tf.data.Dataset.from_tensor_slices({"tokens": ragged, "label": self.labels})
-        if shuffle:
-            docs = docs.shuffle(len(self.tokens), seed=seed, reshuffle_each_iteration=False)
+        # The packing order; document_ids of the rows index it, self.order maps them back.
+        self.order = np.asarray(first_fit_order([len(t) for t in self.tokens], context), np.int64)
+        ordered = [self.tokens[i] for i in self.order]
+        ragged = tf.RaggedTensor.from_row_lengths(np.concatenate(ordered), [len(t) for t in ordered])
+        docs = tf.data.Dataset.from_tensor_slices({"tokens": ragged, "label": self.labels[self.order]})
         rows = tf_flash.data.pack_documents(docs, context, token_key="tokens", long_documents="truncate",
                                             max_documents_per_row=max_documents)
         self.rows = rows.cache()
@@ -260,10 +279,9 @@ class PackedBatches:
 
     def slots(self):
         """The index (in `tokens`) of the document in every slot, [batches x batch_size, max_documents]
-        (-1: no document), in the order of dataset()'s outputs (to map predictions back; unshuffled
-        batches only: shuffled documents are numbered in their shuffled order)."""
-        index = [batch["document_ids"].numpy() for batch in self._batched(False)]
-        return np.concatenate(index) if index else np.zeros([0, self.max_documents], np.int64)
+        (-1: no document), in the order of an unshuffled pass of dataset() (to map predictions back)."""
+        ids = np.concatenate([batch["document_ids"].numpy() for batch in self._batched(False)])
+        return np.where(ids >= 0, self.order[np.maximum(ids, 0)], -1)
 
     def token_stats(self):
         """(real tokens, token slots, distinct batch shapes) of one pass (see LengthBucketedBatches)."""
