@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
-from device_util import DEVICES, DTYPES, normal, on_device, random_qkv, tolerance
+from device_util import DEVICES, DTYPES, float32_tolerance, normal, on_device, random_qkv, tolerance
 from reference import element_mask, reference_attention, reference_attention_grad, relative_error
 
 
@@ -108,7 +108,9 @@ def test_packed_row_equals_one_call_per_document(device, rng):
         separate = np.concatenate([
             tf_flash.flash_attention(q[:, a:b], k[:, a:b], v[:, a:b], causal=True).numpy()
             for a, b in zip(starts[:-1], starts[1:])], axis=1)
-    np.testing.assert_allclose(packed, separate, rtol=2e-5, atol=2e-6)
+    # GPU float32 on float16 operands scales each call's inputs by their own largest value: a few ulps.
+    tol = float32_tolerance(device, 2e-5)
+    np.testing.assert_allclose(packed, separate, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)

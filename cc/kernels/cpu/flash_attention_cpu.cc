@@ -180,6 +180,16 @@ struct HeadContext {
   }
 };
 
+// The keys rows [row0, row0 + rows) see before element masks, narrowed to the tiles of tile_cols keys that
+// hold their documents (mask.h: segment_key_tiles), so that a packed row's loop passes over other documents.
+KeyRange VisitedKeys(const HeadContext& ctx, int64_t row0, int64_t rows, int tile_cols) {
+  KeyRange range = key_range_of_rows(ctx.p, row0, row0 + rows, ctx.q_len, ctx.kv_len);
+  const TileRange documents = segment_key_tiles(ctx.p, ctx.b, row0, row0 + rows, tile_cols);
+  range.begin = std::max<int64_t>(range.begin, int64_t{documents.begin} * tile_cols);
+  range.end = std::min<int64_t>(range.end, int64_t{documents.end} * tile_cols);
+  return range;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Forward: one work unit = (batch, head, query tile); online softmax over the visible key tiles.
 // ------------------------------------------------------------------------------------------------
@@ -207,7 +217,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
   acc.setZero(valid_rows, p.head_dim_v);
   Vector row_max = Vector::Constant(valid_rows, kNegInf);
   Vector row_sum = Vector::Zero(valid_rows);
-  const KeyRange range = key_range_of_rows(p, row0, row0 + valid_rows, ctx.q_len, ctx.kv_len);
+  const KeyRange range = VisitedKeys(ctx, row0, valid_rows, tiles.k);
   for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
     // The tile spans the valid keys, not only range.end: the backward multiplies the same shapes.
     const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
@@ -329,7 +339,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
   const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + hkv * p.k_head_stride;
   Vector row_max = Vector::Constant(valid_rows, kNegInf);
   Vector row_sum = Vector::Zero(valid_rows);
-  const KeyRange range = key_range_of_rows(p, row0, row0 + valid_rows, ctx.q_len, ctx.kv_len);
+  const KeyRange range = VisitedKeys(ctx, row0, valid_rows, tiles.k);
   // The forward's score tiles of these rows (ForwardUnit's loop without V), masked: body(col0, cols) on each.
   auto for_each_score_tile = [&](auto&& body) {
     for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
@@ -579,13 +589,15 @@ void flash_fwd_cpu(const FlashFwdParams& params, DType dtype, const ParallelFor&
 }
 
 void segment_bounds_cpu(const int32_t* ids, int batch, int64_t seqlen, int32_t* bounds) {
+  int32_t* unsorted = bounds + 2 * int64_t{batch} * segment_blocks(seqlen);
   for (int b = 0; b < batch; ++b) {
+    const int32_t* row = ids + b * seqlen;
     for (int64_t begin = 0; begin < seqlen; begin += kSegmentBlock) {
-      const int32_t* first = ids + b * seqlen + begin;
-      const auto [lo, hi] = std::minmax_element(first, first + std::min<int64_t>(kSegmentBlock, seqlen - begin));
+      const auto [lo, hi] = std::minmax_element(row + begin, row + std::min<int64_t>(begin + kSegmentBlock, seqlen));
       *bounds++ = *lo;
       *bounds++ = *hi;
     }
+    unsorted[b] = std::is_sorted(row, row + seqlen) ? 0 : 1;
   }
 }
 

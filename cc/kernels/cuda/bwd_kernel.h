@@ -351,8 +351,9 @@ __device__ __forceinline__ void bwd_dkdv_tile(const FlashBwdParams& p, const Bwd
 
   // Query tiles that can see this key tile (mask.h).
   const IndexRange query_rows = query_range_of_keys(p, n0, int64_t(n0) + kBlockN, q_len, kv_len);
-  const int m_begin = int(query_rows.begin / kBlockM);
-  const int m_end = int((query_rows.end + kBlockM - 1) / kBlockM);
+  const TileRange document_tiles = segment_query_tiles(p, b, n0, min(n0 + kBlockN, kv_len), kBlockM);
+  const int m_begin = max(int(query_rows.begin / kBlockM), document_tiles.begin);
+  const int m_end = min(int((query_rows.end + kBlockM - 1) / kBlockM), document_tiles.end);
   const int n_m = max(0, m_end - m_begin);
   const int n_iter = n_m * group;
 

@@ -452,7 +452,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   // Key tiles any valid row of this query tile can see.
   const QueryTileKeys tile_keys = query_tile_keys(p, m0, kBlockM, kBlockN, q_len, kv_len);
   const KeyRange first_row = tile_keys.first_row, last_row = tile_keys.last_row;
-  const int n_block_min = tile_keys.tile_begin, n_block_max = tile_keys.tile_end;
+  const TileRange document_tiles = segment_key_tiles(p, b, m0, m_valid_end, kBlockN);
+  const int n_block_min = max(tile_keys.tile_begin, document_tiles.begin);
+  const int n_block_max = min(tile_keys.tile_end, document_tiles.end);
 
   const int h_kv = h / (p.num_heads / p.num_heads_kv);
   const Element* q_ptr = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;

@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(256) flag_value_tiles_kernel(const FlashFwdPar
   }
 }
 
-// One thread per kSegmentBlock rows: {min, max} of their ids (launch.h: segment bounds).
+// One thread per kSegmentBlock rows: {min, max} of their ids, and the entry's flag set where they (or the
+// step to the next block) decrease (launch.h: segment bounds; the flags start at 0).
 __global__ void segment_bounds_kernel(const int32_t* ids, int64_t seqlen, int64_t blocks_per_row, int64_t total,
                                       int32_t* bounds) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -112,12 +113,16 @@ __global__ void segment_bounds_kernel(const int32_t* ids, int64_t seqlen, int64_
   const int64_t end = begin + kSegmentBlock < seqlen ? begin + kSegmentBlock : seqlen;
   const int32_t* row = ids + b * seqlen;
   int32_t lo = row[begin], hi = row[begin];
+  bool sorted = true;
   for (int64_t j = begin + 1; j < end; ++j) {
     lo = min(lo, row[j]);
     hi = max(hi, row[j]);
+    sorted &= row[j - 1] <= row[j];
   }
+  if (end < seqlen) sorted &= row[end - 1] <= row[end];
   bounds[2 * i] = lo;
   bounds[2 * i + 1] = hi;
+  if (!sorted) bounds[2 * total + b] = 1;
 }
 
 }  // namespace
@@ -155,6 +160,9 @@ int flash_cuda_segment_bounds(const int32_t* ids, int batch, int64_t seqlen, int
   const int64_t blocks_per_row = (seqlen + kSegmentBlock - 1) / kSegmentBlock;
   const int64_t total = int64_t{batch} * blocks_per_row;
   if (total == 0) return cudaSuccess;
+  const cudaError_t err = cudaMemsetAsync(bounds + 2 * total, 0, sizeof(int32_t) * batch,
+                                          static_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return err;
   constexpr int kThreads = 256;
   cuda::segment_bounds_kernel<<<unsigned((total + kThreads - 1) / kThreads), kThreads, 0,
                                 static_cast<cudaStream_t>(stream)>>>(ids, seqlen, blocks_per_row, total, bounds);

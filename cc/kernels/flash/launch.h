@@ -24,10 +24,11 @@ int64_t flash_bwd_cpu_scratch_bytes(const FlashBwdParams& params, int num_thread
 void flash_bwd_cpu(const FlashBwdParams& params, DType dtype, int num_threads, const ParallelFor& parallel_for);
 
 // Segment ids (params.h: q_segment_ids): the int32 elements of the bounds of ids [batch, seqlen], a
-// {min, max} pair per kSegmentBlock rows, which the runners fill before every launch (here on the host,
-// flash_cuda_segment_bounds on the device).
+// {min, max} pair per kSegmentBlock rows and a flag per entry, 0 where its ids never decrease (mask.h:
+// segment_tiles), which the runners fill before every launch (here on the host, flash_cuda_segment_bounds
+// on the device).
 inline int64_t segment_bounds_elements(int batch, int64_t seqlen) {
-  return 2 * int64_t{batch} * ((seqlen + kSegmentBlock - 1) / kSegmentBlock);
+  return int64_t{batch} * (2 * ((seqlen + kSegmentBlock - 1) / kSegmentBlock) + 1);
 }
 void segment_bounds_cpu(const int32_t* ids, int batch, int64_t seqlen, int32_t* bounds);
 

@@ -158,13 +158,17 @@ TF_FLASH_HOST_DEVICE bool visible(const FlashFwdParams& p, int b, int h, int64_t
   return col >= range.begin && col < range.end && element_visible(p, b, h, row, col);
 }
 
+// The segment bounds of ids [batch, seqlen] (launch.h: segment_bounds_elements): per entry a {min, max} pair
+// per kSegmentBlock positions, then per entry a flag, 0 where its ids never decrease (packed documents).
+TF_FLASH_HOST_DEVICE int64_t segment_blocks(int64_t seqlen) { return (seqlen + kSegmentBlock - 1) / kSegmentBlock; }
+
 // The {min, max} of the segment ids of rows [begin, end) of entry b, from their kSegmentBlock bounds.
 struct SegmentSpan {
   int32_t min, max;
 };
 TF_FLASH_HOST_DEVICE SegmentSpan segment_span(const int32_t* bounds, int64_t seqlen, int b, int64_t begin,
                                               int64_t end) {
-  const int64_t blocks = (seqlen + kSegmentBlock - 1) / kSegmentBlock;
+  const int64_t blocks = segment_blocks(seqlen);
   const int32_t* entry = bounds + 2 * (b * blocks);
   SegmentSpan s{entry[2 * (begin / kSegmentBlock)], entry[2 * (begin / kSegmentBlock) + 1]};
   for (int64_t i = begin / kSegmentBlock + 1; i <= (end - 1) / kSegmentBlock; ++i) {
@@ -172,6 +176,54 @@ TF_FLASH_HOST_DEVICE SegmentSpan segment_span(const int32_t* bounds, int64_t seq
     s.max = entry[2 * i + 1] > s.max ? entry[2 * i + 1] : s.max;
   }
   return s;
+}
+
+// The tiles of `tile` positions of the other side (its bounds, batch and seqlen) that may hold an id of `ids`,
+// in entry b. Where that side's ids never decrease, the blocks whose ids meet [ids.min, ids.max] are one run,
+// found by binary search: a tile loop then visits its own document's tiles only, not every tile to test
+// and skip it. Elsewhere every tile.
+struct TileRange {
+  int begin, end;
+};
+TF_FLASH_HOST_DEVICE TileRange segment_tiles(const int32_t* bounds, int batch, int64_t seqlen, int b, SegmentSpan ids,
+                                             int tile) {
+  const int64_t blocks = segment_blocks(seqlen);
+  if (blocks == 0) return {0, 0};
+  if (bounds[2 * int64_t(batch) * blocks + b] != 0) return {0, int((seqlen + tile - 1) / tile)};
+  const int32_t* entry = bounds + 2 * (b * blocks);
+  int64_t lo = 0, hi = blocks;  // the first block whose max reaches ids.min
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (entry[2 * mid + 1] < ids.min) lo = mid + 1; else hi = mid;
+  }
+  const int64_t first = lo;
+  hi = blocks;  // the first block from there whose min passes ids.max
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (entry[2 * mid] <= ids.max) lo = mid + 1; else hi = mid;
+  }
+  if (lo <= first) return {0, 0};
+  const int64_t end = lo * kSegmentBlock < seqlen ? lo * kSegmentBlock : seqlen;
+  return {int(first * kSegmentBlock / tile), int((end + tile - 1) / tile)};
+}
+
+// Key tiles of tile_cols keys that rows [row_begin, row_end) of entry b may see by their segment ids (every
+// tile without segment ids).
+TF_FLASH_HOST_DEVICE TileRange segment_key_tiles(const FlashFwdParams& p, int b, int64_t row_begin, int64_t row_end,
+                                                 int tile_cols) {
+  if (!has_segments(p)) return {0, int((p.seqlen_k + tile_cols - 1) / tile_cols)};
+  if (row_end <= row_begin) return {0, 0};
+  const SegmentSpan ids = segment_span(p.q_segment_bounds, p.seqlen_q, b, row_begin, row_end);
+  return segment_tiles(p.kv_segment_bounds, p.batch, p.seqlen_k, b, ids, tile_cols);
+}
+
+// Query tiles of tile_rows rows that keys [col_begin, col_end) of entry b may be seen by (the transpose).
+TF_FLASH_HOST_DEVICE TileRange segment_query_tiles(const FlashFwdParams& p, int b, int64_t col_begin, int64_t col_end,
+                                                   int tile_rows) {
+  if (!has_segments(p)) return {0, int((p.seqlen_q + tile_rows - 1) / tile_rows)};
+  if (col_end <= col_begin) return {0, 0};
+  const SegmentSpan ids = segment_span(p.kv_segment_bounds, p.seqlen_k, b, col_begin, col_end);
+  return segment_tiles(p.q_segment_bounds, p.batch, p.seqlen_q, b, ids, tile_rows);
 }
 
 // How the element masks that tiles can skip by (block_mask, segment ids) cover the tile
