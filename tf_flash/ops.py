@@ -4,7 +4,7 @@ import math
 
 import tensorflow as tf
 
-from tf_flash import _checks
+from tf_flash import _checks, _decode
 from tf_flash._masks import NO_MASK_SHAPE
 from tf_flash._ops import ops as _ops
 
@@ -219,10 +219,11 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
 def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
                     scale=None, softcap=None, deterministic=None, return_lse=False, query_offset=0,
-                    segment_ids=None):
+                    segment_ids=None, split_kv=None):
     """flash_attention with the kernels' query_offset (tf_flash.parallel's chunks): row i of `query` is row
     i + query_offset of the attention for causal, window and the dropout mask; lengths and masks stay in
-    `query`'s rows. An int in [0, 2**31), a multiple of 16 with dropout."""
+    `query`'s rows. An int in [0, 2**31), a multiple of 16 with dropout. split_kv: the decode path
+    (_decode.py) by shape (None), never (False), or with that many key chunks (an int, for its tests)."""
     query = _checks.to_tensor(query, "query")
     key = _checks.to_tensor(key, "key", dtype_hint=query.dtype)
     value = _checks.to_tensor(value, "value", dtype_hint=query.dtype)
@@ -253,6 +254,27 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     seqlen_q, seqlen_k = _checks.axis_size(query, 1), _checks.axis_size(key, 1)
     blocks_q, blocks_k = _checks.num_blocks(seqlen_q, block_q), _checks.num_blocks(seqlen_k, block_k)
     device = _current_device() if tf.executing_eagerly() else None  # where eager absent inputs are kept
+    plain = (attention_mask is None and block_mask is None and segment_ids is None and q_lengths is None
+             and window_left < 0 and window_right < 0 and dropout_rate == 0.0 and query_offset == 0
+             and (not causal or (bottom_right and seqlen_q.static == 1)))
+    splits = (None if split_kv is False else split_kv if split_kv else
+              _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static,
+                           _checks.axis_size(key, 2).static, plain=plain))
+    if splits:
+        checked_lengths = _checks.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k)
+
+        def attention(q, k, v, chunk_lengths):  # causal="bottom_right" with one query is kv_lengths
+            out, chunk_lse, _ = _ops.tf_flash_flash_attention(
+                query=q, key=k, value=v, q_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, device),
+                kv_lengths=chunk_lengths, attention_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
+                block_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
+                q_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device),
+                kv_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device), seed=_seed(None, 0.0),
+                scale=float(scale), softcap=softcap, deterministic=bool(deterministic))
+            return out, chunk_lse
+
+        output, lse = _decode.attend(attention, query, key, value, checked_lengths, splits)
+        return (output, lse) if return_lse else output
     q_segment_ids, kv_segment_ids = _segment_ids(segment_ids, batch, seqlen_q, seqlen_k, device)
     output, lse, _ = _ops.tf_flash_flash_attention(
         query=query, key=key, value=value,

@@ -1,0 +1,99 @@
+"""The decode path (tf_flash/_decode.py: GQA heads packed into one tile, the key range split into chunks
+merged by lse): chosen by shape, equal to the unsplit kernel call to float32 rounding, against the float64
+reference with ragged kv_lengths (empty caches included), bottom-right causal, softcap, gradients,
+tf.function and XLA."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from device_util import DEVICES, DTYPES, float32_tolerance, normal, on_device, random_qkv, tolerance
+from reference import reference_attention, reference_attention_grad, relative_error
+from tf_flash import _decode
+from tf_flash.ops import _flash_attention
+
+
+def _run(q, k, v, d_out, mode="eager", **kwargs):
+    def fn():
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out, lse = _flash_attention(q, k, v, return_lse=True, **kwargs)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(d_out, tf.float32))
+        return (out, lse, *tape.gradient(loss, [q, k, v]))
+    if mode != "eager":
+        fn = tf.function(fn, jit_compile=mode == "xla")
+    return [t.numpy() for t in fn()]
+
+
+def test_plan_chooses_by_shape():
+    # One new token of Llama-style GQA against long caches: packed, and split until ~256 blocks.
+    assert _decode.plan(8, 1, 32768, 32, 8, plain=True) == 4
+    assert _decode.plan(1, 1, 131072, 32, 8, plain=True) == 32
+    assert _decode.plan(64, 1, 8192, 32, 8, plain=True) == 1  # enough blocks already: heads packed only
+    # Training shapes, short caches, masks, unknown shapes: the kernels' own grid.
+    assert _decode.plan(8, 4096, 4096, 32, 8, plain=True) is None
+    assert _decode.plan(8, 1, 1024, 32, 8, plain=True) is None
+    assert _decode.plan(8, 1, 32768, 32, 8, plain=False) is None
+    assert _decode.plan(None, 1, 32768, 32, 8, plain=True) is None
+    # A cache length with no divisor that keeps chunks >= 1024 keys stays whole.
+    assert _decode.plan(1, 1, 4099, 8, 8, plain=True) == 1
+
+
+# (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, kv_lengths)
+CASES = [
+    (2, 1, 8, 2, 4096, 64, 4, [4096, 1000]),
+    (3, 4, 4, 1, 3072, 32, 3, [3000, 5, 0]),  # an empty cache: output 0, lse -inf
+    (1, 1, 32, 8, 8192, 128, 8, None),
+    (2, 2, 4, 4, 2048, 16, 2, [2048, 1025]),  # plain multi-head attention: only the split
+]
+DEVICE_DTYPES = [pytest.param(*device.values, dtype, marks=device.marks, id=f"{dtype}-{device.id}")
+                 for device in DEVICES for dtype in DTYPES if device.id == "gpu" or dtype == "float32"]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}q{c[1]}h{c[2]}kv{c[3]}k{c[4]}")
+def test_split_matches_the_reference_and_the_unsplit_call(device, dtype, case, rng):
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, kv_lengths = case
+    q, k, v = random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=DTYPES[dtype])
+    d_out = normal(rng, (batch, seqlen_q, heads, head_dim), DTYPES[dtype])
+    kwargs = {} if kv_lengths is None else {"kv_lengths": np.array(kv_lengths, np.int32)}
+    if seqlen_q == 1:
+        kwargs["causal"] = "bottom_right"  # one new token: the causal row of a KV cache
+    with on_device(device, head_dim=head_dim):
+        split = _run(q, k, v, d_out, split_kv=splits, **kwargs)
+        unsplit = _run(q, k, v, d_out, split_kv=False, **kwargs)
+    out, lse, *grads = split
+    ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
+    assert relative_error(out, ref_out) < tolerance("output", dtype, device)
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
+    finite = np.isfinite(ref_lse)
+    assert np.max(np.abs(lse[finite] - ref_lse[finite]), initial=0.0) < tolerance("lse", dtype, device)
+    for got, ref in zip(grads, reference_attention_grad(q, k, v, d_out, **kwargs)):
+        assert relative_error(got, ref) < tolerance("gradient", dtype, device)
+    if dtype == "float32":  # the same kernels on the same keys: float32 rounding of the merge
+        tol = float32_tolerance(device, 1e-5)
+        for got, want in zip(split, unsplit):
+            np.testing.assert_allclose(np.where(np.isfinite(want), got, 0), np.where(np.isfinite(want), want, 0),
+                                       rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("mode", ["tf.function", "xla"])
+def test_graph_and_xla_match_eager(mode, rng):
+    q, k, v = random_qkv(rng, 2, 1, 4096, 8, 2, 32)
+    d_out = normal(rng, (2, 1, 8, 32))
+    kwargs = dict(causal="bottom_right", kv_lengths=tf.constant([4096, 2222]), softcap=3.0)
+    with tf.device("/CPU:0"):
+        eager = _run(q, k, v, d_out, **kwargs)
+        traced = _run(q, k, v, d_out, mode=mode, **kwargs)
+    for got, want in zip(traced, eager):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_the_public_call_takes_the_decode_path(rng, monkeypatch):
+    import tf_flash  # pylint: disable=import-outside-toplevel
+    taken = []
+    original = _decode.attend
+    monkeypatch.setattr(_decode, "attend", lambda *args: taken.append(args[-1]) or original(*args))
+    q, k, v = random_qkv(rng, 1, 1, 8192, 32, 8, 64)
+    out = tf_flash.flash_attention(q, k, v, causal="bottom_right", kv_lengths=[5000])
+    ref, _ = reference_attention(q, k, v, causal="bottom_right", kv_lengths=[5000])
+    assert taken == [8] and relative_error(out, ref) < 1e-5

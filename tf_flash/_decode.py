@@ -1,0 +1,74 @@
+"""The decode path of `tf_flash.flash_attention`: few queries against a long KV cache.
+
+The kernels give each (query tile, query head) one thread block that walks the whole key range, which suits
+training shapes. With one new token per step that is a handful of blocks, each streaming a whole cache, and
+each KV head read once per query head sharing it. Here the call is rearranged for the same kernels:
+  - GQA packing: the `group` query heads of one KV head become rows of one query tile ([B, Sq * group, Hkv]),
+    so each K/V byte is read once;
+  - split-KV ("flash decoding"): the key range is cut into `splits` chunks that become batch entries (a
+    reshape of the cache, no copy), each with its own kv_lengths (the unused tail of the cache is empty and
+    skipped), so that B * Hkv * splits blocks share the machine's memory bandwidth;
+  - the chunks' outputs merge by their lse (a log-sum-exp weighting in float32), under XLA too, with no
+    host sync.
+The result is the attention of the unsplit call (the chunks' outputs are rounded to the inputs' dtype before
+the merge). Gradients flow through the merge and the op's lse.
+"""
+import tensorflow as tf
+
+# Query rows per tile of the smallest kernel tile: a packed tile must fit one.
+_MAX_PACKED_ROWS = 128
+# Keys below which the kernels' own grid already fills the machine.
+_MIN_KEYS = 2048
+# Thread blocks to aim for (about two per SM of an H100), and the fewest keys a chunk keeps.
+_TARGET_BLOCKS = 256
+_MIN_CHUNK_KEYS = 1024
+
+
+def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain):
+    """The number of key chunks for this static shape (1: pack the heads only), or None when the decode path
+    does not apply: shapes unknown at trace time, more query rows than a tile, a short cache, or any feature
+    beyond kv_lengths, scale and softcap (`plain` False; causal counts as plain only bottom-right with one
+    query, where it is kv_lengths)."""
+    if not plain or None in (batch, seqlen_q, seqlen_k, heads, heads_kv) or batch == 0:
+        return None
+    group = heads // heads_kv
+    if seqlen_q * group > _MAX_PACKED_ROWS or seqlen_k < _MIN_KEYS:
+        return None
+    wanted = max(1, -(-_TARGET_BLOCKS // (batch * heads_kv)))
+    splits = 1
+    for candidate in range(2, wanted + 1):  # the largest divisor of seqlen_k up to `wanted`, chunks not too short
+        if seqlen_k % candidate == 0 and seqlen_k // candidate >= _MIN_CHUNK_KEYS:
+            splits = candidate
+    return splits
+
+
+def attend(attention, query, key, value, kv_lengths, splits):
+    """attention(q, k, v, kv_lengths) -> (out, lse), the op on the rearranged call; returns (out, lse) of the
+    original one. query [B, Sq, H, D], key/value [B, Sk, Hkv, D/Dv], kv_lengths int32 [B] or None."""
+    batch, seqlen_q, heads, head_dim = query.shape
+    seqlen_k, heads_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[3]
+    group, chunk = heads // heads_kv, seqlen_k // splits
+    rows = seqlen_q * group
+    # Query head h reads KV head h // group: rows (s, j) of KV head g hold query head g * group + j at s.
+    packed = tf.reshape(tf.transpose(tf.reshape(query, [batch, seqlen_q, heads_kv, group, head_dim]),
+                                     [0, 1, 3, 2, 4]), [batch, rows, heads_kv, head_dim])
+    packed = tf.repeat(packed, splits, axis=0)  # [B * splits, rows, Hkv, D]: entry b * splits + c is chunk c
+    keys = tf.reshape(key, [batch * splits, chunk, heads_kv, head_dim])
+    values = tf.reshape(value, [batch * splits, chunk, heads_kv, head_dim_v])
+    lengths = tf.fill([batch], seqlen_k) if kv_lengths is None else tf.cast(kv_lengths, tf.int32)
+    starts = tf.range(splits, dtype=tf.int32) * chunk
+    chunk_lengths = tf.reshape(tf.clip_by_value(lengths[:, None] - starts[None, :], 0, chunk), [-1])
+    out, lse = attention(packed, keys, values, chunk_lengths)
+    if splits > 1:
+        lse = tf.reshape(lse, [batch, splits, heads_kv, rows])
+        total = tf.reduce_logsumexp(lse, axis=1)  # -inf where no chunk sees a key
+        seen = tf.math.is_finite(total)
+        weights = tf.where(seen[:, None], tf.exp(lse - tf.where(seen, total, 0.0)[:, None]), 0.0)
+        out = tf.reshape(tf.cast(out, tf.float32), [batch, splits, rows, heads_kv, head_dim_v])
+        out = tf.reduce_sum(out * tf.transpose(weights, [0, 1, 3, 2])[..., None], axis=1)
+        out, lse = tf.cast(out, query.dtype), total
+    out = tf.reshape(tf.transpose(tf.reshape(out, [batch, seqlen_q, group, heads_kv, head_dim_v]),
+                                  [0, 1, 3, 2, 4]), [batch, seqlen_q, heads, head_dim_v])
+    lse = tf.reshape(tf.transpose(tf.reshape(lse, [batch, heads_kv, seqlen_q, group]), [0, 1, 3, 2]),
+                     [batch, heads, seqlen_q])
+    return out, lse
