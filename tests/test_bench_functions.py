@@ -192,3 +192,61 @@ def test_segments_table_and_figure(tmp_path):
     assert json.load(open(tmp_path / "segments.json")) == payload
     if importlib.util.find_spec("matplotlib") is not None:
         assert os.path.getsize(png) > 10000
+
+
+_DEC_SPEC = importlib.util.spec_from_file_location(
+    "bench_decode", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                 "bench_decode.py"))
+bench_decode = importlib.util.module_from_spec(_DEC_SPEC)
+_DEC_SPEC.loader.exec_module(bench_decode)
+
+
+def test_decode_rows_lengths_and_bytes():
+    """bench_decode.py: rows parse, the ragged fill stays in [S/2, S], K+V bytes count the valid keys once, and
+    the bottom-right mask is the reference's."""
+    rows = bench_decode.parse_rows("8x1@8k, 1x1@131072,8x8@32k")
+    assert rows == [{"batch": 8, "new": 1, "cache": 8192}, {"batch": 1, "new": 1, "cache": 131072},
+                    {"batch": 8, "new": 8, "cache": 32768}]
+    assert bench_decode.row_label(rows[1]) == "1 x 1 @ 128k"
+    ragged = bench_decode.kv_lengths(rows[0], "ragged", seed=3)
+    assert ragged.min() >= 4096 and ragged.max() <= 8192 and len(set(ragged.tolist())) > 1
+    assert (bench_decode.kv_lengths(rows[0], "full", seed=3) == 8192).all()
+    assert bench_decode.kv_bytes(np.full(8, 32768), 8, 128, 2) == 8 * 32768 * 8 * 128 * 2 * 2
+    from reference import element_mask
+    lengths = np.array([5, 9])
+    np.testing.assert_array_equal(bench_decode.bottom_right_visible(lengths, 3, 12),
+                                  element_mask(2, 1, 3, 12, causal="bottom_right", kv_lengths=lengths)[:, 0])
+
+
+@pytest.mark.parametrize("new", [1, 3])
+def test_decode_dense_attention_is_bottom_right_gqa(new, rng):
+    """The dense XLA peer is the attention it stands for: GQA (query head h reads KV head h // group),
+    bottom-right causal within kv_lengths."""
+    q = rng.standard_normal((2, new, 4, 16))
+    k, v = (rng.standard_normal((2, 40, 2, 16)) for _ in range(2))
+    lengths = np.array([40, 23], np.int32)
+    with tf.device("/CPU:0"):
+        out = tf.function(bench_decode.dense_attention, jit_compile=True)(
+            *(tf.constant(x, tf.float32) for x in (q, k, v)), tf.constant(lengths))
+    ref, _ = reference_attention(q, k, v, causal="bottom_right", kv_lengths=lengths)
+    np.testing.assert_allclose(out.numpy(), ref, atol=1e-5)
+
+
+def test_decode_table_and_figure(tmp_path):
+    rows = [dict(r, lengths={"full": [8192] * 2, "ragged": [5000, 7000]}) for r in bench_decode.parse_rows("2x1@8k")]
+    ok = {"status": "ok", "median_us": 100.0, "tbps": 1.5}
+    records = [dict(ok, row=0, fill="full", impl="tf_flash", splits=8),
+               dict(ok, row=0, fill="full", impl="xla_dense", median_us=300.0, tbps=0.5),
+               {"row": 0, "fill": "full", "impl": "torch_sdpa", "status": "skipped: no torch"},
+               {"row": 0, "fill": "full", "impl": "check", "status": "ok", "max_abs_diff_vs_tf_flash_unsplit": 1e-3,
+                "max_abs_diff_vs_xla_dense": 2e-3}]
+    payload = {"benchmark": "decode", "info": _INFO, "records": records,
+               "config": {"rows": rows, "fills": ["full"], "heads": 8, "kv_heads": 2, "dim": 64,
+                          "dtype": "bfloat16", "calls_per_function": 10}}
+    text = bench_decode.table(payload)
+    assert ("| 2 x 1 @ 8k | 100 us, 1.5 TB/s | 300 us, 0.5 TB/s | skipped: no torch | 8 chunks | 1.0e-03 | 2.0e-03 |"
+            in text), text
+    png = bench_decode.write_outputs(str(tmp_path / "decode.json"), payload)
+    assert json.load(open(tmp_path / "decode.json")) == payload
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert os.path.getsize(png) > 10000
