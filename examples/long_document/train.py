@@ -594,12 +594,10 @@ def write_results(args, info, results, device, quiet=False, date=None, cores=Non
                      f"{sharded['context_parallel']} replicas (--context-parallel: "
                      f"FlashMultiHeadAttention(context_parallel=True) under a MirroredStrategy; documents "
                      f"padded to the context); their test split is classified on one device.")
-    if "packed" in ran:
-        packed = next(r for r in results if r["attention"] == "packed" and r.get("status") == "ok")
-        baseline_pack = (f"; packed rows: {packed['pack_batch_size']} rows of the context per batch, up to "
-                         f"{packed['max_documents']} documents a row")
-    else:
-        baseline_pack = ""
+    packed = {r["context"]: r for r in results if r["attention"] == "packed" and r.get("status") == "ok"}
+    baseline_pack = ("; packed batches: " + ", ".join(
+        f"{r['pack_batch_size']} rows of {context} tokens (up to {r['max_documents']} documents a row)"
+        for context, r in sorted(packed.items()))) if packed else ""
     if "keras" in ran and args.attention != "keras" and args.keras_epochs != args.epochs:
         baseline = f"; the keras baseline trains {args.keras_epochs} epoch{'s' if args.keras_epochs > 1 else ''}"
     lines.append(f"Model: {args.num_layers} block{'s' if args.num_layers > 1 else ''}, width "
