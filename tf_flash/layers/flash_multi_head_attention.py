@@ -68,8 +68,9 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
             several replicas, the inputs are this replica's shards of the sequence ("zigzag" layout,
             `tf_flash.parallel.shard_sequence`) and the attention runs over the whole sequence
             (`tf_flash.parallel.context_parallel_attention`); padding masks are the shards' masks.
-            `attention_mask`, `segment_ids` and `return_attention_scores` are then refused, and with dropout the
-            sequence length must be a multiple of 32 x replicas. Elsewhere the layer is unchanged.
+            `attention_mask`, `segment_ids` and `return_attention_scores` are then refused, and with
+            dropout the sequence length must be a multiple of 32 x replicas. Elsewhere the layer is
+            unchanged.
             See docs/parallel.md.
 
     Call arguments: those of Keras' MultiHeadAttention (query, value, key, query_mask, value_mask,
@@ -77,9 +78,10 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
         `block_mask` and `segment_ids` (packed documents: int [B, S] for self-attention, or a pair
         (q_segment_ids [B, Sq], kv_segment_ids [B, Sk]); a query sees a key only where their ids are
         equal, AND every other mask, causal staying on row positions; refused with
-        context_parallel=True in a replica context). Keras padding masks (e.g. from `Embedding(mask_zero=True)`) arrive as
-        query_mask/value_mask/key_mask; prefix masks (padding at the end) become sequence lengths
-        and the kernel skips the padding; other patterns go through the general mask path.
+        context_parallel=True in a replica context). Keras padding masks (e.g. from
+        `Embedding(mask_zero=True)`) arrive as query_mask/value_mask/key_mask; prefix masks (padding
+        at the end) become sequence lengths and the kernel skips the padding; other patterns go
+        through the general mask path.
 
     Differences from Keras' MultiHeadAttention (all documented choices):
         - `dropout` drops entries of the attention probabilities like Keras, but with the kernel's
