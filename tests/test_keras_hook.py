@@ -186,7 +186,7 @@ def test_key_padding_mask_becomes_lengths(rng, monkeypatch, device, mode, prefix
     monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
     with tf.device(device), flash_keras.enabled():
         got = _run(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True), mode)
-    assert seen == [True]
+    assert seen and all(seen)  # a graph traces both branches of the prefix test: each with lengths
     np.testing.assert_allclose(to_numpy(got), keras_reference(q, k, v, mask=mask, is_causal=True),
                                atol=f32_tol(device, 2e-5), rtol=f32_tol(device, 1e-4))
 

@@ -243,3 +243,33 @@ def test_long_sequence_runs_below_the_score_tensor_size(kind):
     score_bytes = heads * seqlen * seqlen * 4
     assert result["finite"]
     assert result["peak_rss_bytes"] < score_bytes, result
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+def test_generate_gives_the_switch_offs_tokens_and_decodes_on_the_decode_path(kind, monkeypatch):
+    """CausalLM.generate under jit_compile (greedy): prefill and decoding steps through tf_flash, the
+    decoding steps (one token against a cache past _decode's minimum) on the decode path, the same tokens
+    as with the switch off."""
+    from tf_flash import _decode  # pylint: disable=import-outside-toplevel
+    keras.utils.set_random_seed(0)
+    backbone = llama() if kind == "llama" else gemma()
+    task = keras_hub.models.LlamaCausalLM if kind == "llama" else keras_hub.models.GemmaCausalLM
+    seqlen, rng = 2056, np.random.default_rng(7)
+    padding = (np.arange(seqlen)[None, :] < np.array([[2048], [2030]])).astype("int32")  # prompts to extend
+    prompt = {"token_ids": rng.integers(1, 50, size=(2, seqlen)).astype("int32") * padding, "padding_mask": padding}
+
+    def generate():
+        model = task(backbone=backbone, preprocessor=None)
+        model.compile(sampler="greedy", jit_compile=True)
+        return model.generate(prompt, stop_token_ids=None)["token_ids"]
+
+    off = generate()
+    split_counts = []
+    original = _decode.attend
+    monkeypatch.setattr(_decode, "attend", lambda *args: split_counts.append(args[-1]) or original(*args))
+    flash_keras.enable()
+    on = generate()
+    np.testing.assert_array_equal(on, off)
+    # KerasHub's Gemma reaches the fused attention (so tf_flash) only on a GPU (its own gate).
+    if kind == "llama" or tf.config.list_physical_devices("GPU"):
+        assert split_counts, "the decoding steps did not take the decode path"
