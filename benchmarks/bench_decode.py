@@ -13,6 +13,8 @@ Implementations, each on the same inputs:
   tf_flash          tf_flash.ops._flash_attention(q, k, v, kv_lengths=..., causal="bottom_right"): the decode
                     path where its shape picks it (split_kv=None: GQA heads packed, key range split; the JSON
                     records the plan, `splits`, null where the path is not taken and the call is the plain one)
+  tf_flash_xla      the same under tf.function(jit_compile=True), as KerasHub's generate runs it: XLA fuses the
+                    decode path's reshapes and its lse merge around the kernel's custom call
   tf_flash_unsplit  the same with split_kv=False: the kernel call the decode path replaces
   xla_dense         dense attention under XLA (tf.function(jit_compile=True)): einsum scores with the queries
                     reshaped to [B, Sq, Hkv, H / Hkv, D] (GQA without repeating K/V), mask by kv_lengths and
@@ -57,13 +59,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import plot  # noqa: E402
 
-TF_IMPLS = ["tf_flash", "tf_flash_unsplit", "xla_dense"]
+TF_IMPLS = ["tf_flash", "tf_flash_xla", "tf_flash_unsplit", "xla_dense"]
 TORCH_IMPLS = ["torch_sdpa", "flash_attn"]
 IMPLS = TF_IMPLS + TORCH_IMPLS
 FILLS = ["full", "ragged"]
-LABELS = {"tf_flash": "tf_flash (decode path)", "tf_flash_unsplit": "tf_flash, split_kv=False",
+LABELS = {"tf_flash": "tf_flash (decode path)", "tf_flash_xla": "tf_flash (decode path), XLA", "tf_flash_unsplit": "tf_flash, split_kv=False",
           "xla_dense": "dense attention, XLA", "torch_sdpa": "torch SDPA", "flash_attn": "flash_attn_with_kvcache"}
-COLORS = {"tf_flash": "C3", "tf_flash_unsplit": "C1", "xla_dense": "C7", "torch_sdpa": "C0", "flash_attn": "C2"}
+COLORS = {"tf_flash": "C3", "tf_flash_xla": "C4", "tf_flash_unsplit": "C1", "xla_dense": "C7", "torch_sdpa": "C0", "flash_attn": "C2"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16", "float16": "float16",
           "float32": "float32"}
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -144,7 +146,7 @@ def make_fn(impl, chain):
     import tensorflow as tf
     from tf_flash import ops
 
-    if impl == "tf_flash":
+    if impl in ("tf_flash", "tf_flash_xla"):  # the XLA one as KerasHub's generate runs it: the glue ops fused
         def attn(q, k, v, lengths):
             return ops._flash_attention(q, k, v, kv_lengths=lengths, causal="bottom_right")
     elif impl == "tf_flash_unsplit":
@@ -161,7 +163,7 @@ def make_fn(impl, chain):
             out = attn(out, k, v, lengths)
         return out
 
-    return tf.function(run, jit_compile=impl == "xla_dense")
+    return tf.function(run, jit_compile=impl in ("xla_dense", "tf_flash_xla"))
 
 
 def decode_plan(row, heads, kv_heads):
@@ -245,7 +247,7 @@ def run_tf_case(tf, cfg, inputs, row, fill, impl):
     fn = make_fn(impl, cfg["calls_per_function"])
     with tf.device(cfg["device"]):
         record = timed(cfg, row, fill, lambda: fn(*args), lambda r: r[0, 0, 0, 0].numpy())
-    if impl == "tf_flash":
+    if impl in ("tf_flash", "tf_flash_xla"):
         record["splits"] = decode_plan(row, cfg["heads"], cfg["kv_heads"])
     return record
 
