@@ -125,11 +125,14 @@ struct HeadContext {
   uint64_t batch_head;
   float keep_scale;         // 1 / keep probability (philox.h: dropout_keep_scale)
   uint32_t drop_threshold;  // byte draws below it are dropped
+  bool kv_ids_sorted;       // segment ids whose keys never decrease: a row's document is one run of keys
 
   HeadContext(const FlashFwdParams& params, int batch, int head)
       : p(params), b(batch), h(head), q_len(valid_q_len(params, batch)), kv_len(valid_kv_len(params, batch)),
         batch_head(static_cast<uint64_t>(batch) * params.num_heads + head),
-        keep_scale(dropout_keep_scale(params.dropout_rate)), drop_threshold(dropout_threshold(params.dropout_rate)) {}
+        keep_scale(dropout_keep_scale(params.dropout_rate)), drop_threshold(dropout_threshold(params.dropout_rate)),
+        kv_ids_sorted(has_segments(params) &&
+                      segment_ids_sorted(params.kv_segment_bounds, params.batch, params.seqlen_k, batch)) {}
 
   bool has_dropout() const { return p.dropout_rate > 0.f; }
 
@@ -143,19 +146,36 @@ struct HeadContext {
     const bool structurally_full = tile_fully_visible(p, row0, row0 + rows, col0, col0 + cols, q_len, kv_len);
     if (structurally_full && block_cover == TileCover::kFull && !p.attn_mask.data) return true;
     col_seen->assign(cols, 0);
+    // Per-entry tests where the tile is partly covered: block_mask's blocks, attn_mask, and segment ids
+    // unless each row's document is one run of sorted keys (then a range, as the structural masks are).
+    const bool partial = block_cover == TileCover::kPartial;
+    const bool entry_blocks = partial && p.block_mask.data, entry_segments = partial && has_segments(p) && !kv_ids_sorted;
+    const bool segment_runs = partial && has_segments(p) && kv_ids_sorted;
+    const bool per_entry = entry_blocks || entry_segments || p.attn_mask.data;
+    const int32_t* tile_ids = segment_runs ? p.kv_segment_ids + int64_t{b} * p.seqlen_k + col0 : nullptr;
     bool any_visible = false;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t row = row0 + r;
-      const KeyRange range = key_range(p, row, q_len, kv_len);
+      const TileSpan span = visible_span_in_tile(p, row, q_len, kv_len, col0, static_cast<int>(cols));
+      int64_t lo = span.lo, hi = std::max(span.lo, span.hi);
+      if (segment_runs) {
+        const auto run = std::equal_range(tile_ids + lo, tile_ids + hi, p.q_segment_ids[int64_t{b} * p.seqlen_q + row]);
+        lo = run.first - tile_ids;
+        hi = run.second - tile_ids;
+      }
       float* s = scores->data() + r * cols;
-      for (int64_t c = 0; c < cols; ++c) {
+      std::fill(s, s + lo, kNegInf);
+      std::fill(s + hi, s + cols, kNegInf);
+      if (!per_entry) {
+        std::fill(col_seen->begin() + lo, col_seen->begin() + hi, uint8_t{1});
+        any_visible |= lo < hi;
+        continue;
+      }
+      for (int64_t c = lo; c < hi; ++c) {
         const int64_t col = col0 + c;
-        bool visible = col >= range.begin && col < range.end;
-        if (visible && block_cover == TileCover::kPartial) {
-          visible = block_visible(p, b, h, row / p.block_q, col / p.block_k);
-        }
+        bool visible = !entry_blocks || block_visible(p, b, h, row / p.block_q, col / p.block_k);
         if (visible && p.attn_mask.data) visible = mask_at(p.attn_mask, b, h, row, col);
-        if (visible && block_cover == TileCover::kPartial && has_segments(p)) visible = same_segment(p, b, row, col);
+        if (visible && entry_segments) visible = same_segment(p, b, row, col);
         if (!visible) s[c] = kNegInf;
         (*col_seen)[c] |= visible;
         any_visible |= visible;

@@ -161,6 +161,9 @@ TF_FLASH_HOST_DEVICE bool visible(const FlashFwdParams& p, int b, int h, int64_t
 // The segment bounds of ids [batch, seqlen] (launch.h: segment_bounds_elements): per entry a {min, max} pair
 // per kSegmentBlock positions, then per entry a flag, 0 where its ids never decrease (packed documents).
 TF_FLASH_HOST_DEVICE int64_t segment_blocks(int64_t seqlen) { return (seqlen + kSegmentBlock - 1) / kSegmentBlock; }
+TF_FLASH_HOST_DEVICE bool segment_ids_sorted(const int32_t* bounds, int batch, int64_t seqlen, int b) {
+  return bounds[2 * int64_t(batch) * segment_blocks(seqlen) + b] == 0;
+}
 
 // The {min, max} of the segment ids of rows [begin, end) of entry b, from their kSegmentBlock bounds.
 struct SegmentSpan {
@@ -189,7 +192,7 @@ TF_FLASH_HOST_DEVICE TileRange segment_tiles(const int32_t* bounds, int batch, i
                                              int tile) {
   const int64_t blocks = segment_blocks(seqlen);
   if (blocks == 0) return {0, 0};
-  if (bounds[2 * int64_t(batch) * blocks + b] != 0) return {0, int((seqlen + tile - 1) / tile)};
+  if (!segment_ids_sorted(bounds, batch, seqlen, b)) return {0, int((seqlen + tile - 1) / tile)};
   const int32_t* entry = bounds + 2 * (b * blocks);
   int64_t lo = 0, hi = blocks;  // the first block whose max reaches ids.min
   while (lo < hi) {
