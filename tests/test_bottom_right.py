@@ -97,3 +97,23 @@ def test_bad_causal_names_the_argument(causal, rng):
     q, k, v = random_qkv(rng, 1, 8, 8, 2, 2, 16)
     with pytest.raises(ValueError, match=r"`causal` must be a bool"):
         tf_flash.flash_attention(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("use_causal_mask", [None, True, False])
+def test_flash_attention_layer_takes_the_alignment(use_causal_mask, rng):
+    """FlashAttention(causal="bottom_right"): the op's result, `use_causal_mask` turning it on and off in that
+    alignment, and the setting kept by the layer's config."""
+    import keras  # pylint: disable=import-outside-toplevel
+    layer = tf_flash.layers.FlashAttention(causal="bottom_right")
+    q, k, v = random_qkv(rng, 2, 3, 200, 4, 2, 16)
+    lengths = np.array([200, 50], np.int32)
+    got = layer(q, v, key=k, kv_lengths=lengths, use_causal_mask=use_causal_mask)
+    causal = "bottom_right" if use_causal_mask in (None, True) else False
+    want = tf_flash.flash_attention(q, k, v, kv_lengths=lengths, causal=causal)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    assert keras.layers.deserialize(keras.layers.serialize(layer)).causal == "bottom_right"
+
+
+def test_flash_attention_layer_refuses_an_unknown_alignment():
+    with pytest.raises(ValueError, match=r"`causal` must be a bool"):
+        tf_flash.layers.FlashAttention(causal="diagonal")

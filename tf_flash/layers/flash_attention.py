@@ -15,8 +15,10 @@ class FlashAttention(_common.FlashOptionsLayer):
     drop-in replacement of `keras.layers.MultiHeadAttention` see `FlashMultiHeadAttention`.
 
     Args:
-        causal: query i sees keys j <= i (top-left aligned). `use_causal_mask` in `call` can also
-            turn it on per call.
+        causal: False; True or "top_left": query i sees keys j <= i; "bottom_right": the queries are the
+            last positions of each entry's keys (decoding against a KV cache filled to `kv_lengths`; see
+            `tf_flash.flash_attention`). `use_causal_mask` in `call` can also turn it on per call, in this
+            alignment.
         window: None, an int w (i sees i-w .. i+w) or (left, right), None on a side = unlimited.
         dropout: dropout rate on the attention probabilities, applied only when `training`, in
             steps of 1/256 (see `tf_flash.flash_attention`). The mask is regenerated in the backward pass from a seed drawn from a
@@ -62,7 +64,8 @@ class FlashAttention(_common.FlashOptionsLayer):
 
     def __init__(self, causal=False, window=None, dropout=0.0, scale=None, block_mask=None,
                  block_size=128, seed=None, softcap=None, deterministic=None, **kwargs):
-        causal = _checks.check_bool(causal, "causal")
+        _checks.normalize_causal(causal)  # bool, "top_left" or "bottom_right"
+        causal = causal if isinstance(causal, str) else bool(causal)
         scale = None if scale is None else _checks.normalize_scale(scale)
         super().__init__(window=window, dropout=dropout, block_mask=block_mask, block_size=block_size, seed=seed,
                          softcap=softcap, deterministic=deterministic, **kwargs)
@@ -96,7 +99,8 @@ class FlashAttention(_common.FlashOptionsLayer):
         q_lengths = _checks.check_lengths(q_lengths, "q_lengths", batch, seqlen_q, runtime_range_check=True)
         kv_lengths = _checks.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k, runtime_range_check=True)
         use_causal_mask = _checks.check_bool(use_causal_mask, "use_causal_mask", optional=True)
-        causal = self._causal if use_causal_mask is None else use_causal_mask
+        alignment = self._causal if isinstance(self._causal, str) else True
+        causal = self._causal if use_causal_mask is None else (alignment if use_causal_mask else False)
         dropout_rate, seed = self._dropout_and_seed(training)
         if block_mask is None:
             block_mask = self._block_mask
