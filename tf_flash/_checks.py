@@ -264,3 +264,56 @@ def check_dims(tensor, name, expected, what, received_shape=None, broadcast=Fals
     return checked(tensor, ok,
                    f"`{name}` must have shape {what} (each axis {allowed}that size): that shape, then "
                    f"{name}.shape:", full_dynamic, shape)
+
+
+def _is_segment_pair(segment_ids):
+    """Whether a `segment_ids` call argument is the (query ids, key ids) pair: a tuple of two, or a list of
+    two tensors or arrays (a list of two lists of ints is one [2, S] array of ids)."""
+    if isinstance(segment_ids, tuple):
+        return True
+    return (isinstance(segment_ids, list) and len(segment_ids) == 2
+            and all(hasattr(ids, "shape") for ids in segment_ids))  # tensors, arrays, Keras tensors
+
+
+def _segment_tensor(ids, name, batch, seqlen, what):
+    """One tensor of segment ids, [batch, seqlen] integers; its shape and dtype checked under `name`."""
+    tensor = to_tensor(ids, name)
+    if not tensor.dtype.is_integer:
+        raise ValueError(f"`{name}` must be an integer tensor ({what}: a document id per token). "
+                         f"Received: {name} of dtype {tensor.dtype.name} ({name}={describe(ids)})")
+    if tensor.shape.rank is not None and tensor.shape.rank != 2:
+        raise ValueError(f"`{name}` must have shape {what}. Received: {name}.shape={tensor.shape}")
+    if tensor.shape.rank is None:
+        tensor = tf.ensure_shape(
+            checked(tensor, tf.equal(tf.rank(tensor), 2),
+                            f"`{name}` must have shape {what}. Received: {name}.shape=", tf.shape(tensor)),
+            [None, None])
+    # Other integer dtypes (tf.data's int64) go on as they are: the op checks that they fit int32.
+    return check_dims(tensor, name, (batch, seqlen), what)
+
+
+def check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k):
+    """`segment_ids` (the op's argument, the layers' call argument) -> (query ids [B, Sq], key ids [B, Sk]),
+    integer, checked under the argument's name; None passes. One tensor [B, S] holds the ids of self-attention (Sq == Sk: the same
+    tensor is returned twice); a pair (q_segment_ids, kv_segment_ids) those of cross-attention.
+    batch, seqlen_q, seqlen_k: Sizes."""
+    if segment_ids is None:
+        return None
+    if _is_segment_pair(segment_ids):
+        if len(segment_ids) != 2:
+            raise ValueError("`segment_ids` must be one int tensor [batch, seq] (self-attention) or a pair "
+                             "(q_segment_ids [batch, seq_q], kv_segment_ids [batch, seq_k]). Received: a "
+                             f"{type(segment_ids).__name__} of {len(segment_ids)} (segment_ids="
+                             f"{describe(segment_ids)})")
+        # The op's names for the two halves of the pair.
+        return (_segment_tensor(segment_ids[0], "q_segment_ids", batch, seqlen_q, "[batch, seq_q]"),
+                _segment_tensor(segment_ids[1], "kv_segment_ids", batch, seqlen_k, "[batch, seq_k]"))
+    if seqlen_q.static is not None and seqlen_k.static is not None and seqlen_q.static != seqlen_k.static:
+        raise ValueError("`segment_ids` as one tensor is for self-attention (query and key of one length); for "
+                         "a query and keys of different lengths give a pair (q_segment_ids [batch, seq_q], "
+                         f"kv_segment_ids [batch, seq_k]). Received: seq_q={seqlen_q.static}, "
+                         f"seq_k={seqlen_k.static}, segment_ids={describe(segment_ids)}")
+    ids = _segment_tensor(segment_ids, "segment_ids", batch, seqlen_q, "[batch, seq]")
+    if seqlen_q.static is None or seqlen_k.static is None:
+        ids = check_dims(ids, "segment_ids", (batch, seqlen_k), "[batch, seq] (key length)")
+    return ids, ids

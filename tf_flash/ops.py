@@ -107,30 +107,14 @@ def _rank4_mask(mask, name, full, what, device=None):
 
 def _segment_ids(segment_ids, batch, seqlen_q, seqlen_k, device=None):
     """The op's (q_segment_ids, kv_segment_ids): int32 [B, Sq] and [B, Sk], or both absent. `segment_ids` is
-    one [B, S] tensor (self-attention: Sq == Sk) or a tuple of the two."""
-    if segment_ids is None:
+    one [B, S] tensor (self-attention: Sq == Sk) or a pair of the two (_checks.check_segment_ids)."""
+    pair = _checks.check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k)
+    if pair is None:
         absent = _absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device)
         return absent, absent
-    if isinstance(segment_ids, tuple):
-        if len(segment_ids) != 2:
-            raise ValueError("`segment_ids` must be one int tensor [batch, seq] or a tuple (q_segment_ids, "
-                             f"kv_segment_ids). Received: a tuple of {len(segment_ids)} items")
-        pairs = (("q_segment_ids", segment_ids[0], seqlen_q), ("kv_segment_ids", segment_ids[1], seqlen_k))
-    else:
-        if seqlen_q.static is not None and seqlen_k.static is not None and seqlen_q.static != seqlen_k.static:
-            raise ValueError("`segment_ids` as one tensor needs query and key of one length (self-attention); "
-                             "pass a tuple (q_segment_ids, kv_segment_ids) for cross-attention. Received: "
-                             f"query length {seqlen_q.static}, key length {seqlen_k.static}")
-        pairs = (("segment_ids", segment_ids, seqlen_q), ("segment_ids", segment_ids, seqlen_k))
+    names = ("segment_ids", "segment_ids") if pair[0] is pair[1] else ("q_segment_ids", "kv_segment_ids")
     ids = []
-    for name, value, seqlen in pairs:
-        tensor = _checks.to_tensor(value, name)
-        if not tensor.dtype.is_integer:
-            raise ValueError(f"`{name}` must be an integer tensor [batch, seq]. Received: {name} of dtype "
-                             f"{tensor.dtype.name} ({name}={_checks.describe(value)})")
-        if tensor.shape.rank is not None and tensor.shape.rank != 2:
-            raise ValueError(f"`{name}` must have rank 2 [batch, seq]. Received: {name}.shape={tensor.shape}")
-        tensor = _checks.check_dims(tensor, name, (batch, seqlen), "[batch, seq]")
+    for name, tensor in zip(names, pair):
         if tensor.dtype != tf.int32:
             # Ids past int32 would wrap and could make two documents one.
             wide = tf.cast(tensor, tf.int64)
@@ -187,8 +171,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
       attention_mask: bool, broadcastable to [B, H, Sq, Sk] (rank 2 to 4), True = attend.
       block_mask: bool [nqb, nkb], [H, nqb, nkb] or [B, H, nqb, nkb]; False blocks are skipped.
       block_size: int or (bq, bk), the blocks `block_mask` describes.
-      segment_ids: packed documents. int [B, S] (self-attention, Sq == Sk) or a tuple (q_segment_ids [B, Sq],
-        kv_segment_ids [B, Sk]): query i sees key j only where their ids are equal (AND every other mask;
+      segment_ids: packed documents. int [B, S] (self-attention, Sq == Sk) or a pair (q_segment_ids [B, Sq],
+        kv_segment_ids [B, Sk]) (a tuple, or a list of two tensors): query i sees key j only where their ids are equal (AND every other mask;
         `causal` stays on row positions, so it is causal within each document). Memory O(B x S); tiles whose
         rows and keys hold no common id are skipped, tiles inside one document run unmasked. Contiguous
         runs of ids are the fast path; any ids are correct.

@@ -119,60 +119,6 @@ def check_padding_mask(mask, name, batch, seqlen):
     return _checks.check_dims(mask, name, (batch, seqlen), "[batch, seq]")
 
 
-def _is_segment_pair(segment_ids):
-    """Whether a `segment_ids` call argument is the (query ids, key ids) pair: a tuple of two, or a list of
-    two tensors or arrays (a list of two lists of ints is one [2, S] array of ids)."""
-    if isinstance(segment_ids, tuple):
-        return True
-    return (isinstance(segment_ids, list) and len(segment_ids) == 2
-            and all(isinstance(ids, (tf.Tensor, tf.Variable, np.ndarray)) or keras.backend.is_keras_tensor(ids)
-                    for ids in segment_ids))
-
-
-def _segment_tensor(ids, name, batch, seqlen, what):
-    """One tensor of segment ids, [batch, seqlen] integers; its shape and dtype checked under `name`."""
-    tensor = _checks.to_tensor(ids, name)
-    if not tensor.dtype.is_integer:
-        raise ValueError(f"`{name}` must be an integer tensor ({what}: a document id per token). "
-                         f"Received: {name} of dtype {tensor.dtype.name} ({name}={_checks.describe(ids)})")
-    if tensor.shape.rank is not None and tensor.shape.rank != 2:
-        raise ValueError(f"`{name}` must have shape {what}. Received: {name}.shape={tensor.shape}")
-    if tensor.shape.rank is None:
-        tensor = tf.ensure_shape(
-            _checks.checked(tensor, tf.equal(tf.rank(tensor), 2),
-                            f"`{name}` must have shape {what}. Received: {name}.shape=", tf.shape(tensor)),
-            [None, None])
-    # Other integer dtypes (tf.data's int64) go on as they are: the op checks that they fit int32.
-    return _checks.check_dims(tensor, name, (batch, seqlen), what)
-
-
-def check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k):
-    """A layer's `segment_ids` call argument -> (query ids [B, Sq], key ids [B, Sk]), integer, checked under
-    the argument's name; None passes. One tensor [B, S] holds the ids of self-attention (Sq == Sk: the same
-    tensor is returned twice); a pair (q_segment_ids, kv_segment_ids) those of cross-attention.
-    batch, seqlen_q, seqlen_k: Sizes."""
-    if segment_ids is None:
-        return None
-    if _is_segment_pair(segment_ids):
-        if len(segment_ids) != 2:
-            raise ValueError("`segment_ids` must be one int tensor [batch, seq] (self-attention) or a pair "
-                             "(q_segment_ids [batch, seq_q], kv_segment_ids [batch, seq_k]). Received: a "
-                             f"{type(segment_ids).__name__} of {len(segment_ids)} (segment_ids="
-                             f"{_checks.describe(segment_ids)})")
-        # The op's names for the two halves of the pair.
-        return (_segment_tensor(segment_ids[0], "q_segment_ids", batch, seqlen_q, "[batch, seq_q]"),
-                _segment_tensor(segment_ids[1], "kv_segment_ids", batch, seqlen_k, "[batch, seq_k]"))
-    if seqlen_q.static is not None and seqlen_k.static is not None and seqlen_q.static != seqlen_k.static:
-        raise ValueError("`segment_ids` as one tensor is for self-attention (query and key of one length); for "
-                         "a query and keys of different lengths give a pair (q_segment_ids [batch, seq_q], "
-                         f"kv_segment_ids [batch, seq_k]). Received: seq_q={seqlen_q.static}, "
-                         f"seq_k={seqlen_k.static}, segment_ids={_checks.describe(segment_ids)}")
-    ids = _segment_tensor(segment_ids, "segment_ids", batch, seqlen_q, "[batch, seq]")
-    if seqlen_q.static is None or seqlen_k.static is None:
-        ids = _checks.check_dims(ids, "segment_ids", (batch, seqlen_k), "[batch, seq] (key length)")
-    return ids, ids
-
-
 def expand_attention_mask(mask, batch, heads, seqlen_q, seqlen_k):
     """A Keras-style attention mask ([Sq, Sk], [B, Sq, Sk] or [B, H, Sq, Sk]) as rank 4, its shape checked
     (each axis the full size or 1). batch, heads, seqlen_q, seqlen_k: Sizes.
@@ -202,7 +148,7 @@ def attend(query, key, value, *, query_mask=None, kv_mask=None, q_lengths=None, 
     query_mask [B, Sq] / kv_mask [B, Sk]: prefix masks become q_lengths / kv_lengths (the kernel
     skips the padding), combined with the lengths given; any other pattern goes through the general
     attention_mask path (kv) or is applied to the output rows (query). attention_mask must already be
-    rank 4. segment_ids: None or (query ids, key ids) from check_segment_ids; a query sees a key only where
+    rank 4. segment_ids: None or (query ids, key ids) from _checks.check_segment_ids; a query sees a key only where
     their ids are equal, AND every other rule (the op's `segment_ids`).
 
     empty_rows: what a query row that sees no key (or is masked out by query_mask) returns:

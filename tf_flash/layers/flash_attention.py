@@ -93,7 +93,7 @@ class FlashAttention(_common.FlashOptionsLayer):
                                   tf.logical_and)
         if attention_mask is not None:
             attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
-        segment_ids = _common.check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k)
+        segment_ids = _checks.check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k)
         # Checked at run time too: a padding mask may lower them (tf.minimum) before the kernels see them,
         # and the GPU kernels clamp lengths instead of checking them.
         q_lengths = _checks.check_lengths(q_lengths, "q_lengths", batch, seqlen_q, runtime_range_check=True)

@@ -269,7 +269,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
         key_mask = _common.check_padding_mask(key_mask, "key_mask", batch, seqlen_k)
         if attention_mask is not None:
             attention_mask = _common.expand_attention_mask(attention_mask, batch, heads, seqlen_q, seqlen_k)
-        segment_ids = _common.check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k)
+        segment_ids = _checks.check_segment_ids(segment_ids, batch, seqlen_q, seqlen_k)
         # The masks are handled here; keep them from reaching the projections (which do not
         # support masking), as Keras' MultiHeadAttention does.
         for tensor in (query, value, key):
@@ -303,7 +303,7 @@ class FlashMultiHeadAttention(_common.FlashOptionsLayer):
 
         Unlike Keras' hook of the same name it takes the padding masks separately (so that prefix
         masks can become lengths), `attention_mask` as rank 4 and `segment_ids` as the checked (query ids,
-        key ids) pair of `_common.check_segment_ids`.
+        key ids) pair of `_checks.check_segment_ids`.
         """
         dropout_rate, seed = self._dropout_and_seed(training)
         if block_mask is None:
