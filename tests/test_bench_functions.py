@@ -250,3 +250,52 @@ def test_decode_table_and_figure(tmp_path):
     assert json.load(open(tmp_path / "decode.json")) == payload
     if importlib.util.find_spec("matplotlib") is not None:
         assert os.path.getsize(png) > 10000
+
+
+_GEN_SPEC = importlib.util.spec_from_file_location(
+    "bench_generate", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                   "bench_generate.py"))
+bench_generate = importlib.util.module_from_spec(_GEN_SPEC)
+_GEN_SPEC.loader.exec_module(bench_generate)
+
+
+def test_generate_param_count_cases_and_token_comparison():
+    """bench_generate.py: the parameter formula is KerasHub's count (a tiny LlamaBackbone from config), the
+    cases run shorter prompts first and "on" before "off", and the token comparison finds the first
+    difference."""
+    keras_hub = pytest.importorskip("keras_hub")
+    config = dict(bench_generate.QUICK, num_layers=3, vocabulary_size=97)
+    assert keras_hub.models.LlamaBackbone(**config).count_params() == bench_generate.llama_param_count(**config)
+    assert bench_generate.llama_param_count(**bench_generate.MODEL) == 1_104_218_112
+    assert bench_generate.parse_prompts("32k, 4096") == [32768, 4096]
+    assert bench_generate.case_order([32768, 4096], ["off", "on"]) == [[4096, "on"], [4096, "off"], [32768, "on"],
+                                                                       [32768, "off"]]
+    assert bench_generate.compare_tokens([1, 2, 3], [1, 2, 3]) == {"identical": True, "equal_tokens": 3,
+                                                                   "first_difference": None}
+    assert bench_generate.compare_tokens([1, 5, 3, 7], [1, 2, 3, 4]) == {"identical": False, "equal_tokens": 2,
+                                                                         "first_difference": 1}
+    assert bench_generate.compare_tokens(None, [1])["identical"] is None
+
+
+def test_generate_table_and_figure(tmp_path):
+    ok = {"status": "ok", "new_tokens": 256, "generated": 256, "tokens": [5] * 256, "compile_first_s": 40.0}
+    records = [dict(ok, prompt=4096, mode="on", tokens_per_s=128.0, generate_s=2.0, prefill_s=0.4,
+                    decode_tokens_per_s=160.0, peak_bytes=3 * 2**30),
+               dict(ok, prompt=4096, mode="off", tokens_per_s=64.0, generate_s=4.0, peak_bytes=6 * 2**30,
+                    prefill_status="skipped: --time-limit"),
+               dict(ok, prompt=32768, mode="on", tokens_per_s=100.0, generate_s=2.56, peak_bytes=4 * 2**30),
+               {"prompt": 32768, "mode": "off", "status": "OOM"}]
+    payload = {"benchmark": "generate", "info": _INFO, "records": records,
+               "config": {"prompts": [4096, 32768], "modes": ["on", "off"], "new_tokens": 256,
+                          "model": bench_generate.MODEL, "param_count": 1_104_218_112, "dtype": "bfloat16"}}
+    payload["comparisons"] = bench_generate.compare(payload)
+    assert payload["comparisons"][0] == {"prompt": 4096, "identical": True, "equal_tokens": 256,
+                                         "first_difference": None, "speedup": 2.0}
+    text = bench_generate.table(payload)
+    assert "| 4k | on | 128.0 | 2.00x | 2.00 s | 0.40 s | 160.0 | 40.00 s | 3.00 GiB | yes |" in text, text
+    assert "| 4k | off | 64.0 | - | 4.00 s | skipped: --time-limit |" in text, text
+    assert "| 32k | off | OOM |" in text, text
+    png = bench_generate.write_outputs(str(tmp_path / "generate.json"), payload)
+    assert json.load(open(tmp_path / "generate.json")) == payload
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert os.path.getsize(png) > 10000
