@@ -15,7 +15,7 @@ the merge). Gradients flow through the merge and the op's lse.
 """
 import tensorflow as tf
 
-# Query rows per tile of the smallest kernel tile: a packed tile must fit one.
+# The packed rows must fit one query tile of the kernels (128 rows in both GPU families).
 _MAX_PACKED_ROWS = 128
 # Keys below which the kernels' own grid already fills the machine.
 _MIN_KEYS = 2048
