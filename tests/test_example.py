@@ -11,6 +11,7 @@ not beat it, predict.py's refusal of a model that does not fit the documents, on
 errors, the mean +- std summary over seeds on made-up runs; prepare_data.py's conversions.
 """
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +29,17 @@ import prepare_data  # noqa: E402
 # TensorFlow's start-up notices and Keras' warnings that the example's processes must not print.
 NOISE = ("cudart_stub", "cuInit", "oneDNN", "cpu_feature_guard", "absl::InitializeLog", "shuffle=True",
          "retracing", "Traceback")
+
+
+@pytest.fixture
+def example_common(monkeypatch):
+    """The example's common.py. benchmarks/ has a module of the same name, which the benchmark scripts that
+    other test files load put in sys.modules first; the example's is imported in its place for the test."""
+    spec = importlib.util.spec_from_file_location("common", os.path.join(EXAMPLE, "common.py"))
+    common = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "common", common)
+    spec.loader.exec_module(common)
+    return common
 
 
 @pytest.fixture
@@ -99,7 +111,6 @@ def test_prepare_data_licenses_tree(tmp_path):
 
 
 def test_prepare_data_licensedcode(tmp_path):
-    import importlib.util
 
     if importlib.util.find_spec("licensedcode") is None:
         pytest.skip("pip package licensedcode-data is not installed")
@@ -132,8 +143,8 @@ def _synthetic_tree(root, classes=3, docs_per_class=12, seed=0):
                 f.write(" ".join(words))
 
 
-def test_load_tree_and_stratified_split(tmp_path):
-    import common
+def test_load_tree_and_stratified_split(tmp_path, example_common):
+    common = example_common
 
     _synthetic_tree(str(tmp_path / "tree"), classes=3, docs_per_class=10)
     texts, labels, names, paths = common.load_tree(str(tmp_path / "tree"))
@@ -240,10 +251,10 @@ def test_pack_tiny(tmp_path, example_env):
     assert "FlashMultiHeadAttention on packed rows (segment_ids)" in md
 
 
-def test_packed_batches_hold_every_document_once():
+def test_packed_batches_hold_every_document_once(example_common):
     """The packed rows of the example: each document once (cut to the context), its label in its slot, the
     batches of one shape with padding rows of weight 0; max_documents_per_row bounds any packing."""
-    import common
+    common = example_common
 
     rng = np.random.default_rng(0)
     lengths = [5, 40, 3, 0, 17, 64, 100, 9, 9, 30, 2]
@@ -372,10 +383,10 @@ def test_recipe_on_licence_texts(tmp_path, example_env):
     assert "hub" not in md.split("Models:")[1].split("\n")[0]  # the footer names only the models that ran
 
 
-def test_best_epoch_on_validation_is_kept():
+def test_best_epoch_on_validation_is_kept(example_common):
     import keras
 
-    import common
+    common = example_common
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     shapes = [w.shape for w in model.get_weights()]
@@ -397,8 +408,8 @@ def test_best_epoch_on_validation_is_kept():
         assert all(np.all(w == kept) for w in model.get_weights()), (restore, patience)
 
 
-def test_chance_level_and_advice():
-    import common
+def test_chance_level_and_advice(example_common):
+    common = example_common
     import train
 
     labels = np.array([0] * 6 + [1] * 3 + [2] * 1 + [0, 0, 1, 2])
