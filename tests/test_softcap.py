@@ -108,6 +108,7 @@ def test_raw_op_rejects_negative_softcap():
         tf_flash._ops.ops.tf_flash_flash_attention(
             query=q, key=q, value=q, q_lengths=tf.zeros([0], tf.int32), kv_lengths=tf.zeros([0], tf.int32),
             attention_mask=tf.zeros([0, 0, 0, 0], tf.bool), block_mask=tf.zeros([0, 0, 0, 0], tf.bool),
+            q_segment_ids=tf.zeros([0, 0], tf.int32), kv_segment_ids=tf.zeros([0, 0], tf.int32),
             seed=tf.zeros([2], tf.int64), scale=1.0, softcap=-2.0)
 
 
