@@ -33,8 +33,9 @@ NOISE = ("cudart_stub", "cuInit", "oneDNN", "cpu_feature_guard", "absl::Initiali
 
 @pytest.fixture
 def example_common(monkeypatch):
-    """The example's common.py. benchmarks/ has a module of the same name, which the benchmark scripts that
-    other test files load put in sys.modules first; the example's is imported in its place for the test."""
+    """The example's common.py, also for its modules imported here (train, predict). benchmarks/ has a
+    module of the same name, which the benchmark scripts that other test files load put in sys.modules
+    first; the example's is loaded by path in its place for the test."""
     spec = importlib.util.spec_from_file_location("common", os.path.join(EXAMPLE, "common.py"))
     common = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "common", common)
@@ -443,6 +444,7 @@ def test_chance_level_and_advice(example_common):
     assert "Every model" in train.chance_paragraph(rows[1:], chance, info)
 
 
+@pytest.mark.usefixtures("example_common")
 def test_plot_describes_the_run(tmp_path):
     """The issue's run: every test document longer than 512 tokens, a custom data set, flash and keras
     only, both at chance. One line per model (the > 512 line would hide under it), the chance line,
@@ -476,6 +478,7 @@ def _fake_model(root, class_names, **extra):
     return os.path.join(root, "model.keras")
 
 
+@pytest.mark.usefixtures("example_common")
 def test_predict_refuses_a_model_of_other_documents(tmp_path, capsys, example_env):
     import predict
 
@@ -528,6 +531,7 @@ def test_bad_arguments_exit_with_one_line(tmp_path, example_env, script, args, m
     assert proc.stderr.startswith(f"{script}: error: ") and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.usefixtures("example_common")
 def test_summary_over_seeds():
     import train
 
