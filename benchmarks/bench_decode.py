@@ -63,9 +63,11 @@ TF_IMPLS = ["tf_flash", "tf_flash_xla", "tf_flash_unsplit", "xla_dense"]
 TORCH_IMPLS = ["torch_sdpa", "flash_attn"]
 IMPLS = TF_IMPLS + TORCH_IMPLS
 FILLS = ["full", "ragged"]
-LABELS = {"tf_flash": "tf_flash (decode path)", "tf_flash_xla": "tf_flash (decode path), XLA", "tf_flash_unsplit": "tf_flash, split_kv=False",
-          "xla_dense": "dense attention, XLA", "torch_sdpa": "torch SDPA", "flash_attn": "flash_attn_with_kvcache"}
-COLORS = {"tf_flash": "C3", "tf_flash_xla": "C4", "tf_flash_unsplit": "C1", "xla_dense": "C7", "torch_sdpa": "C0", "flash_attn": "C2"}
+LABELS = {"tf_flash": "tf_flash (decode path)", "tf_flash_xla": "tf_flash (decode path), XLA",
+          "tf_flash_unsplit": "tf_flash, split_kv=False", "xla_dense": "dense attention, XLA",
+          "torch_sdpa": "torch SDPA", "flash_attn": "flash_attn_with_kvcache"}
+COLORS = {"tf_flash": "C3", "tf_flash_xla": "C4", "tf_flash_unsplit": "C1", "xla_dense": "C7", "torch_sdpa": "C0",
+          "flash_attn": "C2"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16", "float16": "float16",
           "float32": "float32"}
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -173,46 +175,14 @@ def decode_plan(row, heads, kv_heads):
     return _decode.plan(row["batch"], row["new"], row["cache"], heads, kv_heads, plain=row["new"] == 1)
 
 
-def sample_calls(call, fetch, warmup, repeats, min_sample_s=0.025, max_calls=200):
-    """bench_gpu.py's timing: median per-call time over `repeats` samples of k back-to-back calls each."""
-    result = None
-    for _ in range(warmup):
-        result = call()
-    if result is not None:
-        fetch(result)
-    t0 = time.perf_counter()
-    fetch(call())
-    single = max(time.perf_counter() - t0, 1e-6)
-    k = int(min(max_calls, max(1, min_sample_s / single)))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(k):
-            result = call()
-        fetch(result)
-        times.append((time.perf_counter() - t0) / k)
-    stats = common.summarize(times)
-    stats["calls_per_sample"] = k
-    return stats
-
-
-def error_text(err):
-    name = type(err).__name__
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [""]
-    text = (lines[-1] if lines[0] == "in user code:" else lines[0])[:240]
-    if "ResourceExhausted" in name or "out of memory" in str(err).lower():
-        return "OOM"
-    return f"{name}: {text}"
-
-
 def timed(cfg, row, fill, call, fetch):
-    """The record of one (row, fill, impl): first call, then sample_calls, per attention, with K+V TB/s."""
+    """The record of one (row, fill, impl): first call, then common.sample_calls, per attention, with K+V TB/s."""
     lengths = row["lengths"][fill]
     record = {"bytes": kv_bytes(lengths, cfg["kv_heads"], cfg["dim"], ITEMSIZE[cfg["dtype"]])}
     t0 = time.perf_counter()
     fetch(call())
     record["first_call_s"] = time.perf_counter() - t0
-    stats = sample_calls(call, fetch, cfg["warmup"], cfg["repeats"])
+    stats = common.sample_calls(call, fetch, cfg["warmup"], cfg["repeats"])
     for key in ("median_s", "min_s", "max_s", "q1_s", "q3_s"):  # per attention
         stats[key] /= cfg["calls_per_function"]
     record.update(stats, median_us=1e6 * stats["median_s"], tbps=record["bytes"] / stats["median_s"] / 1e12,
@@ -280,7 +250,7 @@ def tf_worker(task, emit):
                 inputs = TFInputs(tf, cfg, index, row)
             record = run_tf_case(tf, cfg, inputs, row, fill, impl)
         except Exception as err:  # noqa: BLE001 - recorded, the next case runs
-            record = {"status": error_text(err)}
+            record = {"status": common.error_text(err)}
         emit({"key": key, "record": record})
 
 
@@ -383,7 +353,7 @@ def torch_worker(task, emit):
             record = timed(cfg, row, fill, call, lambda r: r.reshape(-1)[0].item())
             record.update(extra)
         except Exception as err:  # noqa: BLE001
-            record = {"status": error_text(err)}
+            record = {"status": common.error_text(err)}
         emit({"key": key, "record": record})
 
 

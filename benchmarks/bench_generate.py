@@ -110,12 +110,8 @@ def compare_tokens(a, b):
 
 
 def error_text(err):
-    name = type(err).__name__
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [""]
-    text = (lines[-1] if lines[0] == "in user code:" else lines[0])[:240]
-    if "ResourceExhausted" in name or "out of memory" in str(err).lower() or "OOM" in str(err)[:2000]:
-        return "OOM"
-    return f"{name}: {text}"
+    """common.error_text, also calling "OOM" an error whose text says OOM."""
+    return "OOM" if "OOM" in str(err)[:2000] else common.error_text(err)
 
 
 # ---------------------------------------------------------------------------------------------------------

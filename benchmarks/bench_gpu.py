@@ -54,28 +54,6 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Workers
 # ---------------------------------------------------------------------------------------------------------
 
-def _sample_calls(call, fetch, warmup, repeats, min_sample_s=0.025, max_calls=200):
-    """Median per-call time over `repeats` samples of k back-to-back calls each."""
-    result = None
-    for _ in range(warmup):
-        result = call()
-    fetch(result)
-    t0 = time.perf_counter()
-    fetch(call())
-    single = max(time.perf_counter() - t0, 1e-6)
-    k = int(min(max_calls, max(1, min_sample_s / single)))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(k):
-            result = call()
-        fetch(result)
-        times.append((time.perf_counter() - t0) / k)
-    stats = common.summarize(times)
-    stats["calls_per_sample"] = k
-    return stats
-
-
 def _error_text(err):
     name = type(err).__name__
     text = str(err).strip().splitlines()[0][:240] if str(err).strip() else ""
@@ -127,7 +105,7 @@ def _tf_run_config(cfg, args):
                 (first if mode == "fwd" else first[0])[0, 0, 0, 0].numpy()
                 compile_s = time.perf_counter() - t0
                 del first
-                stats = _sample_calls(
+                stats = common.sample_calls(
                     lambda: fn(q, k, v, dout),
                     lambda r: (r if mode == "fwd" else r[0])[0, 0, 0, 0].numpy(),
                     args.warmup, args.repeats)
@@ -189,7 +167,7 @@ def _torch_run_config(cfg, args):
             fn()
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
-            stats = _sample_calls(fn, fetch, args.warmup, args.repeats)
+            stats = common.sample_calls(fn, fetch, args.warmup, args.repeats)
             stats["first_call_s"] = first
             stats["tflops"] = common.attention_flops(cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["dim"],
                                                      cfg["causal"], mode) / stats["median_s"] / 1e12

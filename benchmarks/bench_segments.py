@@ -117,38 +117,6 @@ def mask_bytes(cfg, seqlen):
 # Worker
 # ---------------------------------------------------------------------------------------------------------
 
-def _sample_calls(call, fetch, warmup, repeats, min_sample_s=0.025, max_calls=200):
-    """bench_gpu.py's timing: median per-call time over `repeats` samples of k back-to-back calls each."""
-    result = None
-    for _ in range(warmup):
-        result = call()
-    if result is not None:
-        fetch(result)
-    t0 = time.perf_counter()
-    fetch(call())
-    single = max(time.perf_counter() - t0, 1e-6)
-    k = int(min(max_calls, max(1, min_sample_s / single)))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(k):
-            result = call()
-        fetch(result)
-        times.append((time.perf_counter() - t0) / k)
-    stats = common.summarize(times)
-    stats["calls_per_sample"] = k
-    return stats
-
-
-def _error_text(err):
-    name = type(err).__name__
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [""]
-    text = (lines[-1] if lines[0] == "in user code:" else lines[0])[:240]  # a tf.function's error: its last line
-    if "ResourceExhausted" in name or "out of memory" in str(err).lower():
-        return "OOM"
-    return f"{name}: {text}"
-
-
 def _first(result, mode):
     return (result if mode == "fwd" else result[0])[0, 0, 0, 0].numpy()
 
@@ -200,7 +168,7 @@ def run_case(tf, cfg, inputs, case):
                 t0 = time.perf_counter()
                 _first(fn(*args), mode)
                 first_s = time.perf_counter() - t0
-                stats = _sample_calls(lambda: fn(*args), lambda r: _first(r, mode), cfg["warmup"], cfg["repeats"])
+                stats = common.sample_calls(lambda: fn(*args), lambda r: _first(r, mode), cfg["warmup"], cfg["repeats"])
             for key in ("median_s", "min_s", "max_s", "q1_s", "q3_s"):  # per attention
                 stats[key] /= cfg["calls_per_function"]
             stats.update(first_call_s=first_s, median_ms=1e3 * stats["median_s"],
@@ -210,7 +178,7 @@ def run_case(tf, cfg, inputs, case):
                 stats["kernels"] = ",".join(k for k in after if after[k] > before[k])
             record[mode] = stats
         except Exception as err:  # noqa: BLE001 - OOM and friends: recorded, the next case runs
-            record[mode] = {"error": _error_text(err)}
+            record[mode] = {"error": common.error_text(err)}
             failed = True
     # Peak memory of one call of each mode (one attention per call).
     memory = {"fwd": None, "fwd_bwd": None}
@@ -229,7 +197,7 @@ def run_case(tf, cfg, inputs, case):
                     del result
                 memory[mode] = {"peak_bytes": peak, "before_bytes": base, "call_bytes": peak - base}
             except Exception as err:  # noqa: BLE001
-                memory[mode] = {"error": _error_text(err)}
+                memory[mode] = {"error": common.error_text(err)}
     record["memory"] = memory
     if case == "mask_causal" and not failed:  # the same attention as segment_ids: only rounding apart
         import tf_flash
@@ -279,7 +247,7 @@ def worker_main(task_path):
                 inputs = _Inputs(tf, cfg, seqlen)
             record = run_case(tf, cfg, inputs, case)
         except Exception as err:  # noqa: BLE001
-            record = {"seqlen": seqlen, "case": case, "causal": case_causal(case), "status": _error_text(err)}
+            record = {"seqlen": seqlen, "case": case, "causal": case_causal(case), "status": common.error_text(err)}
         emit({"record": record})
         import gc
         gc.collect()

@@ -53,6 +53,41 @@ def time_calls(call, warmup, repeats, budget_s=None, min_repeats=3):
 # Attention implementations, all on [B, S, H, D]
 # ---------------------------------------------------------------------------------------------------------
 
+def sample_calls(call, fetch, warmup, repeats, min_sample_s=0.025, max_calls=200):
+    """The kernel benchmarks' timing: median per-call time over `repeats` samples of k back-to-back calls
+    each (k so that a sample lasts about min_sample_s), `fetch` syncing on the last call of a sample."""
+    result = None
+    for _ in range(warmup):
+        result = call()
+    if result is not None:
+        fetch(result)
+    t0 = time.perf_counter()
+    fetch(call())
+    single = max(time.perf_counter() - t0, 1e-6)
+    k = int(min(max_calls, max(1, min_sample_s / single)))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(k):
+            result = call()
+        fetch(result)
+        times.append((time.perf_counter() - t0) / k)
+    stats = summarize(times)
+    stats["calls_per_sample"] = k
+    return stats
+
+
+def error_text(err):
+    """One line for a failed case: "OOM", or the error's type and its first line (a tf.function's error:
+    its last line)."""
+    name = type(err).__name__
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [""]
+    text = (lines[-1] if lines[0] == "in user code:" else lines[0])[:240]
+    if "ResourceExhausted" in name or "out of memory" in str(err).lower():
+        return "OOM"
+    return f"{name}: {text}"
+
+
 def standard_attention(q, k, v, causal):
     """TF's standard attention: einsum, softmax, einsum (the N x N matrix is materialized)."""
     import tensorflow as tf
