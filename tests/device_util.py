@@ -138,6 +138,20 @@ def run_flash(query, key, value, device, use_function=False, dout=None, **kwargs
     return [None if x is None else x.numpy() for x in result]
 
 
+def run_with_gradients(attention, query, key, value, d_out, mode="eager", **kwargs):
+    """attention(query, key, value, return_lse=True, **kwargs) with the gradients of sum(out * d_out), eagerly,
+    in a tf.function ("tf.function") or under XLA ("xla"): NumPy [out, lse, dq, dk, dv]."""
+    def fn():
+        with tf.GradientTape() as tape:
+            tape.watch([query, key, value])
+            out, lse = attention(query, key, value, return_lse=True, **kwargs)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(d_out, tf.float32))
+        return (out, lse, *tape.gradient(loss, [query, key, value]))
+    if mode != "eager":
+        fn = tf.function(fn, jit_compile=mode == "xla")
+    return [t.numpy() for t in fn()]
+
+
 # float32 on the GPU: while TF's TF32 switch is on, the CUDA build computes it on float16 operands scaled
 # by powers of two (build_info()["gpu_float32_compute"] == "float16_scaled": TF32's 10-bit mantissa at
 # float32's range, cc/kernels/flash/launch.h), held to the float16 bounds (test_float32_range.py holds its

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
-from device_util import DEVICES, DTYPES, normal, on_device, random_qkv, tolerance
+from device_util import DEVICES, DTYPES, normal, on_device, random_qkv, run_with_gradients, tolerance
 from reference import reference_attention, reference_attention_grad, relative_error
 
 CASES = [pytest.param(*device.values, dtype, marks=device.marks, id=f"{dtype}-{device.id}")
@@ -14,15 +14,7 @@ CASES = [pytest.param(*device.values, dtype, marks=device.marks, id=f"{dtype}-{d
 
 
 def _run(q, k, v, d_out, mode="eager", **kwargs):
-    def fn():
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(d_out, tf.float32))
-        return (out, lse, *tape.gradient(loss, [q, k, v]))
-    if mode != "eager":
-        fn = tf.function(fn, jit_compile=mode == "xla")
-    return [t.numpy() for t in fn()]
+    return run_with_gradients(tf_flash.flash_attention, q, k, v, d_out, mode, **kwargs)
 
 
 def _check(result, q, k, v, d_out, dtype, device, **kwargs):

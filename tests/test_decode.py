@@ -6,22 +6,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from device_util import DEVICES, DTYPES, float32_tolerance, normal, on_device, random_qkv, tolerance
+from device_util import (DEVICES, DTYPES, float32_tolerance, normal, on_device, random_qkv, run_with_gradients,
+                         tolerance)
 from reference import reference_attention, reference_attention_grad, relative_error
 from tf_flash import _decode
 from tf_flash.ops import _flash_attention
 
 
 def _run(q, k, v, d_out, mode="eager", **kwargs):
-    def fn():
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out, lse = _flash_attention(q, k, v, return_lse=True, **kwargs)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(d_out, tf.float32))
-        return (out, lse, *tape.gradient(loss, [q, k, v]))
-    if mode != "eager":
-        fn = tf.function(fn, jit_compile=mode == "xla")
-    return [t.numpy() for t in fn()]
+    return run_with_gradients(_flash_attention, q, k, v, d_out, mode, **kwargs)
 
 
 def test_plan_chooses_by_shape():

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
-from device_util import DEVICES, DTYPES, float32_tolerance, normal, on_device, random_qkv, tolerance
+from device_util import (DEVICES, DTYPES, float32_tolerance, normal, on_device, random_qkv, run_with_gradients,
+                         tolerance)
 from reference import element_mask, reference_attention, reference_attention_grad, relative_error
 
 
@@ -27,15 +28,7 @@ def scattered_ids(rng, batch, seqlen):
 
 
 def _run(q, k, v, d_out, mode="eager", **kwargs):
-    def fn():
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out, lse = tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * tf.cast(d_out, tf.float32))
-        return (out, lse, *tape.gradient(loss, [q, k, v]))
-    if mode != "eager":
-        fn = tf.function(fn, jit_compile=mode == "xla")
-    return [t.numpy() for t in fn()]
+    return run_with_gradients(tf_flash.flash_attention, q, k, v, d_out, mode, **kwargs)
 
 
 def _check_against_reference(result, q, k, v, d_out, dtype, device, **kwargs):
