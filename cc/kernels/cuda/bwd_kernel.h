@@ -30,7 +30,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "cc/kernels/cuda/bwd_kernel_sm90.h"
+#include "cc/kernels/cuda/bwd_launch_sm90.h"
 #include "cc/kernels/cuda/bwd_launch.h"
 #include "cc/kernels/cuda/common.cuh"
 #include "cc/kernels/cuda/family.h"

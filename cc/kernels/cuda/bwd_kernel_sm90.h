@@ -41,7 +41,7 @@
 
 #include "cc/kernels/cuda/bwd_launch.h"
 #include "cc/kernels/cuda/common.cuh"
-#include "cc/kernels/cuda/fwd_kernel_sm90.h"
+#include "cc/kernels/cuda/sm90_common.cuh"
 #include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
@@ -177,14 +177,6 @@ struct BwdTraitsSm90 {
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
-
-// Block masks the Hopper backward takes: block sizes that are multiples of its tiles, so that each tile lies in
-// one block and is wholly visible or skipped (others need the sm_80 kernel's element-wise check).
-template <int kHeadDim>
-bool hopper_backward_takes_block_mask(const FlashBwdParams& p) {
-  using Traits = BwdTraitsSm90<kHeadDim, cutlass::bfloat16_t>;
-  return p.block_mask.data == nullptr || (p.block_q % Traits::kBlockM == 0 && p.block_k % Traits::kBlockN == 0);
-}
 
 template <class Traits>
 struct BwdArgsSm90 {
@@ -719,84 +711,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
   }
 #endif
-}
-
-// One instantiation of kernel 2: the TMA descriptors of its tiles, then the grid.
-template <class Traits, bool kGeneral, bool kAttnMask>
-cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
-  using namespace cute;
-  using Element = typename Traits::Element;
-  constexpr int kHeadDim = Traits::kHeadDim;
-  auto kernel = &bwd_dkdv_kernel_sm90<Traits, kGeneral, kAttnMask>;
-  BwdArgsSm90<Traits> args;
-  args.p = p;
-  args.s = s;
-  using TileQ = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>;
-  using TileK = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
-  const auto smem_q = take<0, 2>(typename Traits::SmemLayoutQ{});
-  auto view = [&](const void* ptr, int rows, int dim, int heads, int64_t row_stride, int64_t head_stride,
-                  int64_t batch_stride) {
-    return tma_gmem_view<Element>(ptr, rows, dim, heads, p.batch, row_stride, head_stride, batch_stride);
-  };
-  args.tma_q = make_tma_copy(SM90_TMA_LOAD{},
-                             view(p.q, p.seqlen_q, p.head_dim, p.num_heads, p.q_row_stride, p.q_head_stride,
-                                  p.q_batch_stride),
-                             smem_q, TileQ{}, _1{});
-  args.tma_do = make_tma_copy(SM90_TMA_LOAD{},
-                              view(p.d_out, p.seqlen_q, p.head_dim_v, p.num_heads, p.o_row_stride, p.o_head_stride,
-                                   p.o_batch_stride),
-                              smem_q, TileQ{}, _1{});
-  args.tma_k = make_tma_copy(SM90_TMA_LOAD{},
-                             view(p.k, p.seqlen_k, p.head_dim, p.num_heads_kv, p.k_row_stride, p.k_head_stride,
-                                  p.k_batch_stride),
-                             typename Traits::SmemLayoutK{}, TileK{}, _1{});
-  args.tma_v = make_tma_copy(SM90_TMA_LOAD{},
-                             view(p.v, p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.v_row_stride, p.v_head_stride,
-                                  p.v_batch_stride),
-                             typename Traits::SmemLayoutK{}, TileK{}, _1{});
-  // dQ accumulator rows of (split, batch, head) (split * batch + b) * num_heads + h start at that times sq_pad.
-  args.tma_dq = make_tma_copy(
-      SM90_TMA_REDUCE_ADD{},
-      make_tensor(make_gmem_ptr(s.dq_accum),
-                  make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), s.dq_splits * int32_t(p.batch) * p.num_heads),
-                  make_stride(int64_t(kHeadDim), _1{}, s.sq_pad * kHeadDim)),
-      typename Traits::SmemLayoutdQPart{}, Shape<Int<Traits::kdQPartRows>, Int<Traits::kdQPartCols>>{}, _1{});
-  constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
-  const int num_key_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const dim3 grid(bwd_dkdv_ctas(s, num_key_tiles), p.num_heads_kv, p.batch);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
-}
-
-// Kernel 2 of run_flash_bwd on the Hopper family: cudaErrorNoKernelImageForDevice (nothing launched) when
-// the library holds no sm_90a code for it.
-template <class Element, int kHeadDim>
-cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
-  using Traits = BwdTraitsSm90<kHeadDim, Element>;
-  // The plain variant takes 128 query rows per tile at head dim 64: its GEMMs of 64 x 64 x 64 per warpgroup
-  // are too short to cover a tile's barriers, softmax and dQ staging (+9-19% from 1k). The others
-  // keep 64 (their dropout, attn_mask and visibility bits are 32 per thread; the mask summaries are per 64
-  // query rows).
-  using PlainTraits = BwdTraitsSm90<kHeadDim, Element, kHeadDim == 64 ? 128 : 64>;
-  static const bool has_code = has_sm90a_code(&bwd_dkdv_kernel_sm90<PlainTraits, false>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false, true>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true, true>);
-  if (!has_code) return cudaErrorNoKernelImageForDevice;
-  const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
-  if (p.attn_mask.data != nullptr) {
-    // Packed into the scratch first; without room for it (bwd_mask_bytes) the sm_80 family runs.
-    const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kBackward), s.mask,
-                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream);
-    if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
-    if (err != cudaSuccess) return err;
-    return general ? launch_bwd_dkdv_sm90<Traits, true, true>(p, s, stream)
-                   : launch_bwd_dkdv_sm90<Traits, false, true>(p, s, stream);
-  }
-  return general ? launch_bwd_dkdv_sm90<Traits, true, false>(p, s, stream)
-                 : launch_bwd_dkdv_sm90<PlainTraits, false, false>(p, s, stream);
 }
 
 }  // namespace cuda

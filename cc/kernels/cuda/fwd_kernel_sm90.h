@@ -37,6 +37,7 @@
 #include "cc/kernels/cuda/common.cuh"
 #include "cc/kernels/cuda/fwd_kernel.h"
 #include "cc/kernels/cuda/packed_mask.h"
+#include "cc/kernels/cuda/sm90_common.cuh"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
@@ -121,29 +122,6 @@ struct FwdTraitsSm90 {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-// Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V): Traits, and
-// BandedTraits for windowed attention and causal attention over fewer than 4k keys
-// (run_flash_fwd_sm90), whose diagonal tiles waste more in larger query tiles.
-// Wider key tiles are slower: d128 with 160 keys spills registers (non-causal 4k: 497 against 594 TFLOP/s), and
-// 160 or 176 keys as one wgmma a k-slice (CuTe's extended shapes) or 192 keys, for unmasked non-causal work, run
-// 0.69-0.93x at 512-4k tokens and 0.98-1.00x at 8k-16k (one P buffer beside a wider S, 148-404 bytes of spills).
-// Head dim 64 non-causal runs three consumers (192 query rows): with two, each K/V tile feeds too few GEMM rows
-// (bf16 16k: 420 against 350 TFLOP/s, 2k: 356 against 305; key tiles of 96 or 64 are slower). Causal keeps two
-// below 4k keys (three: 1k 164 against 197 TFLOP/s) and takes three from 4k on (8k: 366 against 315).
-template <int kHeadDim, class Element> struct FwdConfigSm90;
-template <class E> struct FwdConfigSm90<64, E> {
-  // Three or four K/V stages measure no faster than two.
-  using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
-  using BandedTraits = FwdTraitsSm90<64, 128, 2, E, 2>;
-};
-template <class E> struct FwdConfigSm90<128, E> {
-  using Traits = FwdTraitsSm90<128, 128, 2, E>;
-  using BandedTraits = Traits;
-};
-template <class E> struct FwdConfigSm90<256, E> {
-  using Traits = FwdTraitsSm90<256, 64, 2, E>;
-  using BandedTraits = Traits;
-};
 
 // Which query tiles each CTA of the Hopper forward runs. Tiles go in the order (group of heads, query tile from
 // the last down, (batch, head) in the group): the last query tiles are the heaviest under a causal mask, and a
@@ -186,90 +164,6 @@ struct FwdArgsSm90 {
   FwdScheduleSm90 schedule;
 };
 
-// ---- Host side of the Hopper launchers ----
-// True when `kernel` runs from sm_90a machine code on the current device. The kernel bodies exist only in
-// that code: a library built without sm_90a (or a GPU that runs another target's code) answers false, and
-// the caller runs the sm_80 family instead. Asked once per kernel.
-template <class Kernel>
-bool has_sm90a_code(Kernel kernel) {
-  cudaFuncAttributes attributes;
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
-}
-
-// A [batch, rows, heads, dim] tensor as the TMA descriptors see it: (rows, dim, heads, batch), dim
-// contiguous.
-template <class Element>
-auto tma_gmem_view(const void* ptr, int rows, int dim, int heads, int batch, int64_t row_stride,
-                   int64_t head_stride, int64_t batch_stride) {
-  using namespace cute;
-  return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), make_shape(rows, dim, heads, batch),
-                     make_stride(row_stride, _1{}, head_stride, batch_stride));
-}
-
-// ---- Layout views of a wgmma accumulator, shape ((2, 2, N/8), MMA_M, MMA_N) ----
-// Row/column view: ((2, MMA_M), (2, N/8, MMA_N)); mode 0 of the fragment is (column pair, row half, n8 group).
-template <class Layout>
-__host__ __device__ constexpr auto gmma_acc_rowcol(Layout layout) {
-  static_assert(decltype(cute::rank<0>(layout))::value == 3, "expected a wgmma accumulator");
-  return cute::make_layout(cute::make_layout(cute::get<0, 1>(layout), cute::get<1>(layout)),
-                           cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 2>(layout), cute::get<2>(layout)));
-}
-
-// The accumulator of S reused as the register A operand of P V: two n8 groups form one k16 slice,
-// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, N/16 * MMA_N).
-template <class Layout>
-__host__ __device__ constexpr auto gmma_acc_as_a_operand(Layout layout) {
-  auto groups = cute::logical_divide(cute::get<0, 2>(layout), cute::Tile<cute::_2>{});  // ((2, N/16))
-  return cute::make_layout(
-      cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 1>(layout), cute::get<0, 0>(groups)),
-      cute::get<1>(layout), cute::coalesce(cute::make_layout(cute::get<0, 1>(groups), cute::get<2>(layout))));
-}
-
-// The accumulator as the sm_80 family's (values, MMA_M, MMA_N) of m16n8 atoms: ((2, 2), MMA_M, N/8), for
-// code written for mma.sync fragments (apply_dropout). One wgmma atom along N (MMA_N == 1).
-template <class Layout>
-__host__ __device__ constexpr auto gmma_acc_as_mma_atoms(Layout layout) {
-  static_assert(decltype(cute::size<2>(layout))::value == 1, "one wgmma atom along N");
-  return cute::make_layout(cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 1>(layout)), cute::get<1>(layout),
-                           cute::get<0, 2>(layout));
-}
-
-// Issues one warpgroup GEMM (all k-slices of a and b into c) and commits it as one batch; the caller
-// waits with warpgroup_wait. kZeroInit: c = a b, else c += a b.
-template <bool kZeroInit, class TiledMma, class FragA, class FragB, class FragC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, FragA const& a, FragB const& b, FragC& c) {
-  using namespace cute;
-  constexpr bool kRegisterA = !is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
-  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    cute::gemm(tiled_mma, a(_, _, k), b(_, _, k), c);
-    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
-  if constexpr (kRegisterA) warpgroup_fence_operand(const_cast<FragA&>(a));
-}
-
-// Params of a TMA pipeline as both Hopper kernels run it: warpgroup 0 produces (thread 0 issues the copies
-// and arms each stage for transaction_bytes), the `consumers` threads of the other warpgroups release.
-template <class Pipeline>
-__device__ __forceinline__ typename Pipeline::Params tma_pipeline_params(uint32_t transaction_bytes, int consumers) {
-  typename Pipeline::Params params;
-  params.role = threadIdx.x < 128 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  params.transaction_bytes = transaction_bytes;
-  params.is_leader = threadIdx.x == 0;
-  params.num_consumers = consumers;
-  return params;
-}
-
 // Named barriers of the forward kernel (ids after CUTLASS's reserved ones).
 enum class Sm90Barrier : uint32_t {
   kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + i for consumer i (up to 3)
@@ -283,30 +177,6 @@ enum TileState : uint8_t {
   kTileElementMasked = 2,    // attn_mask hides part of it: masked entry by entry
   kTileValuesNonFinite = 4,  // with kTileElementMasked: V holds a non-finite value in it
 };
-
-template <class BarrierId>
-__device__ __forceinline__ void named_sync(int threads, BarrierId id, int offset = 0) {
-  cutlass::arch::NamedBarrier::sync(threads, uint32_t(id) + offset);
-}
-template <class BarrierId>
-__device__ __forceinline__ void named_arrive(int threads, BarrierId id, int offset = 0) {
-  cutlass::arch::NamedBarrier::arrive(threads, uint32_t(id) + offset);
-}
-// named_sync that also returns whether any of the threads passed pred = true (bar.red.or).
-template <class BarrierId>
-__device__ __forceinline__ bool named_sync_or(int threads, BarrierId id, bool pred) {
-  const uint32_t barrier = uint32_t(id) + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount;
-  uint32_t any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(uint32_t(pred)), "r"(barrier), "r"(uint32_t(threads))
-      : "memory");
-  return any != 0;
-}
-// Waits until this thread's TMA stores and reduce-adds have been written (tma_store_wait waits only until
-// they have read their shared-memory source).
-__device__ __forceinline__ void tma_store_wait_writes() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain variant's
 // registers; kAttnMask (128-row tiles): attn_mask, with either, kept out of both others' (its exact zeroing

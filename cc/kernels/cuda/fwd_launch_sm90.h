@@ -17,6 +17,30 @@
 namespace tf_flash {
 namespace cuda {
 
+// Tile choices per head dim (H100: 227 KB of shared memory; two stages of K and V): Traits, and
+// BandedTraits for windowed attention and causal attention over fewer than 4k keys
+// (run_flash_fwd_sm90), whose diagonal tiles waste more in larger query tiles.
+// Wider key tiles are slower: d128 with 160 keys spills registers (non-causal 4k: 497 against 594 TFLOP/s), and
+// 160 or 176 keys as one wgmma a k-slice (CuTe's extended shapes) or 192 keys, for unmasked non-causal work, run
+// 0.69-0.93x at 512-4k tokens and 0.98-1.00x at 8k-16k (one P buffer beside a wider S, 148-404 bytes of spills).
+// Head dim 64 non-causal runs three consumers (192 query rows): with two, each K/V tile feeds too few GEMM rows
+// (bf16 16k: 420 against 350 TFLOP/s, 2k: 356 against 305; key tiles of 96 or 64 are slower). Causal keeps two
+// below 4k keys (three: 1k 164 against 197 TFLOP/s) and takes three from 4k on (8k: 366 against 315).
+template <int kHeadDim, class Element> struct FwdConfigSm90;
+template <class E> struct FwdConfigSm90<64, E> {
+  // Three or four K/V stages measure no faster than two.
+  using Traits = FwdTraitsSm90<64, 128, 2, E, 3>;
+  using BandedTraits = FwdTraitsSm90<64, 128, 2, E, 2>;
+};
+template <class E> struct FwdConfigSm90<128, E> {
+  using Traits = FwdTraitsSm90<128, 128, 2, E>;
+  using BandedTraits = Traits;
+};
+template <class E> struct FwdConfigSm90<256, E> {
+  using Traits = FwdTraitsSm90<256, 64, 2, E>;
+  using BandedTraits = Traits;
+};
+
 // The Hopper forward's schedule (FwdScheduleSm90) for these params. by_l2: a group holds the (batch, head) pairs
 // of as many kv heads as fit in kL2Bytes with both K and V; else those of one kv head (query tiles of one head
 // after another, as a grid of a CTA per tile ran before the schedule).
