@@ -54,14 +54,6 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # Workers
 # ---------------------------------------------------------------------------------------------------------
 
-def _error_text(err):
-    name = type(err).__name__
-    text = str(err).strip().splitlines()[0][:240] if str(err).strip() else ""
-    if "ResourceExhausted" in name or "out of memory" in text.lower() or "OutOfMemory" in name:
-        return "OOM"
-    return f"{name}: {text}"
-
-
 def _tf_run_config(cfg, args):
     import tensorflow as tf
     dtype = getattr(tf, DTYPE_NAMES[cfg["dtype"]])
@@ -120,7 +112,7 @@ def _tf_run_config(cfg, args):
                                                      cfg["causal"], mode) / stats["median_s"] / 1e12
             result[mode] = stats
         except Exception as err:  # noqa: BLE001 - OOM and friends: record and go on
-            result[mode] = {"error": _error_text(err)}
+            result[mode] = {"error": common.error_text(err)}
     return result
 
 
@@ -173,7 +165,7 @@ def _torch_run_config(cfg, args):
                                                      cfg["causal"], mode) / stats["median_s"] / 1e12
             result[mode] = stats
         except Exception as err:  # noqa: BLE001
-            result[mode] = {"error": _error_text(err)}
+            result[mode] = {"error": common.error_text(err)}
         finally:
             torch.cuda.empty_cache()
     return result
@@ -205,7 +197,7 @@ def worker_main(args):
             try:
                 result = run(cfg, args)
             except Exception as err:  # noqa: BLE001
-                result = {"error": _error_text(err)}
+                result = {"error": common.error_text(err)}
             out.write(json.dumps({"id": cfg["id"], "result": result}) + "\n")
             out.flush()
             if not is_torch:

@@ -214,13 +214,6 @@ def run_length(cfg, n, per_gpu_len):
     return record
 
 
-def _error_text(err):
-    name = type(err).__name__
-    text = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
-    whole = str(err).lower()
-    return ("oom" if "ResourceExhausted" in name or "out of memory" in whole else "error"), f"{name}: {text}"
-
-
 def worker_main(task_path):
     with open(task_path) as f:
         task = json.load(f)
@@ -238,7 +231,8 @@ def worker_main(task_path):
         try:
             record = run_length(cfg, task["gpus"], per_gpu_len)
         except Exception as err:  # noqa: BLE001 - recorded, the parent decides what runs next
-            status, text = _error_text(err)
+            text = common.error_text(err)
+            status = "oom" if text == "OOM" else "error"
             record = {"gpus": task["gpus"], "tokens_per_gpu": per_gpu_len, "tokens": per_gpu_len * task["gpus"],
                       "status": status, "error": text}
         with open(task_path + ".results", "a") as f:

@@ -78,13 +78,15 @@ def sample_calls(call, fetch, warmup, repeats, min_sample_s=0.025, max_calls=200
 
 
 def error_text(err):
-    """One line for a failed case: "OOM", or the error's type and its first line (a tf.function's error:
-    its last line)."""
+    """One line for a failed case: "OOM", or the error's type and the line that says what went wrong (a graph
+    error's message after its "Detected at node" trace; a tf.function's error: its last line)."""
     name = type(err).__name__
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [""]
-    text = (lines[-1] if lines[0] == "in user code:" else lines[0])[:240]
-    if "ResourceExhausted" in name or "out of memory" in str(err).lower():
+    if "ResourceExhausted" in name or "OutOfMemory" in name or "out of memory" in str(err).lower():
         return "OOM"
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [""]
+    framing = ("Graph execution error", "in user code:", "Detected at node", "File ", "[[")
+    said = [line for line in lines if not line.startswith(framing)]
+    text = (said[-1] if lines[0] == "in user code:" and said else said[0] if said else lines[0])[:240]
     return f"{name}: {text}"
 
 
