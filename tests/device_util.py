@@ -163,11 +163,8 @@ GPU_FLOAT32_BOUNDS_OF = {"float16_scaled": "float16", "float32": "float32"}
 
 def gpu_float32_bound_dtype():
     """The dtype whose tolerances GPU float32 results are held to: "float16" while TF32 is on, "float32"
-    with TF's TF32 switch off (see above)."""
-    if not tf.config.experimental.tensor_float_32_execution_enabled():
-        return "float32"
-    compute = tf_flash.build_info().get("gpu_float32_compute", "float32")
-    return GPU_FLOAT32_BOUNDS_OF.get(compute, "float16")
+    with TF's TF32 switch off (see above): build_info() reads the switch when asked."""
+    return GPU_FLOAT32_BOUNDS_OF[tf_flash.build_info().get("gpu_float32_compute", "float32")]
 
 
 # Error bounds against the float64 reference (tests/reference.py), by measure and input dtype. float32

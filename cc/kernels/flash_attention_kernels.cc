@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tsl/platform/tensor_float_32_utils.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
 #include "cc/kernels/flash_attention_params.h"
@@ -180,7 +181,11 @@ class BuildInfoOp : public tf::OpKernel {
     tf::Tensor* info = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {}, &info));
 #if TF_FLASH_WITH_CUDA
-    info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO ";gpu_float32_compute=float16_scaled";
+    // What float32 inputs run on now, as TF's TF32 switch says: float16 operands scaled to float32's range
+    // (TF32-grade), or the full-float32 kernels.
+    info->scalar<tf::tstring>()() =
+        std::string(TF_FLASH_BUILD_INFO ";gpu_float32_compute=") +
+        (::tsl::tensor_float_32_execution_enabled() ? "float16_scaled" : "float32");
 #else
     info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO;
 #endif

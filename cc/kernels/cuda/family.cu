@@ -1,14 +1,19 @@
-// The run-time choice of kernel family (family.h) and the launch counts of launch.h's
-// flash_cuda_kernel_counts.
+// The run-time choice of kernel family (family.h) and the launch counts of launch.h's flash_cuda_kernel_counts.
+// Nothing here includes CuTe: the Hopper kernels' tiles come from sm90_tile_size.h.
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "cc/kernels/cuda/family.h"
+#include "cc/kernels/cuda/packed_mask.h"
+#include "cc/kernels/cuda/sm90_tile_size.h"
+#include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/mask.h"
 
 namespace tf_flash {
 namespace cuda {
@@ -33,14 +38,78 @@ int device_attribute() {
   return value;
 }
 
-}  // namespace
+// Compiled with the library's own targets: where it runs from sm_90a machine code, so do the Hopper kernels
+// (their bodies exist only in that code).
+__global__ void sm90a_code_probe() {}
 
-bool hopper_family_allowed() {
+// The Hopper family may run: an sm_90 GPU, sm_90a code in this library, and no TF_FLASH_CUDA_FAMILY=sm80 (for
+// comparisons and bisecting, read when the process first asks).
+bool hopper_family_available() {
   static const bool allowed = [] {
     const char* choice = std::getenv("TF_FLASH_CUDA_FAMILY");
     return choice == nullptr || std::strcmp(choice, "sm80") != 0;
   }();
-  return allowed && device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+  static const bool has_code = [] {
+    cudaFuncAttributes attributes;
+    if (cudaFuncGetAttributes(&attributes, sm90a_code_probe) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attributes.binaryVersion == 90 && attributes.ptxVersion == 90;
+  }();
+  return allowed && has_code && device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
+}
+
+bool hopper_headdim(const FlashFwdParams& p) {
+  const int d = tf_flash_kernel_headdim(p);
+  return TF_FLASH_HEADDIM_SM90(d);
+}
+
+}  // namespace
+
+bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
+  // Keys to attend to (a TMA descriptor has no empty dimension); segment ids are read by the sm_80 family only.
+  if (p.seqlen_k <= 0 || has_segments(p) || !hopper_headdim(p) || !hopper_family_available()) return false;
+  const int head_dim = tf_flash_kernel_headdim(p);
+  const Sm90ForwardShape shape = sm90_forward_shape(p);
+  const Sm90ForwardTiles tiles = sm90_forward_tiles(head_dim, shape);
+  // Block masks whose blocks hold whole tiles, so that a tile is shown or hidden whole (finer blocks need the
+  // sm_80 family's element-wise check).
+  if (p.block_mask.data != nullptr && (p.block_q % tiles.block_m() != 0 || p.block_k % tiles.block_n != 0))
+    return false;
+  const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
+  if (p.attn_mask.data != nullptr) {
+    const PackedMaskLayout layout(p, MaskPacking::kForward);
+    if (!layout.packable(p) || (workspace_counted && p.mask_workspace == nullptr)) return false;
+  }
+  if (tile_table) {  // a byte per key tile and the consumers' words of seen keys, after the shared storage
+    const int64_t key_tiles = (int64_t(p.seqlen_k) + tiles.block_n - 1) / tiles.block_n;
+    const int64_t smem = sm90_forward_smem_bytes(head_dim, shape, 2) + tiles.consumers * 4 * 4 * 4 + key_tiles;
+    if (smem > device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()) return false;
+  }
+  // A CTA per query tile where the launcher gives each its own (sm90_forward_cta_per_tile): a 1-D grid.
+  if (sm90_forward_cta_per_tile(p) || device_sm_count() == 0) {
+    const int64_t tiles_total = (int64_t(p.seqlen_q) + tiles.block_m() - 1) / tiles.block_m() * p.batch * p.num_heads;
+    if (tiles_total > INT_MAX) return false;
+  }
+  return true;
+}
+
+bool hopper_backward_takes(const FlashFwdParams& p) {
+  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || has_segments(p) || !hopper_headdim(p) || !hopper_family_available())
+    return false;
+  // Block masks (the general variant's tiles) whose blocks hold whole tiles.
+  const Sm90BackwardTiles tiles = sm90_backward_tiles(tf_flash_kernel_headdim(p), /*plain=*/false);
+  if (p.block_mask.data != nullptr && (p.block_q % tiles.block_m != 0 || p.block_k % tiles.block_n != 0))
+    return false;
+  // attn_mask is packed into the backward's scratch (bwd_launch.h: bwd_mask_bytes, sized by this predicate).
+  return p.attn_mask.data == nullptr || PackedMaskLayout(p, MaskPacking::kBackward).packable(p);
+}
+
+KernelFamily choose_family(const FlashFwdParams& p, DType dtype, Direction direction) {
+  if (dtype == DType::kFloat32) return KernelFamily::kFloat32;
+  const bool hopper = direction == Direction::kForward ? hopper_forward_takes(p) : hopper_backward_takes(p);
+  return hopper ? KernelFamily::kSm90 : KernelFamily::kSm80;
 }
 
 int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }

@@ -1,18 +1,27 @@
-// The run-time choice between the two CUDA kernel families, shared by the forward and the backward: the
-// Hopper family (sm_90a: TMA, wgmma, warp specialization) on sm_90 GPUs, the sm_80 family elsewhere and
-// for the inputs the Hopper kernels do not take. Definitions in family.cu.
+// The run-time choice of kernel family, made in one place for the forward and the backward: the full-float32
+// kernels for float32 inputs, the Hopper family (sm_90a: TMA, wgmma, warp specialization) for the params it
+// takes on sm_90 GPUs, and the sm_80 family for everything else. Definitions in family.cu.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
+#include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/params.h"
+
 namespace tf_flash {
 namespace cuda {
 
-// True on an sm_90 GPU (the current device) unless TF_FLASH_CUDA_FAMILY=sm80 was set when the process
-// first asked (comparisons, bisecting). A library without sm_90a code still falls back: each Hopper
-// launcher reports cudaErrorNoKernelImageForDevice, launching nothing.
-bool hopper_family_allowed();
+enum class KernelFamily { kFloat32, kSm80, kSm90 };
+
+// The family that runs params p (which check_supported accepted) in `direction` on the current device. For the
+// backward, the family of its dK/dV kernel (the preprocess and the dQ conversion are the sm_80 family's).
+KernelFamily choose_family(const FlashFwdParams& p, DType dtype, Direction direction);
+
+// One predicate per Hopper kernel: true where it takes p on the current device. The forward's attn_mask needs its
+// workspace (flash_fwd_cuda_workspace_bytes), which `workspace_counted` = false leaves out (asked to size it).
+bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted = true);
+bool hopper_backward_takes(const FlashFwdParams& p);  // the backward's params (FlashBwdParams) are these too
 
 // Streaming multiprocessors of the current device (read once per device; 0 if CUDA cannot tell).
 int device_sm_count();

@@ -131,13 +131,7 @@ cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout&
                                 bool bfloat16, cudaStream_t stream) {
   const int64_t planes = layout.batches * layout.heads;
   const bool forward = layout.packing == MaskPacking::kForward;
-  constexpr int64_t kMaxGridYZ = 65535, kMaxGridX = 2147483647;
-  if (workspace == nullptr || layout.row_groups > kMaxGridYZ || planes > kMaxGridYZ || layout.key_chunks > kMaxGridX)
-    return cudaErrorInvalidValue;
-  if (forward && (p.head_dim_v % 8 != 0 || p.v_row_stride % 8 != 0 || p.v_head_stride % 8 != 0 ||
-                  p.v_batch_stride % 8 != 0 || layout.value_tiles > kMaxGridX || p.num_heads_kv > kMaxGridYZ ||
-                  p.batch > kMaxGridYZ))
-    return cudaErrorInvalidValue;
+  if (workspace == nullptr || !layout.packable(p)) return cudaErrorInvalidValue;  // the family choice asked first
   if (layout.key_chunks == 0 || planes == 0 || layout.rows == 0) return cudaSuccess;
   uint8_t* bytes = static_cast<uint8_t*>(workspace);
   const dim3 grid(unsigned(layout.key_chunks), unsigned(layout.row_groups), unsigned(planes));

@@ -54,6 +54,15 @@ struct PackedMaskLayout {
     bytes = round16(value_flags_offset + int64_t(p.batch) * p.num_heads_kv * value_tiles);
   }
   static TF_FLASH_HOST_DEVICE int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
+  // pack_attention_mask runs for these params: its grids within CUDA's limits, and (forward) V's rows 16-byte
+  // aligned for the pass that flags non-finite values.
+  bool packable(const FlashFwdParams& p) const {
+    constexpr int64_t kMaxGridYZ = 65535, kMaxGridX = 2147483647;
+    if (row_groups > kMaxGridYZ || batches * heads > kMaxGridYZ || key_chunks > kMaxGridX) return false;
+    return packing != MaskPacking::kForward ||
+           (p.head_dim_v % 8 == 0 && p.v_row_stride % 8 == 0 && p.v_head_stride % 8 == 0 && p.v_batch_stride % 8 == 0 &&
+            value_tiles <= kMaxGridX && p.num_heads_kv <= kMaxGridYZ && p.batch <= kMaxGridYZ);
+  }
 
   TF_FLASH_HOST_DEVICE int64_t plane(int b, int h) const {
     return (batches > 1 ? b : 0) * heads + (heads > 1 ? h : 0);
@@ -75,8 +84,8 @@ struct PackedMaskLayout {
 };
 
 // Packs p.attn_mask into `workspace` as `layout` says (the forward also flags V's non-finite tiles), on
-// `stream`. Fails with cudaErrorInvalidValue, launching nothing, where a grid dimension would overflow or
-// V's rows are not 16-byte vectors (the caller then runs the sm_80 family).
+// `stream`. Fails with cudaErrorInvalidValue, launching nothing, without a workspace or where layout.packable(p) is
+// false (the family choice asks it first, and runs the sm_80 family then).
 cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout& layout, void* workspace,
                                 bool bfloat16, cudaStream_t stream);
 

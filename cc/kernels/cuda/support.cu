@@ -27,7 +27,7 @@ const char* dtype_name(DType dtype) {
 
 std::string compiled_headdims() {
   std::string list;
-  for (int d : {32, 64, 96, 128, 256}) {
+  for (int d : kListedHeadDims) {
     if (tf_flash_round_headdim(d) == d) list += (list.empty() ? "" : ", ") + std::to_string(d);
   }
   return list;

@@ -1,0 +1,89 @@
+// The Hopper family's tile sizes, one policy per direction: head dim and the work's shape -> key tile, stages
+// and consumer warpgroups. The launchers build their traits from these functions, and the family choice
+// (family.cu) reads them on the host without CuTe. The numbers in the reasons are the H100's, bf16.
+#pragma once
+
+#include <cstdint>
+
+#include "cc/kernels/flash/params.h"
+
+namespace tf_flash {
+namespace cuda {
+
+// ---- Forward ----
+// kLong: unmasked work and causal work over many keys. kBanded: windows, causal attention over fewer keys, block
+// masks and attn_mask, whose diagonal or partly hidden tiles waste more of a taller query tile.
+enum class Sm90ForwardShape { kLong, kBanded };
+
+struct Sm90ForwardTiles {
+  int block_n;    // keys per tile
+  int stages;     // K/V stages of the TMA ring
+  int consumers;  // consumer warpgroups, 64 query rows each
+  constexpr int block_m() const { return 64 * consumers; }
+};
+
+constexpr Sm90ForwardTiles sm90_forward_tiles(int head_dim, Sm90ForwardShape shape) {
+  // Two stages everywhere: three or four measure no faster (d64), and d256 has room for two only.
+  // d256: 64 keys, so that S and O fit in a consumer's registers beside P.
+  if (head_dim == 256) return {64, 2, 2};
+  // d128: 128 keys; 160 spill registers (non-causal 4k: 497 against 594 TFLOP/s), 192 run 0.69-0.93x at 512-4k.
+  if (head_dim == 128) return {128, 2, 2};
+  // d64: three consumers (192 rows) where tiles are long, so that each K/V tile feeds enough GEMM rows (16k: 420
+  // against 350 TFLOP/s); two where tiles are banded (causal 1k: 197 against 164 with three).
+  return {128, 2, shape == Sm90ForwardShape::kLong ? 3 : 2};
+}
+
+// Causal attention over at least this many keys takes kLong (d64 4k / 8k / 16k keys: 310 / 360 / 372 against
+// 294 / 323 / 342 TFLOP/s with kBanded).
+inline constexpr int kSm90MinCausalKeysLong = 4096;
+
+inline Sm90ForwardShape sm90_forward_shape(const FlashFwdParams& p) {
+  const bool windowed = p.window_left >= 0 || p.window_right >= 0;
+  const bool short_causal = p.causal && p.seqlen_k < kSm90MinCausalKeysLong;
+  // Block masks and attn_mask need 128-row tiles: the tile table (a block mask's query tile lies in one block).
+  const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
+  return windowed || short_causal || tile_table ? Sm90ForwardShape::kBanded : Sm90ForwardShape::kLong;
+}
+
+// O leaves through a shared-memory buffer of its own where one fits beside Q and the K/V stages (so that the next
+// tile's Q loads while this tile's O is stored), else through Q's (d256).
+constexpr bool sm90_forward_own_output_buffer(int head_dim, Sm90ForwardShape shape, int element_bytes) {
+  const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape);
+  const int64_t q = int64_t(t.block_m()) * head_dim * element_bytes, kv = int64_t(t.block_n) * head_dim * element_bytes;
+  return 2 * q + 2 * t.stages * kv <= 200 * 1024;
+}
+
+// Where the forward launches a CTA per query tile, which the hardware hands out as CTAs finish, instead of a
+// persistent CTA per SM: with a tile table (made once per CTA), and under a causal mask over more keys than
+// kSm90MinCausalKeysLong, whose tiles differ too much for the static schedule (d128 16k: 483 against 368 TFLOP/s).
+inline bool sm90_forward_cta_per_tile(const FlashFwdParams& p) {
+  return p.block_mask.data != nullptr || p.attn_mask.data != nullptr || (p.causal && p.seqlen_k > kSm90MinCausalKeysLong);
+}
+
+// Bytes of the forward's shared storage (FwdTraitsSm90::SharedStorage: Q, O where it has a buffer of its own, the
+// K and V stages, each 1024-byte aligned, then the barriers); its launcher asserts the two agree.
+constexpr int64_t sm90_forward_smem_bytes(int head_dim, Sm90ForwardShape shape, int element_bytes) {
+  const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape);
+  const int64_t q = int64_t(t.block_m()) * head_dim * element_bytes, kv = int64_t(t.block_n) * head_dim * element_bytes;
+  return q + (sm90_forward_own_output_buffer(head_dim, shape, element_bytes) ? q : 1024) + 2 * t.stages * kv + 1024;
+}
+
+// ---- Backward (dK/dV kernel) ----
+struct Sm90BackwardTiles {
+  int block_m;  // query rows per tile
+  int block_n;  // keys per CTA tile (bwd_launch.h's bwd_key_tile, which both families share)
+};
+
+// plain: no dropout, soft-capping, block mask or attn_mask.
+constexpr Sm90BackwardTiles sm90_backward_tiles(int head_dim, bool plain) {
+  // d256: 64 keys, whose dK and dV (split over the warpgroups by head dim) fit in registers.
+  const int block_n = head_dim == 256 ? 64 : 128;
+  // Plain d64: 128 query rows, since 64 x 64 x 64 GEMMs per warpgroup are too short to cover a tile's barriers,
+  // softmax and dQ staging (+9-19% from 1k); the others keep 64 (32 dropout, mask and visibility bits per thread;
+  // the attn_mask summaries cover 64 query rows).
+  const int block_m = plain && head_dim == 64 ? 128 : 64;
+  return {block_m, block_n};
+}
+
+}  // namespace cuda
+}  // namespace tf_flash
