@@ -112,6 +112,8 @@ KernelFamily choose_family(const FlashFwdParams& p, DType dtype, Direction direc
   return hopper ? KernelFamily::kSm90 : KernelFamily::kSm80;
 }
 
+bool hopper_family_allowed() { return hopper_family_available(); }
+
 int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 
 }  // namespace cuda
