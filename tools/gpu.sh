@@ -445,17 +445,18 @@ ab() {  # the same-run A/B of two harness builds
 
 sm90_tiles() {  # each "kBlockN,consumer warpgroups" variant recompiles only the two Hopper objects of head dim D
   local d=${1:?usage: tools/gpu.sh sm90-tiles D "N,WG ..."} variants=${2:?usage: tools/gpu.sh sm90-tiles D "N,WG ..."}
-  local flags v n wg vdir objs
+  local flags v n wg vdir objs line
   cutlass_headers
   need fwd
   flags="-std=c++17 --expt-relaxed-constexpr -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -I$CUTLASS_INCLUDE"
   for v in $variants; do
     n=${v%,*} wg=${v#*,} vdir=/tmp/sm90_variant_${n}_$wg
     rm -rf "$vdir" && mkdir -p "$vdir/obj" && cp -r "$root/cc" "$vdir/"
-    # Both configurations of FwdConfigSm90<d> (Traits and BandedTraits) become the variant.
-    sed -i -E "/struct FwdConfigSm90<$d, E>/,/^};/s/FwdTraitsSm90<$d, [0-9]+, ([0-9]+), E(, [0-9]+)?>/FwdTraitsSm90<$d, $n, \1, E, $wg>/" \
-      "$vdir/cc/kernels/cuda/fwd_kernel_sm90.h"
-    grep -q "Traits = FwdTraitsSm90<$d, $n, [0-9]*, E, $wg>" "$vdir/cc/kernels/cuda/fwd_kernel_sm90.h" ||
+    # The long tile shape of head dim d (sm90_tile_size.h's policy; the banded one keeps its 128 rows for the
+    # tile table) becomes the variant.
+    line="  if (head_dim == $d \\&\\& shape == Sm90ForwardShape::kLong) return {$n, 2, $wg};  // sm90-tiles variant"
+    sed -i "/^constexpr Sm90ForwardTiles sm90_forward_tiles(/a\\$line" "$vdir/cc/kernels/cuda/sm90_tile_size.h"
+    grep -qF "return {$n, 2, $wg};  // sm90-tiles variant" "$vdir/cc/kernels/cuda/sm90_tile_size.h" ||
       { echo "variant $v: edit failed"; continue; }
     ( for dt in bf16 fp16; do
         # shellcheck disable=SC2086
