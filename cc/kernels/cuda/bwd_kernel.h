@@ -10,8 +10,7 @@
 //      sm_90), dK += dS^T Q. Q/dO/lse/D of the next tile are fetched with cp.async while the current one is
 //      computed (with a single buffer, d256: while dQ is).
 //   3. bwd_convert_dq: dQ accumulator * scale -> output dtype.
-// On sm_90 GPUs kernel 2 is the Hopper family's (bwd_kernel_sm90.h) for head dims 64, 128 and 256 without
-// block masks finer than its tiles (run_flash_bwd chooses).
+// Where family.h chooses the Hopper family, kernel 2 is its own (bwd_kernel_sm90.h).
 // Masks follow cc/kernels/flash/mask.h: tiles wholly outside the causal/window/length range are never
 // visited, element masks are applied only on tiles that straddle a boundary (or when attn_mask / an
 // unaligned block_mask is given); block_mask tiles whose blocks are all False are never loaded. Dropout
@@ -30,7 +29,6 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "cc/kernels/cuda/bwd_launch_sm90.h"
 #include "cc/kernels/cuda/bwd_launch.h"
 #include "cc/kernels/cuda/common.cuh"
 #include "cc/kernels/cuda/family.h"
@@ -676,7 +674,7 @@ struct BwdConfig<Element, 256> {
 };
 
 template <typename Element, int kHeadDim>
-cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
+cudaError_t run_flash_bwd(const FlashBwdParams& p, KernelFamily dkdv_family, cudaStream_t stream) {
   using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
   static_assert(Traits::kSmemBytes <= 163 * 1024, "sm_80 allows at most 163 KB of shared memory per block");
   const BwdScratch s = bwd_scratch_layout(p);
@@ -708,18 +706,12 @@ cudaError_t run_flash_bwd(const FlashBwdParams& p, cudaStream_t stream) {
                         (p.block_q % Traits::kBlockM != 0 || p.block_k % Traits::kBlockN != 0));
     const bool dropout = p.dropout_rate > 0.f;
     const bool softcap = p.softcap > 0.f;
-    // The Hopper kernel takes its head dims with attn_mask (packed in the scratch) and block masks of whole
-    // tiles; everything else, and a library without sm_90a code, runs here.
-    if constexpr (hopper_backward_headdim(kHeadDim)) {
-      // Segment ids run here too: the Hopper kernels do not read them.
-      if (p.seqlen_q > 0 && (p.attn_mask.data == nullptr || s.mask != nullptr) && !has_segments(p) &&
-          hopper_backward_takes_block_mask<kHeadDim>(p) && hopper_family_allowed()) {
+    if constexpr (TF_FLASH_HEADDIM_SM90(kHeadDim)) {
+      if (dkdv_family == KernelFamily::kSm90) {
         const cudaError_t e = run_bwd_dkdv_sm90<Element, kHeadDim>(p, s, stream);
-        if (e != cudaErrorNoKernelImageForDevice) {
-          if (e != cudaSuccess) return e;
-          backward_sm90_launches.fetch_add(1, std::memory_order_relaxed);
-          return launch_convert_dq();
-        }
+        if (e != cudaSuccess) return e;
+        backward_sm90_launches.fetch_add(1, std::memory_order_relaxed);
+        return launch_convert_dq();
       }
     }
     cudaError_t e = softcap ? (dropout ? launch(bwd_dkdv_kernel<Traits, true, true, true>)

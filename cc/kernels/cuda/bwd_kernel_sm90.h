@@ -24,8 +24,7 @@
 // Visibility is mask.h's (causal, window, lengths, attn_mask, and block masks whose blocks hold whole tiles):
 // query tiles that see no key of the tile are never visited, tiles that straddle a boundary are masked per
 // element (by replacement: P = dS = 0). Keys no valid query sees and query rows past q_len are zeroed in shared
-// memory (0 x NaN must not reach a GEMM). Other block masks run in the sm_80 family; run_flash_bwd
-// (bwd_kernel.h) chooses.
+// memory (0 x NaN must not reach a GEMM). Other block masks run in the sm_80 family (family.cu chooses).
 #pragma once
 
 #include <cmath>
@@ -277,7 +276,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     t.n_iter = t.n_m * group;
     return t;
   };
-  // Block-sparse (the general variant; hopper_backward_takes_block_mask: every tile inside one block): tiles
+  // Block-sparse (the general variant; hopper_backward_takes (family.cu): every tile inside one block): tiles
   // of False blocks are skipped by the producer and the consumers alike. The plain variant visits every tile
   // (the check cost it 1-2% at head dim 64, bf16 and fp16).
   // attn_mask (the masked variant): its packing (packed_mask.h, in the scratch), whose summaries are per (64

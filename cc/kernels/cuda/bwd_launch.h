@@ -17,9 +17,10 @@ namespace tf_flash {
 namespace cuda {
 
 // One explicit instantiation per (dtype, head dim), each in its own .cu so they compile in parallel.
-// Element is cutlass::half_t or cutlass::bfloat16_t.
+// Element is cutlass::half_t or cutlass::bfloat16_t. The backward's three kernels (bwd_kernel.h), kernel 2 of
+// `dkdv_family` (family.h's choice: kSm80 or kSm90).
 template <typename Element, int kHeadDim>
-cudaError_t run_flash_bwd(const FlashBwdParams& params, cudaStream_t stream);
+cudaError_t run_flash_bwd(const FlashBwdParams& params, KernelFamily dkdv_family, cudaStream_t stream);
 
 // Rows of the lse/D/dQ-accumulator scratch are padded to a multiple of this (>= every kBlockM).
 constexpr int kScratchRowPad = 128;
@@ -69,15 +70,9 @@ inline int bwd_dq_splits(const FlashBwdParams& p) {
   return int(best);
 }
 
-// The head dims of the Hopper backward (bwd_kernel_sm90.h).
-constexpr bool hopper_backward_headdim(int d) { return d == 64 || d == 128 || d == 256; }
-
-// The packed attn_mask of the Hopper backward (packed_mask.h), where that kernel may run with one: its family on
-// this device, its head dims. Else 0.
+// The packed attn_mask of the Hopper backward (packed_mask.h), where that kernel takes the params (family.h). Else 0.
 inline int64_t bwd_mask_bytes(const FlashBwdParams& p) {
-  if (p.attn_mask.data == nullptr || has_segments(p) || !hopper_backward_headdim(tf_flash_kernel_headdim(p)) ||
-      !hopper_family_allowed())
-    return 0;
+  if (p.attn_mask.data == nullptr || !hopper_backward_takes(p)) return 0;
   return PackedMaskLayout(p, MaskPacking::kBackward).bytes;
 }
 
@@ -123,6 +118,11 @@ inline BwdScratch bwd_scratch_layout(const FlashBwdParams& p) {
 inline int bwd_dkdv_ctas(const BwdScratch& s, int num_key_tiles) {
   return s.deterministic && s.dq_splits < num_key_tiles ? s.dq_splits : num_key_tiles;
 }
+
+// Kernel 2 on the Hopper family (bwd_kernel_sm90.h), for the params hopper_backward_takes accepts; defined in
+// bwd_launch_sm90.h, instantiated in flash_bwd_sm90_<dtype>_hdim<d>.cu.
+template <class Element, int kHeadDim>
+cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace tf_flash

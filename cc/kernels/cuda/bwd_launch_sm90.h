@@ -10,17 +10,10 @@
 #include "cc/kernels/cuda/bwd_launch.h"
 #include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/cuda/sm90_common.cuh"
+#include "cc/kernels/cuda/sm90_tile_size.h"
 
 namespace tf_flash {
 namespace cuda {
-
-// Block masks the Hopper backward takes: block sizes that are multiples of its tiles, so that each tile lies in
-// one block and is wholly visible or skipped (others need the sm_80 kernel's element-wise check).
-template <int kHeadDim>
-bool hopper_backward_takes_block_mask(const FlashBwdParams& p) {
-  using Traits = BwdTraitsSm90<kHeadDim, cutlass::bfloat16_t>;
-  return p.block_mask.data == nullptr || (p.block_q % Traits::kBlockM == 0 && p.block_k % Traits::kBlockN == 0);
-}
 
 // One instantiation of kernel 2: the TMA descriptors of its tiles, then the grid.
 template <class Traits, bool kGeneral, bool kAttnMask>
@@ -71,27 +64,17 @@ cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, c
   return cudaGetLastError();
 }
 
-// Kernel 2 of run_flash_bwd on the Hopper family: cudaErrorNoKernelImageForDevice (nothing launched) when
-// the library holds no sm_90a code for it.
 template <class Element, int kHeadDim>
 cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
-  using Traits = BwdTraitsSm90<kHeadDim, Element>;
-  // The plain variant takes 128 query rows per tile at head dim 64: its GEMMs of 64 x 64 x 64 per warpgroup
-  // are too short to cover a tile's barriers, softmax and dQ staging (+9-19% from 1k). The others
-  // keep 64 (their dropout, attn_mask and visibility bits are 32 per thread; the mask summaries are per 64
-  // query rows).
-  using PlainTraits = BwdTraitsSm90<kHeadDim, Element, kHeadDim == 64 ? 128 : 64>;
-  static const bool has_code = has_sm90a_code(&bwd_dkdv_kernel_sm90<PlainTraits, false>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, false, true>) &&
-                               has_sm90a_code(&bwd_dkdv_kernel_sm90<Traits, true, true>);
-  if (!has_code) return cudaErrorNoKernelImageForDevice;
+  using Traits = BwdTraitsSm90<kHeadDim, Element, sm90_backward_tiles(kHeadDim, /*plain=*/false).block_m>;
+  using PlainTraits = BwdTraitsSm90<kHeadDim, Element, sm90_backward_tiles(kHeadDim, /*plain=*/true).block_m>;
+  static_assert(Traits::kBlockN == sm90_backward_tiles(kHeadDim, false).block_n &&
+                    PlainTraits::kBlockN == sm90_backward_tiles(kHeadDim, true).block_n,
+                "hopper_backward_takes checks block masks against sm90_backward_tiles");
   const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
-  if (p.attn_mask.data != nullptr) {
-    // Packed into the scratch first; without room for it (bwd_mask_bytes) the sm_80 family runs.
+  if (p.attn_mask.data != nullptr) {  // packed into the scratch first (bwd_mask_bytes)
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kBackward), s.mask,
                                                 std::is_same_v<Element, cutlass::bfloat16_t>, stream);
-    if (err == cudaErrorInvalidValue) return cudaErrorNoKernelImageForDevice;
     if (err != cudaSuccess) return err;
     return general ? launch_bwd_dkdv_sm90<Traits, true, true>(p, s, stream)
                    : launch_bwd_dkdv_sm90<Traits, false, true>(p, s, stream);

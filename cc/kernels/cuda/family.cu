@@ -68,8 +68,11 @@ bool hopper_headdim(const FlashFwdParams& p) {
 }  // namespace
 
 bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
-  // Keys to attend to (a TMA descriptor has no empty dimension); segment ids are read by the sm_80 family only.
-  if (p.seqlen_k <= 0 || has_segments(p) || !hopper_headdim(p) || !hopper_family_available()) return false;
+  // Keys to attend to (a TMA descriptor has no empty dimension).
+  if (p.seqlen_k <= 0 || !hopper_headdim(p) || !hopper_family_available()) return false;
+  // attn_mask and segment ids are each a variant's element mask (FwdElementMask); both in one call run in the
+  // sm_80 family, which reads them together.
+  if (p.attn_mask.data != nullptr && has_segments(p)) return false;
   const int head_dim = tf_flash_kernel_headdim(p);
   const Sm90ForwardShape shape = sm90_forward_shape(p);
   const Sm90ForwardTiles tiles = sm90_forward_tiles(head_dim, shape);
@@ -77,14 +80,16 @@ bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
   // sm_80 family's element-wise check).
   if (p.block_mask.data != nullptr && (p.block_q % tiles.block_m() != 0 || p.block_k % tiles.block_n != 0))
     return false;
-  const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
+  const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr || has_segments(p);
   if (p.attn_mask.data != nullptr) {
     const PackedMaskLayout layout(p, MaskPacking::kForward);
     if (!layout.packable(p) || (workspace_counted && p.mask_workspace == nullptr)) return false;
   }
-  if (tile_table) {  // a byte per key tile and the consumers' words of seen keys, after the shared storage
+  if (tile_table) {  // a byte per key tile and the consumers' words of seen keys (and the documents' key tiles),
+                     // after the shared storage (launch_flash_fwd_sm90)
     const int64_t key_tiles = (int64_t(p.seqlen_k) + tiles.block_n - 1) / tiles.block_n;
-    const int64_t smem = sm90_forward_smem_bytes(head_dim, shape, 2) + tiles.consumers * 4 * 4 * 4 + key_tiles;
+    const int64_t smem = sm90_forward_smem_bytes(head_dim, shape, 2) + tiles.consumers * 4 * 4 * 4 + key_tiles +
+                         (has_segments(p) ? 2 * 4 : 0);
     if (smem > device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()) return false;
   }
   // A CTA per query tile where the launcher gives each its own (sm90_forward_cta_per_tile): a 1-D grid.
@@ -111,8 +116,6 @@ KernelFamily choose_family(const FlashFwdParams& p, DType dtype, Direction direc
   const bool hopper = direction == Direction::kForward ? hopper_forward_takes(p) : hopper_backward_takes(p);
   return hopper ? KernelFamily::kSm90 : KernelFamily::kSm80;
 }
-
-bool hopper_family_allowed() { return hopper_family_available(); }
 
 int device_sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(); }
 

@@ -23,9 +23,6 @@ KernelFamily choose_family(const FlashFwdParams& p, DType dtype, Direction direc
 bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted = true);
 bool hopper_backward_takes(const FlashFwdParams& p);  // the backward's params (FlashBwdParams) are these too
 
-// TRANSITIONAL (removed with the backward's family choice): the backward still asks this.
-bool hopper_family_allowed();
-
 // Streaming multiprocessors of the current device (read once per device; 0 if CUDA cannot tell).
 int device_sm_count();
 

@@ -5,7 +5,7 @@
 #if TF_FLASH_HEADDIM_COMPILED(32)
 namespace tf_flash {
 namespace cuda {
-template cudaError_t run_flash_bwd<cutlass::bfloat16_t, 32>(const FlashBwdParams&, cudaStream_t);
+template cudaError_t run_flash_bwd<cutlass::bfloat16_t, 32>(const FlashBwdParams&, KernelFamily, cudaStream_t);
 }  // namespace cuda
 }  // namespace tf_flash
 #endif
