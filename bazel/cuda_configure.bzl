@@ -8,7 +8,7 @@ Environment (also settable as `bazel build --repo_env=NAME=VALUE`):
                        compatible, JIT-compiled on newer GPUs).
   TF_FLASH_NVCC_FLAGS  extra nvcc flags, space separated (e.g. "--threads 2 -Xptxas=-v").
   TF_FLASH_CUDA_REDUCED  "1": compile only the reduced instantiation set (-DTF_FLASH_CUDA_REDUCED, see
-                       cc/kernels/cuda/static_switch.h): a quicker compile check for CI.
+                       cc/kernels/cuda/headdims.h): a quicker compile check for CI.
   CUDA_HOME, CUDA_PATH toolkit roots searched first (bin/nvcc).
 nvcc is looked for in: $CUDA_HOME, $CUDA_PATH, PATH, /usr/local/cuda, then the pip package
 nvidia-cuda-nvcc-cu12 (the one `tensorflow[and-cuda]` installs) of the build's Python, where that
