@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
-sm_80 family for the rest (block masks finer than the Hopper tiles, head dims 32 and 96; in the backward
-also head dim 256) and on every other GPU
+sm_80 family for the rest (block masks finer than the Hopper tiles, attn_mask with segment ids, head dims 32
+and 96; in the backward also head dim 256 and segment ids) and on every other GPU
 (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
@@ -218,6 +218,95 @@ def test_attention_mask_keeps_hidden_nan_out(head_dim, rng):
     grads = [tf.cast(g, tf.float64).numpy() for g in grads]
     assert all(np.isfinite(g).all() for g in grads)
     _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, attention_mask=mask), tf.bfloat16)
+
+
+def _document_ids(rng, b, s):
+    """Packed documents (ids 0, 2, 4, ... increasing along each row) of random lengths, none a multiple of 128, so
+    that documents begin and end inside every tile size: row 0 holds 2-6 documents, row 1 one over several tiles
+    (key tiles shown in full) and then 1-4 more."""
+    rows = []
+    for row in range(b):
+        while True:
+            first = 0 if row == 0 else int(rng.integers(s // 2, 3 * s // 4))
+            docs = int(rng.integers(2, 7)) if row == 0 else int(rng.integers(1, 5))
+            cuts = np.sort(rng.choice(np.arange(first + 1, s), size=docs - 1, replace=False))
+            cuts = np.concatenate([[first], cuts]) if first else cuts
+            lengths = np.diff(np.concatenate([[0], cuts, [s]]))
+            if (lengths % 128 != 0).all() and (lengths > 0).all():
+                break
+        rows.append(2 * np.searchsorted(cuts, np.arange(s), side="right"))
+    return np.stack(rows).astype(np.int32)
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("features", [dict(), dict(causal=True), dict(causal=True, kv_lengths=[700, 530]),
+                                      dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4])])
+def test_segment_ids_family_output_and_gradients(dtype, head_dim, features, rng):
+    """Segment ids (packed documents) run in the Hopper forward (the tile table over each query tile's documents:
+    key tiles hidden, shown in full and masked by the ids) and in the sm_80 backward. Output, lse and gradients
+    against float64, with causal, lengths, dropout (the same Philox draws as every kernel) and soft-capping, GQA,
+    at a length that is no multiple of a tile."""
+    b, s, h, hkv = 2, 700, 4, 2
+    q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    ids = _document_ids(rng, b, s)
+    tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=tf.constant(ids), return_lse=True,
+                                               **features)
+    forward = "forward_sm90" if _hopper_expected() else "forward_sm80"
+    assert ran[forward] == 1 and ran["backward_sm80"] == 1, ran
+    _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, dict(features, segment_ids=ids))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_segment_ids_keep_unseen_nan_out(head_dim, causal, rng):
+    """Keys of a document no query has (the key ids' own stretches at the end of a document: one covers a whole
+    key tile, hidden, the others share tiles with seen keys, masked by the ids) and keys past kv_lengths hold NaN:
+    the Hopper forward zeroes the value rows no row of a tile sees, so output, lse and gradients stay finite and
+    right."""
+    b, s, h = 2, 700, 4
+    q, k, v, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(4))
+    doc = np.stack([np.searchsorted(e, np.arange(s), side="right") for e in ([260, 530], [333, 350])])
+    q_ids = (2 * doc).astype(np.int32)
+    kv_ids = q_ids.copy()
+    kv_ids[0, 95:260] += 1  # seen by no query (ids stay sorted: the bounds' fast path)
+    kv_ids[1, 300:333] += 1
+    kv_ids[1, 420:431] += 1
+    kv_lengths = [700, 600]
+    unseen = (kv_ids % 2 == 1) | (np.arange(s)[None] >= np.array(kv_lengths)[:, None])
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    k_nan, v_nan = k.copy(), v.copy()
+    k_nan[unseen], v_nan[unseen] = np.nan, np.nan
+    tk, tv = (tf.constant(x, tf.bfloat16) for x in (k_nan, v_nan))
+    ref_kw = dict(segment_ids=(q_ids, kv_ids), kv_lengths=kv_lengths, causal=causal)
+    (out, lse), grads, ran = _forward_backward(
+        [tq, tk, tv], dout, segment_ids=(tf.constant(q_ids), tf.constant(kv_ids)), kv_lengths=kv_lengths,
+        causal=causal, return_lse=True)
+    assert ran["forward_sm90" if _hopper_expected() else "forward_sm80"] == 1, ran
+    assert ran["backward_sm80"] == 1, ran
+    assert np.isfinite(out.numpy().astype(np.float32)).all()
+    _assert_output_matches_float64(q, k, v, out, lse, tf.bfloat16, ref_kw)
+    grads = [tf.cast(g, tf.float64).numpy() for g in grads]
+    assert all(np.isfinite(g).all() for g in grads)
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), tf.bfloat16)
+
+
+def test_segment_ids_with_attention_mask_run_sm80(rng):
+    """attn_mask and segment ids in one call: the sm_80 forward reads both (each is a Hopper variant of its own)."""
+    b, s, h, d = 2, 300, 4, 64
+    q, k, v, dout = (rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(4))
+    ids = _document_ids(rng, b, s)
+    mask = rng.random((b, 1, s, s)) < 0.8
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=tf.constant(ids), attention_mask=mask,
+                                               return_lse=True)
+    assert ran["forward_sm80"] == 1 and ran["forward_sm90"] == 0, ran
+    _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16, dict(segment_ids=ids, attention_mask=mask))
 
 
 def test_head_dim_32_runs_sm80(rng):

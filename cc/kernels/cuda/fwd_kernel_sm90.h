@@ -15,16 +15,17 @@
 // lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping,
 // dropout (the sm_80 family's Philox draws: a wgmma accumulator holds, per warp, the m16n8 pattern of
 // mma.sync, so the same positions get the same draws and the sm_80 backward recomputes the same mask),
-// block masks whose blocks hold whole tiles (fwd_api.h's hopper_forward_takes_block_mask) and attn_mask,
-// packed to a bit per entry before the kernel (packed_mask.h). Finer blocks run in the sm_80 family
-// (cuda_entry.cu chooses, at run time).
+// block masks whose blocks hold whole tiles (fwd_api.h's hopper_forward_takes_block_mask). attn_mask, packed to a
+// bit per entry before the kernel (packed_mask.h), and packed-document segment ids have variants of their own
+// (kElementMask, each plain and general). Finer blocks, and attn_mask with segment ids, run in the sm_80 family
+// (family.cu chooses, at run time).
 //
 // The kernel below only sets up the shared storage, the barriers and the pipelines and composes the parts, each
 // in a header of its own: sm90_fwd_traits.h (FwdTraitsSm90: tiles, layouts, TMA copies, shared storage; the named
 // barriers), sm90_fwd_scheduler.h (which tile a CTA runs in each wave), sm90_fwd_mainloop.h (the producer's TMA
-// loads), sm90_fwd_mask.h (which key tiles run, the scores and value rows they hide: tile table, attn_mask bits,
+// loads), sm90_fwd_mask.h (which key tiles run, the scores and value rows they hide: tile table, element-mask bits,
 // mask.h's rules), sm90_fwd_consumer.h (S = Q K^T, softmax, dropout, P V and their loops) and
-// sm90_fwd_epilogue.h (normalize, lse, O's TMA store). A new variant (segment ids, say) is a template argument of
+// sm90_fwd_epilogue.h (normalize, lse, O's TMA store). A new variant (another element mask, say) is a template argument of
 // the parts it changes, most often the mask alone, passed down from the kernel's. The parts the consumers run hold
 // copies, or references to the params and the shared storage, never to the kernel's local objects, and take the
 // params and tma_o as arguments where holding them cost registers (each part says what it measured): registers and
@@ -66,32 +67,38 @@ struct FwdArgsSm90 {
 };
 
 // kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain variant's
-// registers; kAttnMask (128-row tiles): attn_mask, with either, kept out of both others' (its exact zeroing
-// of value rows cost the general variant 16-28 bytes of spills at head dim 128).
+// registers; kElementMask (128-row tiles): attn_mask or segment ids, with either, kept out of both others' (the
+// exact zeroing of value rows cost the general variant 16-28 bytes of spills at head dim 128). Segment ids skip
+// and show key tiles by their bounds (the tile table over the query tile's documents) and compare ids only in
+// the tiles where a document begins or ends.
 //
 // Persistent: each CTA runs the query tiles args.schedule gives it, one after another. The K/V ring, the
 // ping-pong turns and Q's barrier carry on from tile to tile, so the producer loads the next tile's first K
 // (and, once the consumers are done with Q, its Q) while the consumers finish a tile, and a tile's O store
-// overlaps the next tile's work. With a tile table (block masks, attn_mask) the launcher gives each CTA one
+// overlaps the next tile's work. With a tile table (block masks, element masks) the launcher gives each CTA one
 // tile (the table is made before the roles split).
-template <class Traits, bool kGeneral, bool kAttnMask = false>
+template <class Traits, bool kGeneral, FwdElementMask kElementMask = FwdElementMask::kNone>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Pipeline = typename Traits::Pipeline;
-  using Mask = FwdMaskSm90<Traits, kGeneral, kAttnMask>;
-  using Consumer = FwdConsumerSm90<Traits, kGeneral, kAttnMask>;
+  using Mask = FwdMaskSm90<Traits, kGeneral, kElementMask>;
+  using Consumer = FwdConsumerSm90<Traits, kGeneral, kElementMask>;
   constexpr int kMmaThreads = Traits::kMmaThreads;
 
   extern __shared__ __align__(1024) char smem_buf[];
   auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const FlashFwdParams& p = args.p;
-  // The attn_mask variant always has a tile table, so one tile per CTA.
-  const FwdTileSchedulerSm90<Traits, kAttnMask> scheduler(args.schedule, p);
+  // The element-mask variants always have a tile table, so one tile per CTA.
+  const FwdTileSchedulerSm90<Traits, kElementMask != FwdElementMask::kNone> scheduler(args.schedule, p);
   const Mask mask(p, smem_buf);
   FwdTileWork first;
-  if (mask.has_table && scheduler.tile_work(0, first))
-    Mask::make_tile_table(p, first, mask.has_block_mask, mask.has_attn_mask, mask.tile_state);
+  if (mask.has_table && scheduler.tile_work(0, first)) {
+    if constexpr (kElementMask == FwdElementMask::kSegments)
+      Mask::make_segment_tile_table(p, first, mask.tile_state, mask.document_tiles());
+    else
+      Mask::make_tile_table(p, first, mask.has_block_mask, mask.has_element_mask, mask.tile_state);
+  }
 
   const int warp_group = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) {
@@ -124,6 +131,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     FwdEpilogueSm90<Traits> epilogue(p, shared, mma_tidx, wg);
     FwdTileWork w;
     for (int wave = 0; scheduler.next(wave, w); ++wave) {
+      mask.narrow_to_documents(w);
       typename Consumer::Tile tile(w, mask, p);
       const typename Mask::template QueryTile<typename Consumer::CoordRC> tile_mask(mask, p, w, consumer.cS_rc);
       if (tile.has_work()) {

@@ -42,9 +42,14 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   constexpr int kHeadDim = Traits::kHeadDim;
   const bool general = p.softcap > 0.f || p.dropout_rate > 0.f || p.block_mask.data != nullptr;
   auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
-  if constexpr (Traits::kBlockM == 128) {  // sm90_forward_shape gives attn_mask the 128-row tiles
-    if (p.attn_mask.data != nullptr)
-      kernel = general ? &flash_fwd_kernel_sm90<Traits, true, true> : &flash_fwd_kernel_sm90<Traits, false, true>;
+  if constexpr (Traits::kBlockM == 128) {  // sm90_forward_shape gives the element masks the 128-row tiles
+    constexpr FwdElementMask kAttn = FwdElementMask::kAttnMask, kSegments = FwdElementMask::kSegments;
+    if (p.attn_mask.data != nullptr) {
+      kernel = general ? &flash_fwd_kernel_sm90<Traits, true, kAttn> : &flash_fwd_kernel_sm90<Traits, false, kAttn>;
+    } else if (p.q_segment_ids != nullptr) {  // never with attn_mask (hopper_forward_takes)
+      kernel = general ? &flash_fwd_kernel_sm90<Traits, true, kSegments>
+                       : &flash_fwd_kernel_sm90<Traits, false, kSegments>;
+    }
   }
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
 
@@ -71,13 +76,15 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
                                          make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride)),
                              typename Traits::SmemLayoutOWarpGroup{}, Shape<_64, Int<kHeadDim>>{}, _1{});
 
-  // Block masks and attn_mask add the kernel's tile table (a byte per key tile) and the consumers' words of
-  // seen keys after the shared storage (hopper_forward_takes checked that they fit). attn_mask is packed first
-  // (packed_mask.h), on the same stream.
+  // Block masks, attn_mask and segment ids add the kernel's tile table (a byte per key tile) and the consumers'
+  // words of seen keys after the shared storage, segment ids also the range of their documents' key tiles
+  // (FwdMaskSm90; hopper_forward_takes checked that they fit). attn_mask is packed first (packed_mask.h), on the
+  // same stream; the runner computed the segment ids' bounds before the launch.
   int smem = Traits::kSmemBytes;
-  if (p.block_mask.data != nullptr || p.attn_mask.data != nullptr) {
+  if (p.block_mask.data != nullptr || p.attn_mask.data != nullptr || p.q_segment_ids != nullptr) {
     const int64_t key_tiles = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN;
     smem += int(Traits::kMmaThreads / 32 * 4 * int64_t(sizeof(uint32_t)) + key_tiles);
+    if (p.q_segment_ids != nullptr) smem += 2 * int(sizeof(int));
   }
   if (p.attn_mask.data != nullptr) {
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.mask_workspace,
@@ -113,7 +120,7 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   static_assert(Long::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kLong, sizeof(Element)) &&
                     Banded::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kBanded, sizeof(Element)),
                 "hopper_forward_takes sizes the tile table by sm90_forward_smem_bytes");
-  static_assert(Banded::kBlockM == 128, "block masks and attn_mask: 128-row tiles (the tile table)");
+  static_assert(Banded::kBlockM == 128, "block masks, attn_mask and segment ids: 128-row tiles (the tile table)");
   if constexpr (std::is_same_v<Long, Banded>) {
     return launch_flash_fwd_sm90<Long>(p, stream);
   } else {

@@ -24,9 +24,10 @@
 namespace tf_flash {
 namespace cuda {
 
-// kGeneral: soft-capping and dropout (run-time switches inside) and the max always subtracted; kAttnMask: one
-// buffer of P. The masks themselves are FwdMaskSm90's (the `mask` arguments, its QueryTile).
-template <class Traits, bool kGeneral, bool kAttnMask>
+// kGeneral: soft-capping and dropout (run-time switches inside) and the max always subtracted; an element mask
+// (attn_mask, segment ids): one buffer of P. The masks themselves are FwdMaskSm90's (the `mask` arguments, its
+// QueryTile).
+template <class Traits, bool kGeneral, FwdElementMask kElementMask>
 struct FwdConsumerSm90 {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -34,7 +35,8 @@ struct FwdConsumerSm90 {
   // head dims up to 128, in the plain variant (bytes of spills with two buffers: d256 plain 192, d128 with dropout
   // or masks more than with one). The softmax then overlaps the consumer's own P V: non-causal d128 runs 2-9% faster
   // than with one buffer at every length (b4 s4k h16: 0.87 against 0.91 ms, the tensor pipe 71% active against 66%).
-  static constexpr bool kDoubleBufferP = Traits::kMmaWarpGroups == 2 && kHeadDim <= 128 && !kGeneral && !kAttnMask;
+  static constexpr bool kDoubleBufferP =
+      Traits::kMmaWarpGroups == 2 && kHeadDim <= 128 && !kGeneral && kElementMask == FwdElementMask::kNone;
   // One FMA per score under a warp vote (fwd_kernel.h's kFmaExponentLimit) in the plain and attn_mask variants,
   // rather than (s - max) * scale_log2 always: one floating-point instruction fewer per score, where FADD and FMUL
   // are 40% of the d64 forward's instructions (d64 forward +1-4% through TF, d128 +1-2%, d256 +3-12%; attn_mask

@@ -48,6 +48,7 @@ struct FwdMainloopSm90 {
     bool q_buffer_used = false;
     FwdTileWork w;
     for (int wave = 0; scheduler.next(wave, w); ++wave) {
+      mask.narrow_to_documents(w);
       const int n_block_min = w.keys.tile_begin;
       const int n_first = mask.next_tile(w.keys.tile_end, n_block_min);
       const bool has_work = n_first >= n_block_min;

@@ -1,7 +1,8 @@
 // The Hopper forward's mask: which key tiles a query tile runs and which of their scores and value rows it
 // hides. The visibility rules are mask.h's (causal, window, lengths: mask_scores); on top of them the tile
-// table of block masks and attn_mask (one byte per key tile, made once per CTA), attn_mask's packed bits (a bit
-// per entry, packed_mask.h) and the zeroing of value rows that no row sees. FwdMaskSm90 is the CTA's part (the
+// table of block masks, attn_mask and segment ids (one byte per key tile, made once per CTA), the element masks
+// of the tiles the table marks (attn_mask's packed bits, packed_mask.h, or a bit per score from the segment ids)
+// and the zeroing of value rows that no row sees. FwdMaskSm90 is the CTA's part (the
 // table, read by the producer and the consumers); FwdMaskSm90::QueryTile is one consumer thread's view of one
 // query tile, whose `apply` masks a tile of scores.
 #pragma once
@@ -28,43 +29,55 @@ namespace cuda {
 // A key tile's entry in the forward's tile table.
 enum TileState : uint8_t {
   kTileHidden = 0,           // skipped
-  kTileShown = 1,            // processed; attn_mask, if any, shows all of it
-  kTileElementMasked = 2,    // attn_mask hides part of it: masked entry by entry
-  kTileValuesNonFinite = 4,  // with kTileElementMasked: V holds a non-finite value in it
+  kTileShown = 1,            // processed; the element mask, if any, shows all of it
+  kTileElementMasked = 2,    // the element mask hides part of it: masked entry by entry
+  kTileValuesNonFinite = 4,  // with kTileElementMasked: V may hold a non-finite value in it
 };
 
-// The tile table (the general variant of the 128-row tiles): one byte per key tile, TileState, made once per
-// CTA after the shared storage (launch_flash_fwd_sm90 sizes it) from the block mask's row (fwd_api.h's
-// hopper_forward_takes_block_mask: the query tile lies in one query block, each key tile in one key block)
-// and from attn_mask's summaries (packed_mask.h). Hidden tiles are skipped by the producer and the
-// consumers alike; the loops then read one shared byte per tile. (Per-consumer blocks of 64 rows, masking
-// a tile whole for one consumer, cost the d64 kernel of three consumers 400-800 bytes of spills.)
-template <class Traits, bool kGeneral, bool kAttnMask>
+// The tile table (the general variant of the 128-row tiles, and the element-mask variants): one byte per key
+// tile, TileState, made once per CTA after the shared storage (launch_flash_fwd_sm90 sizes it) from the block
+// mask's row (fwd_api.h's hopper_forward_takes_block_mask: the query tile lies in one query block, each key tile
+// in one key block), from attn_mask's summaries (packed_mask.h) or from the segment ids' bounds (mask.h's
+// block_coverage). Hidden tiles are skipped by the producer and the consumers alike; the loops then read one
+// shared byte per tile. (Per-consumer blocks of 64 rows, masking a tile whole for one consumer, cost the d64
+// kernel of three consumers 400-800 bytes of spills.)
+template <class Traits, bool kGeneral, FwdElementMask kElementMask>
 struct FwdMaskSm90 {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kMmaThreads = Traits::kMmaThreads;
-  static constexpr bool kTileTable = (kGeneral || kAttnMask) && kBlockM == 128;
-  static_assert(!kAttnMask || kTileTable, "attn_mask runs on the 128-row tiles");
-  // After the shared storage: what each consumer warp's rows see of a tile (zero_unseen_values), then the table.
+  static constexpr bool kAttnMask = kElementMask == FwdElementMask::kAttnMask;
+  static constexpr bool kSegments = kElementMask == FwdElementMask::kSegments;
+  static constexpr bool kTileTable = (kGeneral || kElementMask != FwdElementMask::kNone) && kBlockM == 128;
+  static_assert(kElementMask == FwdElementMask::kNone || kTileTable, "element masks run on the 128-row tiles");
+  // After the shared storage: what each consumer warp's rows see of a tile (zero_unseen_values); with segment ids
+  // the key tiles of the query tile's documents (document_tiles); then the table.
   static constexpr int kSeenWords = Traits::kMmaThreads / 32 * 4;
+  static constexpr int kDocumentWords = kSegments ? 2 : 0;
 
-  const bool has_block_mask, has_attn_mask, has_table;
+  // has_element_mask: the variant's element mask is on (attn_mask given, or segment ids).
+  const bool has_block_mask, has_element_mask, has_table;
   uint32_t* const seen_words;
   uint8_t* const tile_state;
 
   __device__ __forceinline__ FwdMaskSm90(const FlashFwdParams& p, char* smem_buf)
       : has_block_mask(kGeneral && kTileTable && p.block_mask.data != nullptr),
-        has_attn_mask(kAttnMask && p.attn_mask.data != nullptr),
-        has_table(has_block_mask || has_attn_mask),
+        has_element_mask(kAttnMask ? p.attn_mask.data != nullptr : kSegments && p.q_segment_ids != nullptr),
+        has_table(has_block_mask || has_element_mask),
         seen_words(reinterpret_cast<uint32_t*>(smem_buf + sizeof(typename Traits::SharedStorage))),
-        tile_state(reinterpret_cast<uint8_t*>(seen_words + kSeenWords)) {}
+        tile_state(reinterpret_cast<uint8_t*>(seen_words + kSeenWords + kDocumentWords)) {}
+
+  // Segment ids: the key tiles [begin, end) of the query tile's documents (inside its structural range), which
+  // make_segment_tile_table writes once per CTA, so that the loops span only those (narrow_to_documents) and
+  // neither the producer nor the consumers search the bounds again.
+  __device__ __forceinline__ int* document_tiles() const { return reinterpret_cast<int*>(seen_words + kSeenWords); }
 
   // The table of the CTA's one tile, by all the CTA's threads (the caller syncs them before it is read). Static,
   // with the mask's fields as arguments: as a member function reading them through `this`, its loop over the row
   // groups is unrolled less (the d256 general attn_mask kernel: 1.1% fewer instructions, other machine code).
   static __device__ __forceinline__ void make_tile_table(const FlashFwdParams& p, const FwdTileWork& first,
-                                                         bool has_block_mask, bool has_attn_mask, uint8_t* tile_state) {
+                                                         bool has_block_mask, bool has_element_mask,
+                                                         uint8_t* tile_state) {
     const PackedMaskLayout layout(p, MaskPacking::kForward);
     const uint8_t* summary = static_cast<const uint8_t*>(p.mask_workspace) + layout.summary_offset;
     const uint8_t* value_flags = static_cast<const uint8_t*>(p.mask_workspace) + layout.value_flags_offset;
@@ -76,7 +89,7 @@ struct FwdMaskSm90 {
       uint8_t state = kTileShown;
       if (has_block_mask && !mask_at(p.block_mask, first.b, first.h, m0 / p.block_q, n / (p.block_k / kBlockN)))
         state = kTileHidden;
-      if (state != kTileHidden && has_attn_mask) {
+      if (state != kTileHidden && has_element_mask) {
         const int64_t chunk = int64_t(n) * kBlockN / kMaskChunkKeys;
         bool any = false, all = true;
         for (int64_t g = group_begin; g < group_end && g < layout.row_groups; ++g) {
@@ -97,6 +110,41 @@ struct FwdMaskSm90 {
     }
   }
 
+  // The segment variant's table: each key tile of the query tile's documents (mask.h's segment_key_tiles, by a
+  // binary search over the key bounds where the ids are sorted) gets block_coverage's answer over the tile's
+  // valid rows and keys (the segment ids and, in the general variant, the block mask): no overlap hidden, one
+  // document on both sides shown, else masked entry by entry. V's finiteness there is unknown (another
+  // document's values may be anything), so masked tiles take the exact rule (kTileValuesNonFinite). Every
+  // thread searches (the same loads: one latency, no extra barrier); thread 0 writes the range.
+  static __device__ __forceinline__ void make_segment_tile_table(const FlashFwdParams& p, const FwdTileWork& first,
+                                                                 uint8_t* tile_state, int* document_tiles) {
+    const int64_t row_end = first.m0 + kBlockM < first.q_len ? first.m0 + kBlockM : first.q_len;
+    const TileRange docs = segment_key_tiles(p, first.b, first.m0, row_end, kBlockN);
+    const int begin = first.keys.tile_begin > docs.begin ? first.keys.tile_begin : docs.begin;
+    const int end = first.keys.tile_end < docs.end ? first.keys.tile_end : docs.end;
+    if (threadIdx.x == 0) {
+      document_tiles[0] = begin;
+      document_tiles[1] = end;
+    }
+    for (int n = begin + int(threadIdx.x); n < end; n += Traits::kNThreads) {
+      const int64_t n0 = int64_t(n) * kBlockN;
+      const int64_t col_end = n0 + kBlockN < first.kv_len ? n0 + kBlockN : first.kv_len;
+      const BlockCoverage c = block_coverage(p, first.b, first.h, first.m0, row_end, n0, col_end);
+      tile_state[n] = !c.any  ? uint8_t(kTileHidden)
+                      : c.all ? uint8_t(kTileShown)
+                              : uint8_t(kTileShown | kTileElementMasked | kTileValuesNonFinite);
+    }
+  }
+
+  // The key tiles a query tile's loops span: w's structural range, narrowed with segment ids to the documents'
+  // (make_segment_tile_table; empty where they meet none). Other variants keep w's.
+  __device__ __forceinline__ void narrow_to_documents(FwdTileWork& w) const {
+    if constexpr (kSegments) {
+      w.keys.tile_begin = document_tiles()[0];
+      w.keys.tile_end = document_tiles()[1];
+    }
+  }
+
   // The next key tile to process below n (tiles run from the last one down), past the table's hidden ones.
   __device__ __forceinline__ int next_tile(int n, int n_block_min) const {
     for (--n; has_table && n >= n_block_min && tile_state[n] == kTileHidden; --n) {
@@ -105,15 +153,16 @@ struct FwdMaskSm90 {
   }
   __device__ __forceinline__ uint8_t state_of(int n) const { return has_table ? tile_state[n] : uint8_t(kTileShown); }
   __device__ __forceinline__ bool element_masked(uint8_t state) const {
-    return has_attn_mask && (state & kTileElementMasked);
+    return has_element_mask && (state & kTileElementMasked);
   }
-  // A tile that attn_mask hides in part while V holds a non-finite value there takes the exact rule: the
+  // A tile that the element mask hides in part while V may hold a non-finite value there (attn_mask: where
+  // packed_mask.h's value flags say so; segment ids: always) takes the exact rule: the
   // softmax of the tile publishes the keys each consumer warp's rows see (publish_seen_keys), and before
   // its P V the value rows no row of the tile sees are zeroed. Two barriers over the consumers: only such
   // tiles pay them.
   __device__ __forceinline__ bool needs_exact_zeroing(int n) const {
     constexpr uint8_t kBoth = kTileElementMasked | kTileValuesNonFinite;
-    return has_attn_mask && (tile_state[n] & kBoth) == kBoth;
+    return has_element_mask && (tile_state[n] & kBoth) == kBoth;
   }
 
   // One consumer thread's mask of one query tile; cS_rc: (row, column) in the score tile of each accumulator
@@ -141,6 +190,10 @@ struct FwdMaskSm90 {
     // attn_mask: this thread's words of the packed mask (packed_mask.h: lane % 4 picks the word), rows r and
     // r + 8; rows past the tensor's read row 0 (their range hides them anyway).
     const uint32_t* mask_words[kRows];
+    // Segment ids: this thread's rows' ids (r and r + 8; rows past the tensor take 0: their output is not
+    // written, and rows past q_len count for no key), read once per query tile, and the entry's key ids.
+    int32_t row_ids[kRows];
+    const int32_t* key_ids;
 
     __device__ __forceinline__ QueryTile(const FwdMaskSm90& mask, const FlashFwdParams& p, const FwdTileWork& w,
                                          const CoordRC& cS_rc)
@@ -149,7 +202,15 @@ struct FwdMaskSm90 {
           hi_unmasked(int(w.keys.first_row.end / kBlockN)),
           lo_unmasked(int((w.keys.last_row.begin + kBlockN - 1) / kBlockN)),
           keys_end(w.keys.last_row.end < w.kv_len ? w.keys.last_row.end : w.kv_len) {
-      if (mask.has_attn_mask) {
+      if constexpr (kSegments) {
+        key_ids = p.kv_segment_ids + int64_t(w.b) * p.seqlen_k;
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          const int64_t row = m0 + cute::get<0>(cS_rc(mi, 0));
+          row_ids[mi] = row < p.seqlen_q ? p.q_segment_ids[int64_t(w.b) * p.seqlen_q + row] : 0;
+        }
+      }
+      if (kAttnMask && mask.has_element_mask) {
         const PackedMaskLayout layout(p, MaskPacking::kForward);
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
@@ -161,8 +222,24 @@ struct FwdMaskSm90 {
     }
 
     // Bit ni of bits[mi]: the mask at (row mi, column ni) of the accumulator's row/column view (column ni is key
-    // 8 (ni / 2) + 2 (lane % 4) + ni % 2 of the tile); a 64-key tile is half a chunk's word.
+    // 8 (ni / 2) + 2 (lane % 4) + ni % 2 of the tile); a 64-key tile is half a chunk's word. Segment ids: the
+    // row's id equals the key's, keys past kv_len 0 (their range hides them, and the ids end at seqlen_k).
     __device__ __forceinline__ void load_mask_bits(int n, uint32_t (&bits)[kRows]) const {
+      if constexpr (kSegments) {
+        const int64_t n0 = int64_t(n) * kBlockN;
+        const int32_t* ids = key_ids + n0;
+        const int keys = int(kv_len - n0 < kBlockN ? kv_len - n0 : kBlockN);
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) bits[mi] = 0;
+        CUTE_UNROLL
+        for (int ni = 0; ni < cute::size<1>(cS_rc); ++ni) {
+          const int col = cute::get<1>(cS_rc(0, ni));
+          const int32_t id = col < keys ? ids[col] : 0;
+          CUTE_UNROLL
+          for (int mi = 0; mi < kRows; ++mi) bits[mi] |= uint32_t(col < keys && id == row_ids[mi]) << ni;
+        }
+        return;
+      }
       const int64_t word = int64_t(n) * kBlockN / kMaskChunkKeys * 4;
       const int shift = int64_t(n) * kBlockN % kMaskChunkKeys / 4;
       CUTE_UNROLL

@@ -12,7 +12,7 @@ namespace cuda {
 
 // ---- Forward ----
 // kLong: unmasked work and causal work over many keys. kBanded: windows, causal attention over fewer keys, block
-// masks and attn_mask, whose diagonal or partly hidden tiles waste more of a taller query tile.
+// masks, attn_mask and segment ids, whose diagonal or partly hidden tiles waste more of a taller query tile.
 enum class Sm90ForwardShape { kLong, kBanded };
 
 struct Sm90ForwardTiles {
@@ -40,8 +40,9 @@ inline constexpr int kSm90MinCausalKeysLong = 4096;
 inline Sm90ForwardShape sm90_forward_shape(const FlashFwdParams& p) {
   const bool windowed = p.window_left >= 0 || p.window_right >= 0;
   const bool short_causal = p.causal && p.seqlen_k < kSm90MinCausalKeysLong;
-  // Block masks and attn_mask need 128-row tiles: the tile table (a block mask's query tile lies in one block).
-  const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr;
+  // Block masks, attn_mask and segment ids need 128-row tiles: the tile table (a block mask's query tile lies in one
+  // block).
+  const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr || p.q_segment_ids != nullptr;
   return windowed || short_causal || tile_table ? Sm90ForwardShape::kBanded : Sm90ForwardShape::kLong;
 }
 
@@ -54,10 +55,12 @@ constexpr bool sm90_forward_own_output_buffer(int head_dim, Sm90ForwardShape sha
 }
 
 // Where the forward launches a CTA per query tile, which the hardware hands out as CTAs finish, instead of a
-// persistent CTA per SM: with a tile table (made once per CTA), and under a causal mask over more keys than
-// kSm90MinCausalKeysLong, whose tiles differ too much for the static schedule (d128 16k: 483 against 368 TFLOP/s).
+// persistent CTA per SM: with a tile table (block masks, attn_mask, segment ids: made once per CTA), and under a
+// causal mask over more keys than kSm90MinCausalKeysLong, whose tiles differ too much for the static schedule
+// (d128 16k: 483 against 368 TFLOP/s).
 inline bool sm90_forward_cta_per_tile(const FlashFwdParams& p) {
-  return p.block_mask.data != nullptr || p.attn_mask.data != nullptr || (p.causal && p.seqlen_k > kSm90MinCausalKeysLong);
+  return p.block_mask.data != nullptr || p.attn_mask.data != nullptr || p.q_segment_ids != nullptr ||
+         (p.causal && p.seqlen_k > kSm90MinCausalKeysLong);
 }
 
 // Bytes of the forward's shared storage (FwdTraitsSm90::SharedStorage: Q, O where it has a buffer of its own, the
