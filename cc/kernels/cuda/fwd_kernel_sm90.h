@@ -15,7 +15,7 @@
 // lengths (TMA zero-fills past the tensor's end). The general variant (kGeneral) adds soft-capping,
 // dropout (the sm_80 family's Philox draws: a wgmma accumulator holds, per warp, the m16n8 pattern of
 // mma.sync, so the same positions get the same draws and the sm_80 backward recomputes the same mask),
-// block masks whose blocks hold whole tiles (fwd_api.h's hopper_forward_takes_block_mask). attn_mask, packed to a
+// block masks whose blocks hold whole tiles (family.cu's hopper_forward_takes). attn_mask, packed to a
 // bit per entry before the kernel (packed_mask.h), and packed-document segment ids have variants of their own
 // (kElementMask, each plain and general). Finer blocks, and attn_mask with segment ids, run in the sm_80 family
 // (family.cu chooses, at run time).

@@ -36,7 +36,7 @@ enum TileState : uint8_t {
 
 // The tile table (the general variant of the 128-row tiles, and the element-mask variants): one byte per key
 // tile, TileState, made once per CTA after the shared storage (launch_flash_fwd_sm90 sizes it) from the block
-// mask's row (fwd_api.h's hopper_forward_takes_block_mask: the query tile lies in one query block, each key tile
+// mask's row (family.cu's hopper_forward_takes: the query tile lies in one query block, each key tile
 // in one key block), from attn_mask's summaries (packed_mask.h) or from the segment ids' bounds (mask.h's
 // block_coverage). Hidden tiles are skipped by the producer and the consumers alike; the loops then read one
 // shared byte per tile. (Per-consumer blocks of 64 rows, masking a tile whole for one consumer, cost the d64
