@@ -21,6 +21,7 @@
 #                                  family sanitize, about 8 minutes on an H100 with the library built):
 #                                  ops       op, dropout, sparsity
 #                                  family    kernel family, robustness, determinism, softcap, validation, float32 range
+#                                            (about 6 minutes: a call of its own once the library is built)
 #                                  xla       XLA
 #                                  layers    layers, saving, Keras' switch, KerasHub (its wheels in .whl/)
 #                                  other     every test file no group above names
@@ -236,7 +237,7 @@ test_groups() {  # test_groups GROUP...: the groups in turn, every one run; the 
         files=$(group_files "$group")
         if [[ -z $files ]]; then summary+=("$group: no test files"); continue; fi
         local seconds
-        case $group in ops|other) seconds=420 ;; xla) seconds=540 ;; *) seconds=300 ;; esac
+        case $group in ops|other|family) seconds=420 ;; xla) seconds=540 ;; *) seconds=300 ;; esac
         # shellcheck disable=SC2086  # files are words
         suite "$group" "$seconds" "${pytest[@]}" $files -m gpu ;;
       multi) nvidia-smi -L; suite multi 300 "${pytest[@]}" tests/test_saving.py -k mirrored -rs ;;
