@@ -87,9 +87,8 @@ bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
   }
   if (tile_table) {  // a byte per key tile and the consumers' words of seen keys (and the documents' key tiles),
                      // after the shared storage (launch_flash_fwd_sm90)
-    const int64_t key_tiles = (int64_t(p.seqlen_k) + tiles.block_n - 1) / tiles.block_n;
-    const int64_t smem = sm90_forward_smem_bytes(head_dim, shape, 2) + tiles.consumers * 4 * 4 * 4 + key_tiles +
-                         (has_segments(p) ? 2 * 4 : 0);
+    const int64_t smem = sm90_forward_smem_bytes(head_dim, shape, 2) +
+                         sm90_forward_table_bytes(tiles.consumers, tiles.block_n, p.seqlen_k, has_segments(p));
     if (smem > device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()) return false;
   }
   // A CTA per query tile where the launcher gives each its own (sm90_forward_cta_per_tile): a 1-D grid.

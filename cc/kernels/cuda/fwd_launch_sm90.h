@@ -81,11 +81,8 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   // (FwdMaskSm90; hopper_forward_takes checked that they fit). attn_mask is packed first (packed_mask.h), on the
   // same stream; the runner computed the segment ids' bounds before the launch.
   int smem = Traits::kSmemBytes;
-  if (p.block_mask.data != nullptr || p.attn_mask.data != nullptr || p.q_segment_ids != nullptr) {
-    const int64_t key_tiles = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN;
-    smem += int(Traits::kMmaThreads / 32 * 4 * int64_t(sizeof(uint32_t)) + key_tiles);
-    if (p.q_segment_ids != nullptr) smem += 2 * int(sizeof(int));
-  }
+  if (p.block_mask.data != nullptr || p.attn_mask.data != nullptr || has_segments(p))
+    smem += int(sm90_forward_table_bytes(Traits::kMmaWarpGroups, Traits::kBlockN, p.seqlen_k, has_segments(p)));
   if (p.attn_mask.data != nullptr) {
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.mask_workspace,
                                                 std::is_same_v<Element, cutlass::bfloat16_t>, stream);

@@ -20,6 +20,7 @@
 #include "cc/kernels/cuda/sm90_common.cuh"
 #include "cc/kernels/cuda/sm90_fwd_scheduler.h"
 #include "cc/kernels/cuda/sm90_fwd_traits.h"
+#include "cc/kernels/cuda/sm90_tile_size.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
@@ -54,6 +55,9 @@ struct FwdMaskSm90 {
   // the key tiles of the query tile's documents (document_tiles); then the table.
   static constexpr int kSeenWords = Traits::kMmaThreads / 32 * 4;
   static constexpr int kDocumentWords = kSegments ? 2 : 0;
+  static_assert((kSeenWords + kDocumentWords) * 4 ==
+                    sm90_forward_table_bytes(Traits::kMmaWarpGroups, kBlockN, /*seqlen_k=*/0, kSegments),
+                "the launcher and the family choice size this layout by sm90_forward_table_bytes");
 
   // has_element_mask: the variant's element mask is on (attn_mask given, or segment ids).
   const bool has_block_mask, has_element_mask, has_table;

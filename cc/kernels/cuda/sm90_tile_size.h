@@ -71,6 +71,14 @@ constexpr int64_t sm90_forward_smem_bytes(int head_dim, Sm90ForwardShape shape, 
   return q + (sm90_forward_own_output_buffer(head_dim, shape, element_bytes) ? q : 1024) + 2 * t.stages * kv + 1024;
 }
 
+// Bytes after the shared storage where the forward keeps its tile table (block masks, attn_mask, segment ids;
+// sm90_fwd_mask.h lays them out): four words of seen keys per consumer warp, with segment ids the range of the
+// documents' key tiles (two ints), then a byte per key tile.
+constexpr int64_t sm90_forward_table_bytes(int consumers, int block_n, int64_t seqlen_k, bool segment_ids) {
+  return int64_t(consumers) * 4 * 4 * int64_t(sizeof(uint32_t)) + (segment_ids ? 2 * int64_t(sizeof(int)) : 0) +
+         (seqlen_k + block_n - 1) / block_n;
+}
+
 // ---- Backward (dK/dV kernel) ----
 struct Sm90BackwardTiles {
   int block_m;  // query rows per tile
