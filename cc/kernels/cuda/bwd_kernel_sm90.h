@@ -18,13 +18,17 @@
 // runs dQ, dV and dK over its half of the head dim from there; dQ goes by atomics from registers.
 // The general variant adds soft-capping (the forward's tanh; P, dS and the tanh's derivative in one pass),
 // dropout (the forward's Philox draws, philox.h, taken for the transposed tile:
-// dropout_keep_bits_transposed) and the skipping of False blocks; the masked variant (kAttnMask) also
-// attn_mask, packed to a bit per entry before the kernel (packed_mask.h): query tiles it hides whole are
-// skipped, tiles it hides in part are masked by the packed bits.
-// Visibility is mask.h's (causal, window, lengths, attn_mask, and block masks whose blocks hold whole tiles):
-// query tiles that see no key of the tile are never visited, tiles that straddle a boundary are masked per
+// dropout_keep_bits_transposed) and the skipping of False blocks. The element-mask variants (kElementMask, each
+// plain and general) add attn_mask, packed to a bit per entry before the kernel (packed_mask.h): query tiles it
+// hides whole are skipped, tiles it hides in part are masked by the packed bits; or packed-document segment ids:
+// each key tile visits the query tiles of its documents only, and among them a table (made per key tile from
+// mask.h's block_coverage on the segment bounds) skips those sharing no document, runs those inside one document
+// unmasked and masks the borders by q_id[row] == kv_id[col].
+// Visibility is mask.h's (causal, window, lengths, attn_mask, segment ids, and block masks whose blocks hold whole
+// tiles): query tiles that see no key of the tile are never visited, tiles that straddle a boundary are masked per
 // element (by replacement: P = dS = 0). Keys no valid query sees and query rows past q_len are zeroed in shared
-// memory (0 x NaN must not reach a GEMM). Other block masks run in the sm_80 family (family.cu chooses).
+// memory (0 x NaN must not reach a GEMM), and with segment ids the Q and dO rows no key of a border tile sees.
+// Other block masks, and segment ids with attn_mask or a block mask, run in the sm_80 family (family.cu chooses).
 //
 // The kernel below only sets up the shared storage, the barriers and the pipelines and composes the parts, each
 // in its own header: the traits, arguments and named barriers (sm90_bwd_traits.h); the schedule, which key tiles
@@ -32,9 +36,10 @@
 // (BwdMainloopSm90, sm90_bwd_mainloop.h); the mask, hidden entries of S^T and zeroed rows in shared memory
 // (BwdMaskSm90, sm90_bwd_mask.h); the consumers' GEMMs and dQ (BwdConsumerSm90, sm90_bwd_consumer.h) with their
 // element-wise P^T and dS^T (BwdSoftmaxGradSm90, sm90_bwd_softmax.h); and the dK, dV stores (BwdEpilogueSm90,
-// sm90_bwd_epilogue.h). A new variant (segment ids, say) is a template argument of the parts it changes only: a
-// new visibility rule goes to the mask (and to the scheduler where it skips tiles), a new element-wise term to
-// BwdSoftmaxGradSm90, a new split of the GEMMs to the traits and the consumer.
+// sm90_bwd_epilogue.h). A new variant (another element mask, say) is a template argument of the parts it changes
+// only: a new visibility rule goes to the mask (and to the scheduler where it skips tiles), a new element-wise term
+// to BwdSoftmaxGradSm90, a new split of the GEMMs to the traits and the consumer. Segment ids are the example: the
+// scheduler narrows and tables the query tiles, the mask compares the ids and zeroes the unseen query rows.
 #pragma once
 
 #include <cstdint>
@@ -57,14 +62,15 @@ namespace tf_flash {
 namespace cuda {
 
 // kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain
-// variant's registers; kAttnMask: attn_mask, with either (its code and registers kept out of both others').
-template <class Traits, bool kGeneral, bool kAttnMask = false>
+// variant's registers; kElementMask: attn_mask or segment ids, with either (their code and registers kept out of
+// the others').
+template <class Traits, bool kGeneral, BwdElementMask kElementMask = BwdElementMask::kNone>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Scheduler = BwdSchedulerSm90<Traits, kGeneral, kAttnMask>;
+  using Scheduler = BwdSchedulerSm90<Traits, kGeneral, kElementMask>;
   using Mainloop = BwdMainloopSm90<Traits>;
-  using Mask = BwdMaskSm90<Traits, kAttnMask>;
+  using Mask = BwdMaskSm90<Traits, kElementMask>;
   using Consumer = BwdConsumerSm90<Traits, kGeneral>;
   using Epilogue = BwdEpilogueSm90<Traits>;
   using Pipeline = typename Traits::Pipeline;
@@ -73,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
   extern __shared__ __align__(1024) char smem_buf[];
   auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
-  const Scheduler tiles(args.p, args.s);
+  const Scheduler tiles(args.p, args.s, smem_buf);
 
   const int warp_group = int(threadIdx.x) / 128;
   if (threadIdx.x == 0) Mainloop::prefetch_descriptors(args);
@@ -104,6 +110,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       cute::clear(acc_dk);
       cute::clear(acc_dv);
       if (t.n_iter > 0) {
+        Mask::make_tile_table(tiles, shared, t, mma_tidx);  // segment ids only
         pipeline_kv.consumer_wait(read_kv);
         Mask::zero_unseen_keys(tiles, shared, t.n0, mma_tidx);
         consumer.template run_key_tile<Mask>(tiles, softmax, t, shared, pipeline_q, acc_dk, acc_dv);

@@ -16,12 +16,12 @@ namespace tf_flash {
 namespace cuda {
 
 // One instantiation of kernel 2: the TMA descriptors of its tiles, then the grid.
-template <class Traits, bool kGeneral, bool kAttnMask>
+template <class Traits, bool kGeneral, BwdElementMask kElementMask>
 cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
-  auto kernel = &bwd_dkdv_kernel_sm90<Traits, kGeneral, kAttnMask>;
+  auto kernel = &bwd_dkdv_kernel_sm90<Traits, kGeneral, kElementMask>;
   BwdArgsSm90<Traits> args;
   args.p = p;
   args.s = s;
@@ -55,12 +55,17 @@ cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, c
                   make_shape(int32_t(s.sq_pad), int32_t(kHeadDim), s.dq_splits * int32_t(p.batch) * p.num_heads),
                   make_stride(int64_t(kHeadDim), _1{}, s.sq_pad * kHeadDim)),
       typename Traits::SmemLayoutdQPart{}, Shape<Int<Traits::kdQPartRows>, Int<Traits::kdQPartCols>>{}, _1{});
-  constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  // Segment ids add the words of a border tile's seen query rows and the table of query tiles after the shared
+  // storage (sm90_bwd_mask.h, sm90_bwd_scheduler.h; hopper_backward_takes checked that they fit). The runner
+  // computed the ids' bounds before the launch.
+  int smem = Traits::kSmemBytes;
+  if constexpr (kElementMask == BwdElementMask::kSegments)
+    smem += int(sm90_backward_table_bytes(Traits::kBlockM, p.seqlen_q));
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const int num_key_tiles = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   const dim3 grid(bwd_dkdv_ctas(s, num_key_tiles), p.num_heads_kv, p.batch);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(args);
+  kernel<<<grid, Traits::kNThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
 
@@ -71,16 +76,25 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   static_assert(Traits::kBlockN == sm90_backward_tiles(kHeadDim, false).block_n &&
                     PlainTraits::kBlockN == sm90_backward_tiles(kHeadDim, true).block_n,
                 "hopper_backward_takes checks block masks against sm90_backward_tiles");
+  static_assert(Traits::kSmemBytes == sm90_backward_smem_bytes(kHeadDim, false, sizeof(Element)) &&
+                    PlainTraits::kSmemBytes == sm90_backward_smem_bytes(kHeadDim, true, sizeof(Element)),
+                "hopper_backward_takes sizes the segment ids' table by sm90_backward_smem_bytes");
+  constexpr BwdElementMask kNone = BwdElementMask::kNone, kAttn = BwdElementMask::kAttnMask,
+                           kSegments = BwdElementMask::kSegments;
   const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
   if (p.attn_mask.data != nullptr) {  // packed into the scratch first (bwd_mask_bytes)
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kBackward), s.mask,
                                                 std::is_same_v<Element, cutlass::bfloat16_t>, stream);
     if (err != cudaSuccess) return err;
-    return general ? launch_bwd_dkdv_sm90<Traits, true, true>(p, s, stream)
-                   : launch_bwd_dkdv_sm90<Traits, false, true>(p, s, stream);
+    return general ? launch_bwd_dkdv_sm90<Traits, true, kAttn>(p, s, stream)
+                   : launch_bwd_dkdv_sm90<Traits, false, kAttn>(p, s, stream);
   }
-  return general ? launch_bwd_dkdv_sm90<Traits, true, false>(p, s, stream)
-                 : launch_bwd_dkdv_sm90<PlainTraits, false, false>(p, s, stream);
+  if (has_segments(p)) {  // never with attn_mask or a block mask (hopper_backward_takes)
+    return general ? launch_bwd_dkdv_sm90<Traits, true, kSegments>(p, s, stream)
+                   : launch_bwd_dkdv_sm90<Traits, false, kSegments>(p, s, stream);
+  }
+  return general ? launch_bwd_dkdv_sm90<Traits, true, kNone>(p, s, stream)
+                 : launch_bwd_dkdv_sm90<PlainTraits, false, kNone>(p, s, stream);
 }
 
 }  // namespace cuda

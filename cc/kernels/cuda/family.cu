@@ -100,12 +100,22 @@ bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
 }
 
 bool hopper_backward_takes(const FlashFwdParams& p) {
-  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || has_segments(p) || !hopper_headdim(p) || !hopper_family_available())
-    return false;
+  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || !hopper_headdim(p) || !hopper_family_available()) return false;
   // Block masks (the general variant's tiles) whose blocks hold whole tiles.
-  const Sm90BackwardTiles tiles = sm90_backward_tiles(tf_flash_kernel_headdim(p), /*plain=*/false);
+  const int head_dim = tf_flash_kernel_headdim(p);
+  const Sm90BackwardTiles tiles = sm90_backward_tiles(head_dim, /*plain=*/false);
   if (p.block_mask.data != nullptr && (p.block_q % tiles.block_m != 0 || p.block_k % tiles.block_n != 0))
     return false;
+  if (has_segments(p)) {
+    // Segment ids are a variant's element mask (BwdElementMask), whose table of query tiles holds the documents'
+    // coverage only: with attn_mask or a block mask they run in the sm_80 family, which reads them together.
+    if (p.attn_mask.data != nullptr || p.block_mask.data != nullptr) return false;
+    // The words of a border tile's seen query rows and a byte per query tile, after the shared storage
+    // (bwd_launch_sm90.h); at head dim 256 that storage leaves room for about 64k queries.
+    const int64_t smem = sm90_backward_smem_bytes(head_dim, /*plain=*/false, 2) +
+                         sm90_backward_table_bytes(tiles.block_m, p.seqlen_q);
+    if (smem > device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()) return false;
+  }
   // attn_mask is packed into the backward's scratch (bwd_launch.h: bwd_mask_bytes, sized by this predicate).
   return p.attn_mask.data == nullptr || PackedMaskLayout(p, MaskPacking::kBackward).packable(p);
 }

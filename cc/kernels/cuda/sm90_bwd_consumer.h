@@ -241,7 +241,7 @@ struct BwdConsumerSm90 {
     const int m0 = tiles.query_tile(t, it) * kBlockM;
     uint32_t keep = keep_next;
     uint32_t mask_bits;  // bit mi * kCols + ni
-    const bool element_masked = Mask::load_attn_mask(tiles, h, m0, n0, cS_rc, mma_tidx, mask_bits);
+    const bool element_masked = Mask::load_element_mask(tiles, h, m0, n0, cS_rc, mma_tidx, mask_bits);
     const int stage = read.index();
     pipeline_q.consumer_wait(read);
     Mask::zero_unseen_query_rows(tiles, shared, stage, m0, mma_tidx);
@@ -259,6 +259,7 @@ struct BwdConsumerSm90 {
       if (!kDrawAhead && softmax.has_dropout) keep = draw_keep(tiles, softmax, t, it);  // while dP^T is computed
     }
     softmax.apply(acc_s, acc_dp, cS_rc, hidden, keep, shared.lse2[stage], shared.dvec[stage]);
+    Mask::zero_unseen_queries(tiles, shared, stage, cS_rc, hidden, element_masked, mma_tidx);  // segment ids only
 
     if constexpr (kSplitHeadDim) {
       split_head_dim_gemms(tiles, acc_s, acc_dp, stage, h, m0, acc_dk, acc_dv);

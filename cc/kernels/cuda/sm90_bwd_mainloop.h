@@ -49,7 +49,7 @@ struct BwdMainloopSm90 {
       const BwdKeyTileSm90 t = tiles.key_tile(n_block);
       if (t.n_iter == 0) continue;  // the consumers skip it too
       load_kv(args, tiles, shared, mK, mV, n_block, pipeline_kv, write_kv);
-      for (int it = tiles.next_visible(t, 0); it < t.n_iter; it = tiles.next_visible(t, it + 1)) {
+      for (int it = tiles.next_to_load(t, 0); it < t.n_iter; it = tiles.next_to_load(t, it + 1)) {
         load_query_tile(args, tiles, shared, mQ, mdO, tiles.head(t, it), tiles.query_tile(t, it), pipeline_q, write);
       }
     }

@@ -1,9 +1,10 @@
 // The Hopper backward dK/dV kernel's (bwd_kernel_sm90.h) mask: which entries of an S^T tile (keys x queries) are
 // hidden, and the shared-memory rows that must not reach a GEMM.
-// Visibility is mask.h's (causal, window, lengths, attn_mask, and block masks whose blocks hold whole tiles; the
-// scheduler, sm90_bwd_scheduler.h, skips the query tiles that see no key of the tile): tiles that straddle a
-// boundary are masked per element, by replacement (P = dS = 0, in the consumer's pass over P and dS). Keys no
-// valid query sees and query rows past q_len are zeroed in shared memory (0 x NaN must not reach a GEMM).
+// Visibility is mask.h's (causal, window, lengths, attn_mask, segment ids, and block masks whose blocks hold whole
+// tiles; the scheduler, sm90_bwd_scheduler.h, skips the query tiles that see no key of the tile): tiles that
+// straddle a boundary are masked per element, by replacement (P = dS = 0, in the consumer's pass over P and dS).
+// Keys no valid query sees and query rows past q_len are zeroed in shared memory (0 x NaN must not reach a GEMM),
+// and with segment ids, in a border tile, the Q and dO rows no key of the tile sees.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include "cc/kernels/cuda/common.cuh"
 #include "cc/kernels/cuda/packed_mask.h"
+#include "cc/kernels/cuda/sm90_bwd_scheduler.h"
 #include "cc/kernels/cuda/sm90_bwd_traits.h"
 #include "cc/kernels/cuda/sm90_common.cuh"
 #include "cc/kernels/flash/mask.h"
@@ -32,13 +34,37 @@ __device__ __forceinline__ void zero_tile_rows(Tile&& tile, int lo, int hi, int 
 
 // A consumer thread's entries of the S^T tile are those of cS_rc, its (key row, query column) coordinates in the
 // accumulator's row/column view; bit mi * kCols + ni of a TileBits stands for entry (mi, ni).
-// kAttnMask: attn_mask, packed to a bit per entry before the kernel (packed_mask.h): tiles it hides in part are
-// masked by the packed bits.
-template <class Traits, bool kAttnMask>
+// The element mask: attn_mask, packed to a bit per entry before the kernel (packed_mask.h): tiles it hides in part
+// are masked by the packed bits; or segment ids: the tiles the scheduler's table marks as borders are masked by
+// q_id[row] == kv_id[col], and their Q and dO rows that no key of the tile sees are zeroed (zero_unseen_queries).
+template <class Traits, BwdElementMask kElementMask>
 struct BwdMaskSm90 {
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kMmaThreads = Traits::kMmaThreads;
+  static constexpr bool kAttnMask = kElementMask == BwdElementMask::kAttnMask;
+  static constexpr bool kSegments = kElementMask == BwdElementMask::kSegments;
   using SharedStorage = typename Traits::SharedStorage;
+  static_assert(!kSegments || kBlockM == 64, "a border tile's seen query rows: two 32-bit words");
+
+  // Segment ids: the words of the query rows a border tile's keys see (a bit per row), right after the shared
+  // storage (then the scheduler's table: sm90_backward_table_bytes). Zero between border tiles.
+  __device__ static __forceinline__ uint32_t* seen_query_words(SharedStorage& shared) {
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(&shared) + sizeof(SharedStorage));
+  }
+
+  // Segment ids, before key tile t's first query tile (its K and V may still be on their way): the scheduler's table
+  // of its query tiles, between two barriers of the consumers (the first: both are done with the previous key
+  // tile's table). The words of seen query rows start at zero.
+  template <class Scheduler>
+  __device__ static __forceinline__ void make_tile_table(const Scheduler& tiles, SharedStorage& shared,
+                                                         const BwdKeyTileSm90& t, int mma_tidx) {
+    if constexpr (kSegments) {
+      named_sync(kMmaThreads, BwdSm90Barrier::kTileTable);
+      tiles.make_tile_table(t, mma_tidx, kMmaThreads);
+      if (mma_tidx < kBlockM / 32) seen_query_words(shared)[mma_tidx] = 0;
+      named_sync(kMmaThreads, BwdSm90Barrier::kTileTable);
+    }
+  }
 
   // Once per key tile, before its first GEMM: keys that no valid query sees, and query rows past q_len, may hold
   // anything (NaN padding); past the tensors' ends the TMA has zero-filled already.
@@ -58,9 +84,9 @@ struct BwdMaskSm90 {
       cutlass::arch::fence_view_async_shared();
       named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
     }
-    if (tiles.has_attn_mask) {
-      // Keys attn_mask hides from every query of the group may hold anything too (zeroed where the tile
-      // holds a non-finite value).
+    if (tiles.has_element_mask) {
+      // Keys the element mask (attn_mask, segment ids) hides from every query of the group may hold anything too
+      // (zeroed where the tile holds a non-finite value).
       hide_unseen_keys<kMmaThreads, kBlockN, kHeadDim>(
           sK, sV, shared.key_seen, p, tiles.b, tiles.h_kv * tiles.group, tiles.group, n0, keys_end, tiles.q_len,
           tiles.kv_len, mma_tidx,
@@ -72,12 +98,14 @@ struct BwdMaskSm90 {
     }
   }
 
-  // Whether attn_mask hides part of the tile; if so, this thread's packed words (keys r and r + 8; keys past the
-  // tensor read key 0, hidden by their range) into mask_bits (bit mi * kCols + ni, 1: visible), loaded before the
-  // tile's Q and dO arrive, used after the S^T GEMM (apply).
+  // Whether the element mask hides part of the tile; if so, this thread's bits of it into mask_bits (bit
+  // mi * kCols + ni, 1: visible), loaded before the tile's Q and dO arrive, used after the S^T GEMM (apply).
+  // attn_mask: the packed words (keys r and r + 8; keys past the tensor read key 0, hidden by their range).
+  // Segment ids: a tile the table marks as a border compares the ids of the thread's keys and query columns;
+  // positions past the tensors count as another document.
   template <class Scheduler, class CoordRC>
-  __device__ static __forceinline__ bool load_attn_mask(const Scheduler& tiles, int h, int m0, int n0,
-                                                        CoordRC const& cS_rc, int mma_tidx, uint32_t& mask_bits) {
+  __device__ static __forceinline__ bool load_element_mask(const Scheduler& tiles, int h, int m0, int n0,
+                                                           CoordRC const& cS_rc, int mma_tidx, uint32_t& mask_bits) {
     using namespace cute;
     constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
     mask_bits = 0;
@@ -87,7 +115,7 @@ struct BwdMaskSm90 {
       // branch: with the summary tested into a bool first, the mask pointer and the plane are computed twice per
       // tile.
       static_assert(kRows == 2 && (kCols == 16 || kCols == 8), "a 16-bit word or a byte per row");
-      if (tiles.has_attn_mask && !(tiles.mask_summary(h, m0 / kBlockM, n0) & kMaskAllVisible)) {
+      if (tiles.has_element_mask && !(tiles.mask_summary(h, m0 / kBlockM, n0) & kMaskAllVisible)) {
         const FlashBwdParams& p = tiles.p;
         const uint16_t* words = reinterpret_cast<const uint16_t*>(tiles.s.mask);
         const int64_t plane = tiles.mask_layout.plane(tiles.b, h);
@@ -98,6 +126,31 @@ struct BwdMaskSm90 {
           const uint32_t word = words[tiles.mask_layout.word_index_t(plane, key < p.seqlen_k ? key : 0,
                                                                      m0 / kBlockM, mma_tidx % 4)];
           mask_bits |= ((word >> first_bit) & ((1u << kCols) - 1u)) << (mi * kCols);
+        }
+        return true;
+      }
+    } else if constexpr (kSegments) {
+      static_assert(kRows * kCols <= 32, "a bit per entry in mask_bits");
+      if (tiles.segment_state(m0 / kBlockM) == BwdTileState::kElementMasked) {
+        const FlashBwdParams& p = tiles.p;
+        const int32_t* q_ids = p.q_segment_ids + int64_t(tiles.b) * p.seqlen_q;
+        const int32_t* kv_ids = p.kv_segment_ids + int64_t(tiles.b) * p.seqlen_k;
+        bool key_in[kRows];
+        int32_t key_id[kRows];
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          const int key = n0 + get<0>(cS_rc(mi, 0));
+          key_in[mi] = key < p.seqlen_k;
+          key_id[mi] = key_in[mi] ? kv_ids[key] : 0;
+        }
+        CUTE_UNROLL
+        for (int ni = 0; ni < kCols; ++ni) {
+          const int row = m0 + get<1>(cS_rc(0, ni));
+          const bool row_in = row < p.seqlen_q;
+          const int32_t id = row_in ? q_ids[row] : 0;
+          CUTE_UNROLL
+          for (int mi = 0; mi < kRows; ++mi)
+            mask_bits |= uint32_t(row_in && key_in[mi] && id == key_id[mi]) << (mi * kCols + ni);
         }
         return true;
       }
@@ -119,6 +172,64 @@ struct BwdMaskSm90 {
       zero_tile_rows<kHeadDim>(sdO(_, _, stage), int(q_lo), int(q_hi), mma_tidx, kMmaThreads);
       cutlass::arch::fence_view_async_shared();
       named_sync(kMmaThreads, BwdSm90Barrier::kRowsZeroed);
+    }
+  }
+
+  // Segment ids, a border tile (element_masked), once both consumers' S^T and dP^T GEMMs are done (the softmax step
+  // waited for them): the Q and dO rows that no key of the tile sees are zeroed before dV's and dK's GEMMs read
+  // them, since another document's rows may hold anything and 0 x NaN would reach dK = dS^T Q and dV = P^T dO (the
+  // forward zeroes the value rows no row of a tile sees the same way). hidden: this thread's hidden entries
+  // (apply). Each warp ORs its query columns with a visible entry into the shared words, a barrier, the rows are
+  // zeroed, another barrier (after which the words are cleared, before the tile's dS barrier orders that before
+  // their next use). Only border tiles pay the two barriers. (Before the S^T GEMM, recomputing hidden, the d128
+  // kernel spills as much and runs 14% more instructions.)
+  template <class Scheduler, class TileBits, class CoordRC>
+  __device__ static __forceinline__ void zero_unseen_queries(const Scheduler& tiles, SharedStorage& shared, int stage,
+                                                             CoordRC const& cS_rc, TileBits hidden,
+                                                             bool element_masked, int mma_tidx) {
+    if constexpr (kSegments) {
+      using namespace cute;
+      constexpr int kRows = decltype(size<0>(cS_rc))::value, kCols = decltype(size<1>(cS_rc))::value;
+      if (!element_masked) return;  // the same for the whole CTA (the table)
+      const int col0 = get<1>(cS_rc(0, 0));
+      uint64_t seen = 0;  // relative to col0 (a constant shift per column)
+      CUTE_UNROLL
+      for (int ni = 0; ni < kCols; ++ni) {
+        uint32_t any = 0;
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) any |= ~uint32_t(hidden >> (mi * kCols + ni)) & 1u;
+        seen |= uint64_t(any) << (get<1>(cS_rc(0, ni)) - col0);
+      }
+      seen <<= col0;
+      uint32_t lo = uint32_t(seen), hi = uint32_t(seen >> 32);
+      CUTE_UNROLL
+      for (int offset = 16; offset > 0; offset /= 2) {
+        lo |= __shfl_xor_sync(0xffffffffu, lo, offset);
+        hi |= __shfl_xor_sync(0xffffffffu, hi, offset);
+      }
+      uint32_t* words = seen_query_words(shared);
+      if (mma_tidx % 32 == 0) {
+        if (lo != 0u) atomicOr(&words[0], lo);
+        if (hi != 0u) atomicOr(&words[1], hi);
+      }
+      named_sync(kMmaThreads, BwdSm90Barrier::kQueriesSeen);
+      const uint64_t unseen = ~(uint64_t(words[0]) | uint64_t(words[1]) << 32);
+      if (unseen != 0) {
+        // 16-byte stores: the 128-byte swizzle moves 16-byte chunks whole.
+        Tensor sQ = make_tensor(make_smem_ptr(shared.q.begin()), typename Traits::SmemLayoutQ{});
+        Tensor sdO = make_tensor(make_smem_ptr(shared.d_o.begin()), typename Traits::SmemLayoutQ{});
+        constexpr int kChunks = kHeadDim / 8;
+        for (int i = mma_tidx; i < kBlockM * kChunks; i += kMmaThreads) {
+          const int r = i / kChunks, c = i % kChunks * 8;
+          if ((unseen >> r) & 1u) {
+            *reinterpret_cast<uint4*>(&sQ(r, c, stage)) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(&sdO(r, c, stage)) = make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+        cutlass::arch::fence_view_async_shared();
+      }
+      named_sync(kMmaThreads, BwdSm90Barrier::kQueriesSeen);
+      if (mma_tidx < kBlockM / 32) words[mma_tidx] = 0;
     }
   }
 

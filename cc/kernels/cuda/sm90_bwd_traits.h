@@ -145,6 +145,12 @@ struct BwdTraitsSm90 {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
+// The element mask a backward variant reads inside the query tiles it visits (a template argument of the kernel and of
+// the parts it changes): none, attn_mask's packed bits (packed_mask.h) or packed-document segment ids (a bit per
+// score from q_segment_ids[row] == kv_segment_ids[col]). A call with both, or with segment ids and a block mask, runs
+// in the sm_80 family (family.cu's hopper_backward_takes).
+enum class BwdElementMask { kNone, kAttnMask, kSegments };
+
 template <class Traits>
 struct BwdArgsSm90 {
   FlashBwdParams p;
@@ -155,9 +161,11 @@ struct BwdArgsSm90 {
 };
 
 enum class BwdSm90Barrier : uint32_t {
-  kRowsZeroed = 0,  // both consumers zeroed the unseen rows of a tile in shared memory
-  kDsReady = 1,     // both consumers wrote their dS^T rows (and the previous dQ reduce-adds read theirs)
-  kdQStaged = 2,    // a consumer's dQ part is in shared memory; kdQStaged + i for consumer i
+  kRowsZeroed = 0,   // both consumers zeroed the unseen rows of a tile in shared memory
+  kDsReady = 1,      // both consumers wrote their dS^T rows (and the previous dQ reduce-adds read theirs)
+  kdQStaged = 2,     // a consumer's dQ part is in shared memory; kdQStaged + i for consumer i (2 and 3)
+  kTileTable = 4,    // segment ids: the key tile's table of query tiles is written (and the previous one read)
+  kQueriesSeen = 5,  // segment ids, a border tile: its seen query rows are published, then their rows zeroed
 };
 
 }  // namespace cuda

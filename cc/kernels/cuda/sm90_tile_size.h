@@ -85,7 +85,7 @@ struct Sm90BackwardTiles {
   int block_n;  // keys per CTA tile (bwd_launch.h's bwd_key_tile, which both families share)
 };
 
-// plain: no dropout, soft-capping, block mask or attn_mask.
+// plain: no dropout, soft-capping, block mask, attn_mask or segment ids.
 constexpr Sm90BackwardTiles sm90_backward_tiles(int head_dim, bool plain) {
   // d256: 64 keys, whose dK and dV (split over the warpgroups by head dim) fit in registers.
   const int block_n = head_dim == 256 ? 64 : 128;
@@ -94,6 +94,27 @@ constexpr Sm90BackwardTiles sm90_backward_tiles(int head_dim, bool plain) {
   // the attn_mask summaries cover 64 query rows).
   const int block_m = plain && head_dim == 64 ? 128 : 64;
   return {block_m, block_n};
+}
+
+// Bytes of the backward's shared storage (BwdTraitsSm90::SharedStorage: two stages of Q and of dO, K, V, dS's two
+// buffers, the dQ staging or at head dim 256 P^T's two buffers, each a multiple of 1024 bytes; then lse2 and D of
+// both stages, the two pipelines' barriers and the words of seen keys, the whole rounded up to 1024); its launcher
+// asserts the two agree.
+constexpr int64_t sm90_backward_smem_bytes(int head_dim, bool plain, int element_bytes) {
+  const Sm90BackwardTiles t = sm90_backward_tiles(head_dim, plain);
+  const int64_t q = 2 * int64_t(t.block_m) * head_dim * element_bytes;
+  const int64_t kv = int64_t(t.block_n) * head_dim * element_bytes;
+  const int64_t ds = 2 * int64_t(t.block_m) * t.block_n * element_bytes;
+  const int64_t dq = head_dim == 256 ? ds : int64_t(t.block_m) * head_dim * int64_t(sizeof(float));
+  const int64_t tail = 2 * 2 * int64_t(t.block_m) * int64_t(sizeof(float)) + 3 * 2 * 8 + t.block_n / 8;
+  return 2 * q + 2 * kv + ds + dq + (tail + 1023) / 1024 * 1024;
+}
+
+// Bytes after the shared storage where the backward with segment ids keeps its table (sm90_bwd_scheduler.h and
+// sm90_bwd_mask.h lay them out): the words of the query rows a border tile's keys see (a bit per row), then a byte
+// per query tile of block_m rows.
+constexpr int64_t sm90_backward_table_bytes(int block_m, int64_t seqlen_q) {
+  return int64_t(block_m) / 32 * int64_t(sizeof(uint32_t)) + (seqlen_q + block_m - 1) / block_m;
 }
 
 }  // namespace cuda
