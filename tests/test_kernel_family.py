@@ -1,7 +1,7 @@
 """Which CUDA kernel family runs, read from the library's launch counts (tf_flash.cuda_kernel_counts):
 the Hopper kernels (sm_90a: TMA, wgmma, warp-specialized) on an sm_90 GPU for the inputs they take, the
 sm_80 family for the rest (block masks finer than the Hopper tiles, attn_mask with segment ids, head dims 32
-and 96; in the backward also head dim 256 and segment ids) and on every other GPU
+and 96; in the backward also segment ids with a block mask) and on every other GPU
 (cc/kernels/cuda/family.h).
 Each case also checks the result against float64 attention, so that a family that ran is also a family
 that is right."""
@@ -238,15 +238,36 @@ def _document_ids(rng, b, s):
     return np.stack(rows).astype(np.int32)
 
 
+def _interleaved_ids(rng, b, s):
+    """Documents whose ids do not increase along the row (stretches of 20-150 positions labelled 0-3 at random), so
+    that the tile loops span every tile and the tiles whose id ranges do not meet are skipped by the bounds alone."""
+    rows = []
+    for _ in range(b):
+        lengths = rng.integers(20, 150, size=s // 20)
+        labels = rng.integers(0, 4, size=lengths.size)
+        rows.append(np.repeat(labels, lengths)[:s])
+    return np.stack(rows).astype(np.int32)
+
+
+def _assert_families(ran, backward="backward_sm90"):
+    """The Hopper forward and `backward` on an sm_90 GPU with sm_90a code, the sm_80 family elsewhere."""
+    hopper = _hopper_expected()
+    forward = "forward_sm90" if hopper else "forward_sm80"
+    backward = backward if hopper else "backward_sm80"
+    assert ran[forward] == 1 and ran[backward] == 1, ran
+
+
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("features", [dict(), dict(causal=True), dict(causal=True, kv_lengths=[700, 530]),
-                                      dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4])])
+                                      dict(dropout_rate=0.2, softcap=4.0, seed=[3, 4]),
+                                      dict(deterministic=True, q_lengths=[650, 700])])
 def test_segment_ids_family_output_and_gradients(dtype, head_dim, features, rng):
     """Segment ids (packed documents) run in the Hopper forward (the tile table over each query tile's documents:
-    key tiles hidden, shown in full and masked by the ids) and in the sm_80 backward. Output, lse and gradients
-    against float64, with causal, lengths, dropout (the same Philox draws as every kernel) and soft-capping, GQA,
-    at a length that is no multiple of a tile."""
+    key tiles hidden, shown in full and masked by the ids) and in the Hopper backward (each key tile's query tiles
+    narrowed to its documents, their table: skipped, shown in full, masked by the ids). Output, lse and gradients
+    against float64, with causal, lengths, dropout (the same Philox draws as every kernel) and soft-capping, the
+    deterministic dQ, GQA, at a length that is no multiple of a tile."""
     b, s, h, hkv = 2, 700, 4, 2
     q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
@@ -255,9 +276,56 @@ def test_segment_ids_family_output_and_gradients(dtype, head_dim, features, rng)
     q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
     (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=tf.constant(ids), return_lse=True,
                                                **features)
-    forward = "forward_sm90" if _hopper_expected() else "forward_sm80"
-    assert ran[forward] == 1 and ran["backward_sm80"] == 1, ran
+    _assert_families(ran)
     _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, dict(features, segment_ids=ids))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("features", [dict(), dict(causal=True, deterministic=True),
+                                      dict(dropout_rate=0.1, softcap=6.0, seed=[5, 6])])
+def test_interleaved_segment_ids_family_output_and_gradients(head_dim, features, rng):
+    """Ids that do not increase along the row, different for queries and keys (cross attention, sq != sk): no
+    binary search narrows the loops, so the Hopper kernels skip by the bounds' ranges tile by tile (the backward's
+    producer and its consumers' table must skip the same query tiles) and mask the rest by the ids."""
+    b, sq, sk, h, hkv = 2, 450, 777, 4, 1
+    q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    q_ids, kv_ids = _interleaved_ids(rng, b, sq), _interleaved_ids(rng, b, sk)
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    (out, lse), grads, ran = _forward_backward(
+        [tq, tk, tv], dout, segment_ids=(tf.constant(q_ids), tf.constant(kv_ids)), return_lse=True, **features)
+    _assert_families(ran)
+    _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16, dict(features, segment_ids=(q_ids, kv_ids)))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("ids", ["documents", "interleaved"])
+def test_segment_ids_deterministic_backward_bit_identical(head_dim, ids, rng):
+    """The deterministic dQ where each CTA of the Hopper backward loops over several key tiles (many (batch, kv head)
+    units), refilling its table of query tiles per key tile: bit-identical runs, the gradients of float64
+    attention."""
+    b, sq, sk, h, hkv = 4, 300, 1100, 32, 16
+    q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    if ids == "documents":  # three documents, their queries and keys in proportion
+        q_ids = np.broadcast_to(np.searchsorted([110, 190], np.arange(sq), side="right"), (b, sq)).astype(np.int32)
+        kv_ids = np.broadcast_to(np.searchsorted([400, 700], np.arange(sk), side="right"), (b, sk)).astype(np.int32)
+    else:
+        q_ids, kv_ids = _interleaved_ids(rng, b, sq), _interleaved_ids(rng, b, sk)
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    seg = (tf.constant(q_ids), tf.constant(kv_ids))
+    runs = []
+    for _ in range(3):
+        _, grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=seg, causal=True, deterministic=True)
+        _assert_families(ran)
+        runs.append([tf.cast(g, tf.float32).numpy() for g in grads])
+    for other in runs[1:]:
+        for a, c in zip(runs[0], other):
+            np.testing.assert_array_equal(a, c)
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    want = reference_attention_grad(q, k, v, dout, segment_ids=(q_ids, kv_ids), causal=True)
+    _assert_gradients_close(runs[0], want, tf.bfloat16)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -286,13 +354,50 @@ def test_segment_ids_keep_unseen_nan_out(head_dim, causal, rng):
     (out, lse), grads, ran = _forward_backward(
         [tq, tk, tv], dout, segment_ids=(tf.constant(q_ids), tf.constant(kv_ids)), kv_lengths=kv_lengths,
         causal=causal, return_lse=True)
-    assert ran["forward_sm90" if _hopper_expected() else "forward_sm80"] == 1, ran
-    assert ran["backward_sm80"] == 1, ran
+    _assert_families(ran)
     assert np.isfinite(out.numpy().astype(np.float32)).all()
     _assert_output_matches_float64(q, k, v, out, lse, tf.bfloat16, ref_kw)
     grads = [tf.cast(g, tf.float64).numpy() for g in grads]
     assert all(np.isfinite(g).all() for g in grads)
     _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), tf.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_segment_ids_keep_unseen_query_nan_out_of_the_hopper_backward(dtype, head_dim, causal, rng):
+    """Queries of a document no key has hold NaN in Q and in the output gradient, keys no query sees NaN in K and
+    V: the Hopper backward zeroes, in the tiles where documents border, the Q and dO rows no key of the tile sees
+    (besides the keys no query sees), so 0 x NaN reaches no gradient. The sm_80 backward zeroes keys only."""
+    if not _hopper_expected():
+        pytest.skip("the sm_80 backward does not zero the Q and dO rows no key sees")
+    b, s, h, hkv = 2, 700, 4, 2
+    q, dout = (rng.standard_normal((b, s, h, head_dim)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((b, s, hkv, head_dim)).astype(np.float32) for _ in range(2))
+    doc = np.stack([np.searchsorted(e, np.arange(s), side="right") for e in ([260, 530], [333, 350])])
+    q_ids = (2 * doc).astype(np.int32)
+    kv_ids = q_ids.copy()
+    kv_ids[0, 95:260] += 1  # keys no query sees at the ends of documents (ids stay sorted)
+    kv_ids[1, 680:] += 1
+    q_ids[0, 660:] += 1  # queries no key sees: ids 5 and 3, which no key has
+    q_ids[1, 345:350] += 1
+    unseen_keys, unseen_queries = kv_ids % 2 == 1, q_ids % 2 == 1
+    tq, tk, tv = (tf.constant(x, dtype) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    q_nan, k_nan, v_nan, dout_nan = q.copy(), k.copy(), v.copy(), dout.copy()
+    q_nan[unseen_queries], dout_nan[unseen_queries] = np.nan, np.nan
+    k_nan[unseen_keys], v_nan[unseen_keys] = np.nan, np.nan
+    tq, tk, tv = (tf.constant(x, dtype) for x in (q_nan, k_nan, v_nan))
+    ref_kw = dict(segment_ids=(q_ids, kv_ids), causal=causal)
+    (out, lse), grads, ran = _forward_backward(
+        [tq, tk, tv], dout_nan, segment_ids=(tf.constant(q_ids), tf.constant(kv_ids)), causal=causal,
+        return_lse=True)
+    _assert_families(ran)
+    assert np.isfinite(out.numpy().astype(np.float32)).all()
+    _assert_output_matches_float64(q, k, v, out, lse, dtype, ref_kw)
+    grads = [tf.cast(g, tf.float64).numpy() for g in grads]
+    assert all(np.isfinite(g).all() for g in grads)
+    _assert_gradients_close(grads, reference_attention_grad(q, k, v, dout, **ref_kw), dtype)
 
 
 def test_segment_ids_with_attention_mask_run_sm80(rng):
@@ -306,7 +411,24 @@ def test_segment_ids_with_attention_mask_run_sm80(rng):
     (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=tf.constant(ids), attention_mask=mask,
                                                return_lse=True)
     assert ran["forward_sm80"] == 1 and ran["forward_sm90"] == 0, ran
+    assert ran["backward_sm80"] == 1 and ran["backward_sm90"] == 0, ran
     _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16, dict(segment_ids=ids, attention_mask=mask))
+
+
+def test_segment_ids_with_block_mask_backward_runs_sm80(rng):
+    """Segment ids with a block mask of whole tiles: the Hopper backward's table holds the documents' coverage
+    only, so the sm_80 backward reads both."""
+    b, s, h, d = 2, 300, 4, 64
+    q, k, v, dout = (rng.standard_normal((b, s, h, d)).astype(np.float32) for _ in range(4))
+    ids = _document_ids(rng, b, s)
+    block_mask = rng.random((b, h, 3, 3)) < 0.7
+    tq, tk, tv = (tf.constant(x, tf.bfloat16) for x in (q, k, v))
+    q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
+    kw = dict(block_mask=block_mask, block_size=128)
+    (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=tf.constant(ids), return_lse=True,
+                                               **kw)
+    assert ran["backward_sm80"] == 1 and ran["backward_sm90"] == 0, ran
+    _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16, dict(kw, segment_ids=ids))
 
 
 def test_head_dim_32_runs_sm80(rng):
