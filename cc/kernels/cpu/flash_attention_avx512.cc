@@ -1,0 +1,229 @@
+// The AVX-512 path's micro-kernels (cpu_isa.h): register-blocked float32 products and the softmax's exp,
+// 16 lanes. The only file compiled with AVX-512 flags. It includes nothing but the intrinsics (always
+// inlined, never emitted) and cpu_isa.h, and keeps every helper in an anonymous namespace: all it exports
+// are the plain functions of tf_flash::cpu_avx512, so no inline or template function with external
+// linkage (a COMDAT the linker may pick from this file for an AVX2 caller) is compiled here.
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "cc/kernels/cpu/cpu_isa.h"
+
+#if !defined(__AVX512F__) || !defined(__FMA__)
+#error "flash_attention_avx512.cc needs -mavx512f -mfma (cc/BUILD: _AVX512_COPTS)"
+#endif
+
+namespace tf_flash {
+namespace cpu_avx512 {
+namespace {
+
+constexpr int kLanes = 16;
+// Columns of C one micro-kernel call covers at most: four vectors.
+constexpr int kBlockCols = 64;
+
+// Rows of C per micro-kernel by its vectors of columns: 24 accumulators (of 32 zmm registers) where the
+// columns allow, leaving room for the B vectors and the broadcast A element.
+constexpr int kRowsOfVectors[5] = {0, 12, 12, 8, 6};
+constexpr int kMaxRows = 12;
+
+__mmask16 LaneMask(int64_t lanes) {
+  return lanes >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << lanes) - 1u);
+}
+
+// C[MR x (16 NV)] (+)= alpha * sum_kk A(i, kk) B[kk, :]. A(i, kk) is a[i * lda + kk] (row-major A), or
+// a[kk * lda + i] with kATransposed. `last` masks the columns of the last vector (loads and stores alike).
+// Each accumulator is one FMA chain over kk in order: the element's result depends on nothing else.
+template <int MR, int NV, bool kATransposed>
+void MicroKernel(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, __mmask16 last, float alpha,
+                 bool accumulate, float* c, int64_t ldc) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float* b_row = b + kk * ldb;
+    __m512 b_vec[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV - 1; ++v) b_vec[v] = _mm512_loadu_ps(b_row + v * kLanes);
+    b_vec[NV - 1] = _mm512_maskz_loadu_ps(last, b_row + (NV - 1) * kLanes);
+    const float* a_k = kATransposed ? a + kk * lda : a + kk;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a_i = _mm512_set1_ps(kATransposed ? a_k[i] : a_k[i * lda]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(a_i, b_vec[v], acc[i][v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 mask = v == NV - 1 ? last : static_cast<__mmask16>(0xFFFF);
+      float* c_ptr = c + i * ldc + v * kLanes;
+      const __m512 result = accumulate ? _mm512_fmadd_ps(scale, acc[i][v], _mm512_maskz_loadu_ps(mask, c_ptr))
+                                       : _mm512_mul_ps(scale, acc[i][v]);
+      _mm512_mask_storeu_ps(c_ptr, mask, result);
+    }
+  }
+}
+
+using Kernel = void (*)(int64_t, const float*, int64_t, const float*, int64_t, __mmask16, float, bool, float*,
+                        int64_t);
+
+template <int MR, int NV, bool kATransposed>
+Kernel KernelIfFits() {
+  if constexpr (MR <= kRowsOfVectors[NV]) {
+    return &MicroKernel<MR, NV, kATransposed>;
+  } else {
+    return nullptr;
+  }
+}
+
+template <int NV, bool kATransposed>
+Kernel KernelOfRows(int rows) {
+  switch (rows) {
+    case 1: return KernelIfFits<1, NV, kATransposed>();
+    case 2: return KernelIfFits<2, NV, kATransposed>();
+    case 3: return KernelIfFits<3, NV, kATransposed>();
+    case 4: return KernelIfFits<4, NV, kATransposed>();
+    case 5: return KernelIfFits<5, NV, kATransposed>();
+    case 6: return KernelIfFits<6, NV, kATransposed>();
+    case 7: return KernelIfFits<7, NV, kATransposed>();
+    case 8: return KernelIfFits<8, NV, kATransposed>();
+    case 9: return KernelIfFits<9, NV, kATransposed>();
+    case 10: return KernelIfFits<10, NV, kATransposed>();
+    case 11: return KernelIfFits<11, NV, kATransposed>();
+    case 12: return KernelIfFits<12, NV, kATransposed>();
+    default: return nullptr;
+  }
+}
+
+template <bool kATransposed>
+Kernel KernelOf(int vectors, int rows) {
+  switch (vectors) {
+    case 1: return KernelOfRows<1, kATransposed>(rows);
+    case 2: return KernelOfRows<2, kATransposed>(rows);
+    case 3: return KernelOfRows<3, kATransposed>(rows);
+    case 4: return KernelOfRows<4, kATransposed>(rows);
+    default: return nullptr;
+  }
+}
+
+int64_t Min(int64_t x, int64_t y) { return x < y ? x : y; }
+
+// C (+)= alpha * A B over blocks of kBlockCols columns (B's panel stays in L1/L2 across the row blocks),
+// each cut into micro-kernel rows; the last vector of a block is masked.
+template <bool kATransposed>
+void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float alpha,
+          bool accumulate, float* c, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < n; j0 += kBlockCols) {
+    const int64_t cols = Min(kBlockCols, n - j0);
+    const int vectors = static_cast<int>((cols + kLanes - 1) / kLanes);
+    const __mmask16 last = LaneMask(cols - int64_t{vectors - 1} * kLanes);
+    const int block_rows = kRowsOfVectors[vectors];
+    const Kernel full = KernelOf<kATransposed>(vectors, block_rows);
+    for (int64_t i0 = 0; i0 < m; i0 += block_rows) {
+      const int rows = static_cast<int>(Min(block_rows, m - i0));
+      const Kernel kernel = rows == block_rows ? full : KernelOf<kATransposed>(vectors, rows);
+      const float* a_block = kATransposed ? a + i0 : a + i0 * lda;
+      kernel(k, a_block, lda, b + j0, ldb, last, alpha, accumulate, c + i0 * ldc + j0, ldc);
+    }
+  }
+}
+
+// pack[kk * kBlockCols + j] = b[j * ldb + kk] for j < cols (<= kBlockCols), kk < k: a block of B^T, by
+// gathers of 16 rows of B (L1-resident lines across consecutive kk).
+void PackTransposed(const float* b, int64_t ldb, int64_t cols, int64_t k, float* pack) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i index = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ldb)));
+  for (int64_t j0 = 0; j0 < cols; j0 += kLanes) {
+    const __mmask16 mask = LaneMask(cols - j0);
+    const float* column = b + j0 * ldb;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, column + kk, 4);
+      _mm512_storeu_ps(pack + kk * kBlockCols + j0, v);
+    }
+  }
+}
+
+// exp(x) at 16 lanes: x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts, FMAs exact in n ln2_hi); exp(r) by
+// its Taylor polynomial of degree 7 (truncation 7.5e-9 relative, under 2^-24), Horner in FMAs; times 2^n by
+// scalef, which rounds once into float32's subnormals. Below -104, exp rounds to 0 (and -inf gives 0,
+// not the NaN of -inf - n ln2); NaN passes through (max/min return their second operand on NaN).
+__m512 Exp(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-104.f), hi = _mm512_set1_ps(88.75f);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2_hi: 16 significant bits
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);  // ln2 - ln2_hi
+  __m512 poly = _mm512_set1_ps(1.f / 5040.f);
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 720.f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 120.f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 24.f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 6.f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(0.5f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(poly, n));
+}
+
+}  // namespace
+
+void gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float alpha,
+             bool accumulate, float* c, int64_t ldc) {
+  Gemm<false>(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc);
+}
+
+void gemm_tn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float alpha,
+             bool accumulate, float* c, int64_t ldc) {
+  Gemm<true>(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc);
+}
+
+int64_t gemm_nt_pack_floats(int64_t k) { return (k > 0 ? k : 1) * kBlockCols; }
+
+// B^T one block of kBlockCols columns at a time (packed by gathers), then the row-major A kernels on it.
+void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float alpha,
+             bool accumulate, float* c, int64_t ldc, float* pack) {
+  for (int64_t j0 = 0; j0 < n; j0 += kBlockCols) {
+    const int64_t cols = Min(kBlockCols, n - j0);
+    PackTransposed(b + j0 * ldb, ldb, cols, k, pack);
+    Gemm<false>(m, cols, k, a, lda, pack, kBlockCols, alpha, accumulate, c + j0, ldc);
+  }
+}
+
+float max_of(const float* x, int64_t n) {
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  __m512 best = neg_inf;
+  for (int64_t i = 0; i < n; i += kLanes) {
+    best = _mm512_max_ps(best, _mm512_mask_loadu_ps(neg_inf, LaneMask(n - i), x + i));
+  }
+  return _mm512_reduce_max_ps(best);
+}
+
+float exp_shifted_sum(float* x, int64_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = LaneMask(n - i);
+    const __m512 e = Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), s));
+    _mm512_mask_storeu_ps(x + i, mask, e);
+    sum = _mm512_mask_add_ps(sum, mask, sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+void exp_shifted_scaled(float* x, int64_t n, float shift, float scale) {
+  const __m512 s = _mm512_set1_ps(shift), m = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = LaneMask(n - i);
+    const __m512 e = Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), s));
+    _mm512_mask_storeu_ps(x + i, mask, _mm512_mul_ps(e, m));
+  }
+}
+
+}  // namespace cpu_avx512
+}  // namespace tf_flash
