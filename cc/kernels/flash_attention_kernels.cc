@@ -180,15 +180,15 @@ class BuildInfoOp : public tf::OpKernel {
   void Compute(tf::OpKernelContext* ctx) override {
     tf::Tensor* info = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {}, &info));
+    // The CPU kernels' instruction-set path, chosen once per process at run time.
+    std::string text = std::string(TF_FLASH_BUILD_INFO ";cpu_isa=") + flash_cpu_isa_name();
 #if TF_FLASH_WITH_CUDA
     // What float32 inputs run on now, as TF's TF32 switch says: float16 operands scaled to float32's range
     // (TF32-grade), or the full-float32 kernels.
-    info->scalar<tf::tstring>()() =
-        std::string(TF_FLASH_BUILD_INFO ";gpu_float32_compute=") +
-        (::tsl::tensor_float_32_execution_enabled() ? "float16_scaled" : "float32");
-#else
-    info->scalar<tf::tstring>()() = TF_FLASH_BUILD_INFO;
+    text += std::string(";gpu_float32_compute=") +
+            (::tsl::tensor_float_32_execution_enabled() ? "float16_scaled" : "float32");
 #endif
+    info->scalar<tf::tstring>()() = text;
   }
 };
 

@@ -1,6 +1,7 @@
 // Tiled FlashAttention on the CPU: the paper's Algorithms 1/2 (forward, online softmax, FA2 loop order)
 // and 4 (backward recomputing the probabilities from lse). Tiles are dense float32 Eigen matrices, so the
-// products run on Eigen's blocked GEMM; scores exist one [rows x cols] tile at a time per thread.
+// products run on Eigen's blocked GEMM (the AVX2 path) or on the AVX-512 micro-kernels (cpu_isa.h), chosen
+// once per process; scores exist one [rows x cols] tile at a time per thread.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "cc/kernels/cpu/cpu_isa.h"
 #include "cc/kernels/cpu/philox_avx2.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/mask.h"
@@ -39,6 +41,42 @@ Tiles ChooseTiles(const FlashFwdParams& p) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The AVX-512 path: the same tile loops, the products and the softmax's exp on cpu_avx512's micro-kernels.
+bool Wide() { return cpu_isa() == CpuIsa::kAvx512; }
+
+// The AVX-512 products of row-major float matrices (cpu_isa.h: each element one FMA chain in order, so the
+// forward's and the backward's equal tiles stay bit-equal): c = alpha * a b^T (c resized), c (+)= alpha * a b
+// into rows of stride ldc, and c += alpha * a^T b.
+void WideProductNT(const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+  thread_local std::vector<float> pack;
+  pack.resize(cpu_avx512::gemm_nt_pack_floats(a.cols()));
+  c->resize(a.rows(), b.rows());
+  cpu_avx512::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false, c->data(),
+                      c->cols(), pack.data());
+}
+
+void WideProductNN(const Matrix& a, const Matrix& b, float alpha, bool accumulate, float* c, int64_t ldc) {
+  cpu_avx512::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate, c,
+                      ldc);
+}
+
+void WideProductTN(const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+  cpu_avx512::gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true, c->data(),
+                      c->cols());
+}
+
+// The online softmax's step on one row of a score tile (the AVX-512 path): the running max and sum updated,
+// the row replaced by exp(row - new max) (max 0 while it is -inf); returns exp(old max - new max), by which
+// what was accumulated rescales. ForwardUnit and RowNormalizers both call this: they agree bit for bit.
+float OnlineSoftmaxRow(float* row, int64_t cols, float* row_max, float* row_sum) {
+  const float new_max = std::max(*row_max, cpu_avx512::max_of(row, cols));
+  const float safe_max = new_max == kNegInf ? 0.f : new_max;
+  const float correction = std::exp(*row_max - safe_max);
+  *row_max = new_max;
+  *row_sum = *row_sum * correction + cpu_avx512::exp_shifted_sum(row, cols, safe_max);
+  return correction;
+}
+
 // Copies `rows` rows of one head of a [B, S, H, D] tensor into a dense float matrix, times `scale`.
 template <typename T>
 void LoadRows(const T* first_row, int64_t row_stride, int64_t rows, int dim, float scale, Matrix* out) {
@@ -69,6 +107,7 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
 // scale * Q). The forward, RowNormalizers and the backward all call this on identical tiles (same shapes,
 // same data), so the backward's scores are the forward's bit for bit.
 void ScoreTile(const FlashFwdParams& p, const Matrix& q, const Matrix& k, Matrix* scores) {
+  if (Wide()) return WideProductNT(q, k, p.scale, scores);  // the same two roundings: the sum, then * scale
   scores->noalias() = q * k.transpose();
   *scores *= p.scale;
 }
@@ -250,6 +289,17 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
     ZeroUnseenRows(col_seen, &v);
 
+    if (Wide()) {
+      for (int64_t r = 0; r < valid_rows; ++r) {
+        acc.row(r) *= OnlineSoftmaxRow(s.data() + r * cols, cols, &row_max[r], &row_sum[r]);
+      }
+      if (ctx.has_dropout()) {
+        ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
+        s.array() *= keep.array();
+      }
+      WideProductNN(s, v, 1.f, true, acc.data(), acc.cols());
+      continue;
+    }
     // Online softmax: rescale what was accumulated by exp(old max - new max).
     const Vector tile_max = s.rowwise().maxCoeff();
     for (int64_t r = 0; r < valid_rows; ++r) {
@@ -373,7 +423,11 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
       if (ctx.MaskScores(row0, col0, cover, &s, &col_seen)) body(col0, cols);
     }
   };
-  for_each_score_tile([&](int64_t, int64_t) {
+  for_each_score_tile([&](int64_t, int64_t cols) {
+    if (Wide()) {
+      for (int64_t r = 0; r < valid_rows; ++r) OnlineSoftmaxRow(s.data() + r * cols, cols, &row_max[r], &row_sum[r]);
+      return;
+    }
     const Vector tile_max = s.rowwise().maxCoeff();
     for (int64_t r = 0; r < valid_rows; ++r) {
       const float new_max = std::max(row_max[r], tile_max[r]);
@@ -407,10 +461,18 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
   Vector p_dot_dp = Vector::Zero(valid_rows);
   for_each_score_tile([&](int64_t col0, int64_t cols) {
     for (int64_t r = 0; r < valid_rows; ++r) {
-      s.row(r) = ((s.row(r).array() - row_ref[r]).exp() * row_inv_sum[r]).matrix();
+      if (Wide()) {
+        cpu_avx512::exp_shifted_scaled(s.data() + r * cols, cols, row_ref[r], row_inv_sum[r]);
+      } else {
+        s.row(r) = ((s.row(r).array() - row_ref[r]).exp() * row_inv_sum[r]).matrix();
+      }
     }
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
-    d_p.noalias() = d_out * v.transpose();
+    if (Wide()) {
+      WideProductNT(d_out, v, 1.f, &d_p);
+    } else {
+      d_p.noalias() = d_out * v.transpose();
+    }
     if (ctx.has_dropout()) {
       ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
       d_p.array() *= keep.array();
@@ -480,6 +542,8 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
           const float ref = row_ref[row0 + r];
           if (ref == kNegInf) {
             s.row(r).setZero();
+          } else if (Wide()) {
+            cpu_avx512::exp_shifted_scaled(s.data() + r * valid_cols, valid_cols, ref, row_inv_sum[row0 + r]);
           } else if (row_inv_sum[row0 + r] == 1.f) {
             s.row(r) = (s.row(r).array() - ref).exp().matrix();
           } else {
@@ -489,28 +553,48 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         LoadRows(static_cast<const T*>(p.d_out) + b * p.o_batch_stride + row0 * p.o_row_stride +
                      h * p.o_head_stride,
                  p.o_row_stride, rows, p.head_dim_v, 1.f, &d_out);
-        d_p.noalias() = d_out * v.transpose();
-        if (ctx.has_dropout()) {  // the forward's mask, regenerated
-          ctx.DropoutScales(row0, col0, rows, valid_cols, &keep);
-          d_v.noalias() += (s.array() * keep.array()).matrix().transpose() * d_out;
-          d_p.array() *= keep.array();
+        if (Wide()) {
+          WideProductNT(d_out, v, 1.f, &d_p);
+          if (ctx.has_dropout()) {  // the forward's mask, regenerated; keep becomes P * keep for dV
+            ctx.DropoutScales(row0, col0, rows, valid_cols, &keep);
+            d_p.array() *= keep.array();
+            keep.array() *= s.array();
+            WideProductTN(keep, d_out, 1.f, &d_v);
+          } else {
+            WideProductTN(s, d_out, 1.f, &d_v);
+          }
         } else {
-          d_v.noalias() += s.transpose() * d_out;
+          d_p.noalias() = d_out * v.transpose();
+          if (ctx.has_dropout()) {  // the forward's mask, regenerated
+            ctx.DropoutScales(row0, col0, rows, valid_cols, &keep);
+            d_v.noalias() += (s.array() * keep.array()).matrix().transpose() * d_out;
+            d_p.array() *= keep.array();
+          } else {
+            d_v.noalias() += s.transpose() * d_out;
+          }
         }
         // dS = P * (dP - D), overwriting dP; exactly 0 where P is (an invisible value row may have made
         // dP NaN there). Through the soft-cap: dS *= 1 - tanh^2.
         for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
         d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
         if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
-        d_k.noalias() += p.scale * (d_p.transpose() * q);
+        if (Wide()) {
+          WideProductTN(d_p, q, p.scale, &d_k);
+        } else {
+          d_k.noalias() += p.scale * (d_p.transpose() * q);
+        }
         const Matrix* k_used = &k;
         if (!k_finite && !col_seen.empty()) {
           k_seen = k;
           ZeroUnseenRows(col_seen, &k_seen);
           k_used = &k_seen;
         }
-        d_q.noalias() = p.scale * (d_p * *k_used);
         float* d_q_rows = d_q_batch + row0 * dq_row_stride + int64_t{h} * p.head_dim;
+        if (Wide()) {  // straight into the partial sums: d_q_rows += scale * dS K
+          WideProductNN(d_p, *k_used, p.scale, true, d_q_rows, dq_row_stride);
+          continue;
+        }
+        d_q.noalias() = p.scale * (d_p * *k_used);
         for (int64_t r = 0; r < rows; ++r) {
           Eigen::Map<Eigen::VectorXf>(d_q_rows + r * dq_row_stride, p.head_dim) += d_q.row(r).transpose();
         }
