@@ -1,0 +1,168 @@
+// The AVX-512 micro-kernels (cc/kernels/cpu/flash_attention_avx512.cc) against scalar references, without
+// TensorFlow: tests/test_cpu_isa.py compiles this with that file and runs it where the CPU has AVX512F.
+//
+// Products: every element must equal, bit for bit, the scalar chain acc = fmaf(a, b, acc) over k in order,
+// then alpha * acc (or fmaf(alpha, acc, c) when accumulating): the contract the forward and the backward
+// rely on for equal tiles. Shapes cover every micro-kernel (1..12 rows, 1..4 vectors) and their tails, with
+// strides wider than the rows; guard values around C must survive. exp: within 2 ulp of the double exp over
+// [-110, 1], exp(-inf) = 0, NaN stays NaN; max and sums against double.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cc/kernels/cpu/cpu_isa.h"
+
+namespace avx = tf_flash::cpu_avx512;
+
+namespace {
+
+int failures = 0;
+constexpr float kGuard = -12345.f;
+
+void Fail(const char* what, long m, long n, long k, long i, long j, float got, float want) {
+  if (++failures <= 20) {
+    std::printf("FAIL %s m=%ld n=%ld k=%ld at (%ld, %ld): got %.9g want %.9g\n", what, m, n, k, i, j, got, want);
+  }
+}
+
+bool SameBits(float x, float y) {
+  uint32_t a, b;
+  std::memcpy(&a, &x, 4);
+  std::memcpy(&b, &y, 4);
+  return a == b;
+}
+
+enum class Form { kNN, kTN, kNT };
+
+void CheckProduct(Form form, long m, long n, long k, float alpha, bool accumulate, std::mt19937& gen) {
+  std::normal_distribution<float> normal;
+  // A is m x k (NN, NT) or k x m (TN); B is k x n (NN, TN) or n x k (NT); every leading dimension padded.
+  const long a_rows = form == Form::kTN ? k : m, a_cols = form == Form::kTN ? m : k;
+  const long b_rows = form == Form::kNT ? n : k, b_cols = form == Form::kNT ? k : n;
+  const long lda = a_cols + 3, ldb = b_cols + 5, ldc = n + 7;
+  std::vector<float> a(a_rows * lda + 1), b(b_rows * ldb + 1), c((m + 1) * ldc, kGuard), pack;
+  for (float& x : a) x = normal(gen);
+  for (float& x : b) x = normal(gen);
+  for (long i = 0; i < m; ++i) {
+    for (long j = 0; j < n; ++j) c[i * ldc + j] = normal(gen);
+  }
+  const std::vector<float> c0 = c;
+  auto a_at = [&](long i, long kk) { return form == Form::kTN ? a[kk * lda + i] : a[i * lda + kk]; };
+  auto b_at = [&](long kk, long j) { return form == Form::kNT ? b[j * ldb + kk] : b[kk * ldb + j]; };
+  switch (form) {
+    case Form::kNN: avx::gemm_nn(m, n, k, a.data(), lda, b.data(), ldb, alpha, accumulate, c.data(), ldc); break;
+    case Form::kTN: avx::gemm_tn(m, n, k, a.data(), lda, b.data(), ldb, alpha, accumulate, c.data(), ldc); break;
+    case Form::kNT:
+      pack.assign(avx::gemm_nt_pack_floats(k), 0.f);
+      avx::gemm_nt(m, n, k, a.data(), lda, b.data(), ldb, alpha, accumulate, c.data(), ldc, pack.data());
+      break;
+  }
+  const char* name = form == Form::kNN ? "gemm_nn" : form == Form::kTN ? "gemm_tn" : "gemm_nt";
+  for (long i = 0; i <= m; ++i) {
+    for (long j = 0; j < ldc; ++j) {
+      const float got = c[i * ldc + j];
+      if (i == m || j >= n) {  // outside C: untouched
+        if (!SameBits(got, c0[i * ldc + j])) Fail(name, m, n, k, i, j, got, c0[i * ldc + j]);
+        continue;
+      }
+      float acc = 0.f;
+      for (long kk = 0; kk < k; ++kk) acc = std::fmaf(a_at(i, kk), b_at(kk, j), acc);
+      const float want = accumulate ? std::fmaf(alpha, acc, c0[i * ldc + j]) : alpha * acc;
+      if (!SameBits(got, want)) Fail(name, m, n, k, i, j, got, want);
+    }
+  }
+}
+
+double UlpsOff(float got, double want) {
+  const double ulp = std::ldexp(1.0, std::max(std::ilogb(static_cast<float>(want)), -126) - 23);
+  return std::fabs(got - want) / ulp;
+}
+
+void CheckExp() {
+  std::vector<float> x;
+  for (double v = -110.0; v <= 1.0; v += 0.000731) x.push_back(static_cast<float>(v));
+  const float specials[] = {0.f, -0.f, 1e-30f, -1e-30f, -87.3f, -88.7f, -103.9f, -104.f, -104.5f, -1e30f,
+                            -std::numeric_limits<float>::infinity()};
+  for (float v : specials) x.push_back(v);
+  std::vector<float> y = x;
+  avx::exp_shifted_scaled(y.data(), static_cast<long>(y.size()), 0.f, 1.f);
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(static_cast<double>(x[i]));
+    if (want < 1e-45) {  // rounds to 0 in float32 (below half the least subnormal) or is the least subnormal
+      if (!(y[i] == 0.f || y[i] == std::numeric_limits<float>::denorm_min())) Fail("exp tiny", 0, 0, 0, i, 0, y[i], 0);
+      continue;
+    }
+    const double off = UlpsOff(y[i], want);
+    if (want >= 1.1754944e-38 && off > worst) worst = off;
+    if (off > 2.0) Fail("exp", 0, 0, 0, static_cast<long>(i), 0, y[i], static_cast<float>(want));
+  }
+  std::printf("exp: worst %.2f ulp over %zu points (normal results)\n", worst, x.size());
+  float nan_in[3] = {std::numeric_limits<float>::quiet_NaN(), -1.f, 0.f};
+  avx::exp_shifted_scaled(nan_in, 3, 0.f, 1.f);
+  if (!std::isnan(nan_in[0])) Fail("exp(NaN)", 0, 0, 0, 0, 0, nan_in[0], NAN);
+  // Shift and scale, and the sums with every tail length.
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (long n = 0; n <= 70; ++n) {
+    std::vector<float> v(n + 1, kGuard), w;
+    for (long i = 0; i < n; ++i) v[i] = normal(gen);
+    if (n > 3) v[2] = -std::numeric_limits<float>::infinity();
+    const float shift = 1.5f, scale = 0.37f;
+    w = v;
+    double want_max = -INFINITY;
+    for (long i = 0; i < n; ++i) want_max = std::max<double>(want_max, v[i]);
+    const float got_max = avx::max_of(v.data(), n);
+    if (got_max != static_cast<float>(want_max)) Fail("max_of", n, 0, 0, 0, 0, got_max, want_max);
+    const float sum = avx::exp_shifted_sum(w.data(), n, shift);
+    double want_sum = 0;
+    for (long i = 0; i < n; ++i) {
+      const double e = std::exp(static_cast<double>(v[i] - shift));
+      want_sum += e;
+      if (UlpsOff(w[i], e) > 2.0 && !(e == 0 && w[i] == 0.f)) Fail("exp_shifted_sum elem", n, 0, 0, i, 0, w[i], e);
+    }
+    if (std::fabs(sum - want_sum) > 1e-6 * want_sum + 1e-30) Fail("exp_shifted_sum", n, 0, 0, 0, 0, sum, want_sum);
+    if (w[n] != kGuard) Fail("exp_shifted_sum guard", n, 0, 0, n, 0, w[n], kGuard);
+    w = v;
+    avx::exp_shifted_scaled(w.data(), n, shift, scale);
+    for (long i = 0; i < n; ++i) {
+      const double e = static_cast<double>(static_cast<float>(std::exp(static_cast<double>(v[i] - shift)))) * scale;
+      if (UlpsOff(w[i], e) > 2.5 && !(e == 0 && w[i] == 0.f)) Fail("exp_shifted_scaled", n, 0, 0, i, 0, w[i], e);
+    }
+    if (w[n] != kGuard) Fail("exp_shifted_scaled guard", n, 0, 0, n, 0, w[n], kGuard);
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!__builtin_cpu_supports("avx512f")) {
+    std::printf("SKIP: no AVX512F on this CPU\n");
+    return 77;
+  }
+  std::mt19937 gen(1234);
+  const long ms[] = {1, 2, 3, 5, 6, 7, 8, 11, 12, 13, 25, 128};
+  const long ns[] = {1, 3, 15, 16, 17, 32, 33, 48, 63, 64, 65, 100, 129, 256};
+  const long ks[] = {0, 1, 2, 7, 32, 64, 77, 128};
+  long cases = 0;
+  for (Form form : {Form::kNN, Form::kTN, Form::kNT}) {
+    for (long m : ms) {
+      for (long n : ns) {
+        for (long k : ks) {
+          const bool accumulate = (m + n + k) % 2 == 0;
+          const float alpha = (m + k) % 3 == 0 ? 1.f : 0.125f * static_cast<float>(1 + (n % 5));
+          CheckProduct(form, m, n, k, alpha, accumulate, gen);
+          ++cases;
+        }
+      }
+    }
+  }
+  std::printf("products: %ld cases\n", cases);
+  CheckExp();
+  std::printf(failures ? "FAILED: %d mismatches\n" : "OK\n", failures);
+  return failures ? 1 : 0;
+}
