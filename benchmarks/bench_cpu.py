@@ -21,6 +21,11 @@ keeps what it measured; the run's log in results/cpu.log.
     python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k (~30 min more; shorten with
                                               #   --long-seqlens 16384 32768 or --long-modes fwd)
     python benchmarks/bench_cpu.py --quick    # smoke run (a few minutes), results/quick/ (git-ignored)
+    python benchmarks/bench_cpu.py --isa-compare   # the CPU kernel's AVX-512 and AVX2 paths (forced by
+                                              #   TF_FLASH_CPU_ISA per process) beside TF's attention and the
+                                              #   machine's float32 FMA peak, float32, non-causal:
+                                              #   B1 H8 D64 at S 2048/4096 and the example's B16 H2 S2048 D32
+                                              #   (~4 min on 16 cores): results/cpu_isa.json and .log
 """
 import argparse
 import json
@@ -28,6 +33,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -86,11 +92,15 @@ def _worker_attention(task):
         mask, dens = builder(seqlen, seqlen, spec.get("block_size", 128), **spec.get("kwargs", {}))
         extra["block_mask"] = mask
         extra["block_size"] = spec.get("block_size", 128)
+    batch, heads, dim = task.get("batch", BATCH), task.get("heads", HEADS), task.get("dim", DIM)
     rng = np.random.default_rng(0)
-    shape = (BATCH, seqlen, HEADS, DIM)
+    shape = (batch, seqlen, heads, dim)
     q, k, v, dout = (tf.constant(rng.standard_normal(shape, dtype=np.float32)) for _ in range(4))
     fwd, fwd_bwd = common.make_fns(impl, causal, extra)
     result = {"rss_base_mb": _rss_mb(), "rss_base_current_mb": _current_rss_mb()}
+    if impl == "tf_flash":
+        import tf_flash
+        result["cpu_isa"] = tf_flash.build_info().get("cpu_isa")  # the path that ran (TF_FLASH_CPU_ISA)
     for mode in task["modes"]:
         fn = fwd if mode == "fwd" else fwd_bwd
         t0 = time.perf_counter()
@@ -108,11 +118,86 @@ def _worker_attention(task):
                                   budget_s=task.get("budget_s", 30.0), min_repeats=task.get("min_repeats", 3))
         stats["first_call_s"] = first
         stats["setup_s"] = first0 - t0
-        flops = common.attention_flops(BATCH, seqlen, HEADS, DIM, causal, mode)
+        flops = common.attention_flops(batch, seqlen, heads, dim, causal, mode)
         stats["gflops"] = flops / stats["median_s"] / 1e9
         stats["peak_rss_mb"] = _rss_mb()
         result[mode] = stats
     return result
+
+
+# The float32 FMA peak: every core runs 12 independent chains of vector FMAs (more than latency x ports on
+# current x86 cores), 16 lanes (zmm) or 8 (ymm); flops = 2 x lanes per FMA, wall time over all threads.
+_FMA_PEAK_SOURCE = r"""
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+static long iters;
+static int wide;
+static volatile float sink[1024];  /* read by nothing: volatile keeps the loops */
+static void* run(void* arg) {
+  long id = (long)arg;
+  float total = 0.f;
+  if (wide) {
+    __m512 a[12];
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * (float)(i + id));
+    const __m512 m = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
+    for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+    }
+    for (int i = 0; i < 12; ++i) total += _mm512_reduce_add_ps(a[i]);
+  } else {
+    __m256 a[12];
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.001f * (float)(i + id));
+    const __m256 m = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
+    for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    }
+    float out[8];
+    for (int i = 0; i < 12; ++i) { _mm256_storeu_ps(out, a[i]); total += out[0] + out[7]; }
+  }
+  sink[id % 1024] = total;
+  return NULL;
+}
+int main(int argc, char** argv) {
+  int threads = atoi(argv[1]);
+  wide = strcmp(argv[2], "avx512") == 0;
+  iters = atol(argv[3]);
+  pthread_t t[1024];
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0; i < threads; ++i) pthread_create(&t[i], NULL, run, (void*)i);
+  for (int i = 0; i < threads; ++i) pthread_join(t[i], NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+  printf("%.6f %.3f\n", s, 2.0 * (wide ? 16 : 8) * 12.0 * iters * threads / s / 1e9);
+  return 0;
+}
+"""
+
+
+def _worker_fma_peak(task):
+    """The float32 FMA peak of all cores at task["isa"]'s width, from the C loop above built with the host's
+    g++ (best of three runs)."""
+    import shutil
+    compiler = shutil.which("g++") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no host compiler for the FMA loop")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = os.path.join(tmp, "fma.c"), os.path.join(tmp, "fma")
+        with open(src, "w") as f:
+            f.write(_FMA_PEAK_SOURCE)
+        subprocess.run([compiler, "-x", "c", "-O3", "-mavx2", "-mfma", "-mavx512f", src, "-o", exe, "-pthread"],
+                       check=True, capture_output=True)
+        threads = os.cpu_count()
+        runs = [subprocess.run([exe, str(threads), task["isa"], str(task.get("iters", 200_000_000))], check=True,
+                               capture_output=True, text=True).stdout.split() for _ in range(3)]
+    best = max(float(r[1]) for r in runs)
+    return {"gflops": best, "threads": threads, "runs_s": [float(r[0]) for r in runs]}
 
 
 def _worker_torch(task):
@@ -162,6 +247,8 @@ def worker_main(task_json):
     try:
         if task.get("impl") == "torch_sdpa" or task["kind"] == "torch_matmul":
             result = _worker_torch(task)
+        elif task["kind"] == "fma_peak":
+            result = _worker_fma_peak(task)
         elif task["kind"] == "matmul":
             result = _worker_matmul(task)
         else:
@@ -182,7 +269,7 @@ def run_task(task, timeout_s, log):
     try:
         python = task.get("python") or sys.executable
         proc = subprocess.run([python, os.path.abspath(__file__), "--worker", json.dumps(task)],
-                              capture_output=True, text=True, timeout=timeout_s)
+                              capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ, **task.get("env", {})))
         lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         if lines:
             result = json.loads(lines[-1][len("RESULT "):])
@@ -250,6 +337,66 @@ def build_tasks(args):
     return tasks
 
 
+# --isa-compare: (batch, seqlen, heads, dim), float32, non-causal; the last is the example's shape.
+ISA_SHAPES = [(1, 2048, 8, 64), (1, 4096, 8, 64), (16, 2048, 2, 32)]
+# The CPU kernel's paths, each forced per process: TF_FLASH_CPU_ISA=avx2, or unset (the widest the CPU has).
+ISA_PATHS = {"avx512": {"TF_FLASH_CPU_ISA": ""}, "avx2": {"TF_FLASH_CPU_ISA": "avx2"}}
+
+
+def build_isa_tasks(args):
+    tasks = [{"kind": "fma_peak", "section": "peak", "isa": isa, "label": f"{isa} float32 FMA peak"}
+             for isa in ISA_PATHS]
+    tasks.append({"kind": "matmul", "label": "TF matmul 2048^3", "section": "matmul", "n": 2048, "repeats": 10})
+    for batch, seqlen, heads, dim in ISA_SHAPES:
+        shape = {"batch": batch, "seqlen": seqlen, "heads": heads, "dim": dim, "causal": False,
+                 "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget, "min_repeats": 3}
+        name = f"b{batch} s{seqlen} h{heads} d{dim}"
+        for isa, env in ISA_PATHS.items():
+            tasks.append(dict(shape, kind="attention", section="isa", impl="tf_flash", isa=isa, env=env,
+                              label=f"tf_flash {isa} {name}"))
+        tasks.append(dict(shape, kind="attention", section="isa", impl="tf_standard", label=f"tf_standard {name}"))
+    return tasks
+
+
+def isa_table(entries):
+    """The --isa-compare table: per shape and mode, each path's time and GFLOP/s (and % of its width's FMA
+    peak), AVX-512 over AVX2, and TF's attention."""
+    peak = {e["isa"]: e["result"].get("gflops") for e in entries if e["section"] == "peak" and e["result"].get("ok")}
+    lines = ["float32 FMA peak (all cores, measured): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items())]
+    matmul = [e["result"]["gflops"] for e in entries if e["section"] == "matmul" and e["result"].get("ok")]
+    if matmul:
+        lines.append(f"TF matmul 2048^3: {matmul[0]:.0f} GFLOP/s")
+    lines.append(f"{'shape':22} {'mode':8} {'avx512 ms (GF/s, %peak)':28} {'avx2 ms (GF/s, %peak)':28} "
+                 f"{'512/avx2':>8} {'TF dense ms':>11} {'TF/512':>7}")
+    for batch, seqlen, heads, dim in ISA_SHAPES:
+        def find(impl, isa=None):
+            for e in entries:
+                if (e["section"] == "isa" and e["impl"] == impl and e.get("isa") == isa and e["batch"] == batch
+                        and e["seqlen"] == seqlen and e["heads"] == heads and e["dim"] == dim and e["result"].get("ok")):
+                    return e["result"]
+            return None
+        paths = {isa: find("tf_flash", isa) for isa in ISA_PATHS}
+        dense = find("tf_standard")
+        for mode in ("fwd", "fwd_bwd"):
+            cells, ms = [], {}
+            for isa, r in paths.items():
+                if r and mode in r:
+                    ms[isa] = r[mode]["median_s"] * 1e3
+                    pct = f", {100 * r[mode]['gflops'] / peak[isa]:.0f}%" if peak.get(isa) else ""
+                    ran = "" if r.get("cpu_isa") == isa else f" [ran {r.get('cpu_isa')}]"
+                    cells.append(f"{ms[isa]:8.1f} ({r[mode]['gflops']:.0f}{pct}){ran}")
+                else:
+                    cells.append("-")
+            ratio = f"{ms['avx2'] / ms['avx512']:.2f}x" if len(ms) == 2 else "-"
+            dense_ms = dense[mode]["median_s"] * 1e3 if dense and mode in dense else None
+            dense_cell = "-" if dense_ms is None else f"{dense_ms:.1f}"
+            dense_ratio = f"{dense_ms / ms['avx512']:.2f}x" if dense_ms and "avx512" in ms else "-"
+            shape_cell = f"b{batch} s{seqlen} h{heads} d{dim}"
+            lines.append(f"{shape_cell:22} {mode:8} {cells[0]:28} {cells[1]:28} {ratio:>8} {dense_cell:>11} "
+                         f"{dense_ratio:>7}")
+    return "\n".join(lines)
+
+
 def write_results(entries, info, args, command):
     """results/<tag>.json and .png (plot.py). Returns the tables for the terminal."""
     payload = {"benchmark": "cpu", "info": info, "command": command, "args": vars(args),
@@ -278,12 +425,19 @@ def main():
                         help="python of a venv with torch (CPU build): adds torch's scaled_dot_product_attention "
                              "as the CPU peer, run in its own processes")
     parser.add_argument("--out-dir", default=None, help="default results/ (results/quick/ with --quick, git-ignored)")
-    parser.add_argument("--tag", default="cpu", help="file stem (default cpu: results/cpu.json)")
+    parser.add_argument("--tag", default=None, help="file stem (default cpu, or cpu_isa with --isa-compare)")
+    parser.add_argument("--isa-compare", action="store_true",
+                        help="only the CPU kernel's AVX-512 and AVX2 paths at ISA_SHAPES, TF's attention and the "
+                             "FMA peaks (~4 min on 16 cores)")
     args = parser.parse_args()
     args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:
         worker_main(args.worker)
         return
+    if args.isa_compare:
+        isa_compare(args)
+        return
+    args.tag = args.tag or "cpu"
     if args.seqlens is None:
         args.seqlens = [512, 1024] if args.quick else [512, 1024, 2048, 4096, 8192]
     if args.budget is None:
@@ -303,6 +457,28 @@ def main():
     for task in build_tasks(args):
         entries.append(run_task(task, args.timeout, log))
         text = write_results(entries, info, args, command)  # a run stopped midway keeps what it measured
+    log("")
+    log(text)
+    log.close()
+
+
+def isa_compare(args):
+    """--isa-compare: its own JSON (entries and the table), not the main benchmark's plot."""
+    args.tag = args.tag or "cpu_isa"
+    # A CPU benchmark also on a GPU host: its workers see no GPU, so every op runs on the CPU.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if args.budget is None:
+        args.budget = 4.0
+    info = common.machine_info()
+    log = common.RunLog(os.path.join(args.out_dir, f"{args.tag}.log"))
+    log(f"tf_flash CPU paths, {info['date_utc']}, {info['cpu']} x{info['cpu_count']}, TF {info.get('tensorflow')}")
+    entries = []
+    for task in build_isa_tasks(args):
+        entries.append(run_task(task, min(args.timeout, 300), log))
+        text = isa_table(entries)
+        with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
+            json.dump({"benchmark": "cpu_isa", "info": info, "command": common.command_line(), "args": vars(args),
+                       "entries": entries, "table": text.splitlines()}, f, indent=1)
     log("")
     log(text)
     log.close()

@@ -200,7 +200,9 @@ def test_avx512_and_avx2_paths_agree(tmp_path):
     if tf_flash.build_info()["cpu_isa"] != "avx512":
         pytest.skip("this process runs the AVX2 path (TF_FLASH_CPU_ISA=avx2)")
     path = tmp_path / "avx2.json"
-    env = dict(os.environ, TF_FLASH_CPU_ISA="avx2", PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    # The child computes on the CPU only (CUDA_VISIBLE_DEVICES: it takes no GPU memory beside this process).
+    env = dict(os.environ, TF_FLASH_CPU_ISA="avx2", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-c", _CHILD.format(tests=os.path.dirname(__file__), path=str(path))], env=env,
                    check=True, timeout=600)
     child = json.load(open(path))
