@@ -64,7 +64,7 @@ namespace cuda {
 // kGeneral: soft-capping, dropout and block masks (run-time switches inside), kept out of the plain
 // variant's registers; kElementMask: attn_mask or segment ids, with either (their code and registers kept out of
 // the others').
-template <class Traits, bool kGeneral, BwdElementMask kElementMask = BwdElementMask::kNone>
+template <class Traits, bool kGeneral, ElementMask kElementMask = ElementMask::kNone>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_dkdv_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

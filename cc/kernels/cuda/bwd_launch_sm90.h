@@ -16,7 +16,7 @@ namespace tf_flash {
 namespace cuda {
 
 // One instantiation of kernel 2: the TMA descriptors of its tiles, then the grid.
-template <class Traits, bool kGeneral, BwdElementMask kElementMask>
+template <class Traits, bool kGeneral, ElementMask kElementMask>
 cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -59,7 +59,7 @@ cudaError_t launch_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, c
   // storage (sm90_bwd_mask.h, sm90_bwd_scheduler.h; hopper_backward_takes checked that they fit). The runner
   // computed the ids' bounds before the launch.
   int smem = Traits::kSmemBytes;
-  if constexpr (kElementMask == BwdElementMask::kSegments)
+  if constexpr (kElementMask == ElementMask::kSegments)
     smem += int(sm90_backward_table_bytes(Traits::kBlockM, p.seqlen_q));
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -79,8 +79,8 @@ cudaError_t run_bwd_dkdv_sm90(const FlashBwdParams& p, const BwdScratch& s, cuda
   static_assert(Traits::kSmemBytes == sm90_backward_smem_bytes(kHeadDim, false, sizeof(Element)) &&
                     PlainTraits::kSmemBytes == sm90_backward_smem_bytes(kHeadDim, true, sizeof(Element)),
                 "hopper_backward_takes sizes the segment ids' table by sm90_backward_smem_bytes");
-  constexpr BwdElementMask kNone = BwdElementMask::kNone, kAttn = BwdElementMask::kAttnMask,
-                           kSegments = BwdElementMask::kSegments;
+  constexpr ElementMask kNone = ElementMask::kNone, kAttn = ElementMask::kAttnMask,
+                           kSegments = ElementMask::kSegments;
   const bool general = p.dropout_rate > 0.f || p.softcap > 0.f || p.block_mask.data != nullptr;
   if (p.attn_mask.data != nullptr) {  // packed into the scratch first (bwd_mask_bytes)
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kBackward), s.mask,

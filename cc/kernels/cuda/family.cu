@@ -70,7 +70,7 @@ bool hopper_headdim(const FlashFwdParams& p) {
 bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
   // Keys to attend to (a TMA descriptor has no empty dimension).
   if (p.seqlen_k <= 0 || !hopper_headdim(p) || !hopper_family_available()) return false;
-  // attn_mask and segment ids are each a variant's element mask (FwdElementMask); both in one call run in the
+  // attn_mask and segment ids are each a variant's element mask (ElementMask); both in one call run in the
   // sm_80 family, which reads them together.
   if (p.attn_mask.data != nullptr && has_segments(p)) return false;
   const int head_dim = tf_flash_kernel_headdim(p);
@@ -107,7 +107,7 @@ bool hopper_backward_takes(const FlashFwdParams& p) {
   if (p.block_mask.data != nullptr && (p.block_q % tiles.block_m != 0 || p.block_k % tiles.block_n != 0))
     return false;
   if (has_segments(p)) {
-    // Segment ids are a variant's element mask (BwdElementMask), whose table of query tiles holds the documents'
+    // Segment ids are a variant's element mask (ElementMask), whose table of query tiles holds the documents'
     // coverage only: with attn_mask or a block mask they run in the sm_80 family, which reads them together.
     if (p.attn_mask.data != nullptr || p.block_mask.data != nullptr) return false;
     // The words of a border tile's seen query rows and a byte per query tile, after the shared storage

@@ -77,7 +77,7 @@ struct FwdArgsSm90 {
 // (and, once the consumers are done with Q, its Q) while the consumers finish a tile, and a tile's O store
 // overlaps the next tile's work. With a tile table (block masks, element masks) the launcher gives each CTA one
 // tile (the table is made before the roles split).
-template <class Traits, bool kGeneral, FwdElementMask kElementMask = FwdElementMask::kNone>
+template <class Traits, bool kGeneral, ElementMask kElementMask = ElementMask::kNone>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     flash_fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -90,11 +90,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const FlashFwdParams& p = args.p;
   // The element-mask variants always have a tile table, so one tile per CTA.
-  const FwdTileSchedulerSm90<Traits, kElementMask != FwdElementMask::kNone> scheduler(args.schedule, p);
+  const FwdTileSchedulerSm90<Traits, kElementMask != ElementMask::kNone> scheduler(args.schedule, p);
   const Mask mask(p, smem_buf);
   FwdTileWork first;
   if (mask.has_table && scheduler.tile_work(0, first)) {
-    if constexpr (kElementMask == FwdElementMask::kSegments)
+    if constexpr (kElementMask == ElementMask::kSegments)
       Mask::make_segment_tile_table(p, first, mask.tile_state, mask.document_tiles());
     else
       Mask::make_tile_table(p, first, mask.has_block_mask, mask.has_element_mask, mask.tile_state);

@@ -43,7 +43,7 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   const bool general = p.softcap > 0.f || p.dropout_rate > 0.f || p.block_mask.data != nullptr;
   auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
   if constexpr (Traits::kBlockM == 128) {  // sm90_forward_shape gives the element masks the 128-row tiles
-    constexpr FwdElementMask kAttn = FwdElementMask::kAttnMask, kSegments = FwdElementMask::kSegments;
+    constexpr ElementMask kAttn = ElementMask::kAttnMask, kSegments = ElementMask::kSegments;
     if (p.attn_mask.data != nullptr) {
       kernel = general ? &flash_fwd_kernel_sm90<Traits, true, kAttn> : &flash_fwd_kernel_sm90<Traits, false, kAttn>;
     } else if (p.q_segment_ids != nullptr) {  // never with attn_mask (hopper_forward_takes)

@@ -37,12 +37,12 @@ __device__ __forceinline__ void zero_tile_rows(Tile&& tile, int lo, int hi, int 
 // The element mask: attn_mask, packed to a bit per entry before the kernel (packed_mask.h): tiles it hides in part
 // are masked by the packed bits; or segment ids: the tiles the scheduler's table marks as borders are masked by
 // q_id[row] == kv_id[col], and their Q and dO rows that no key of the tile sees are zeroed (zero_unseen_queries).
-template <class Traits, BwdElementMask kElementMask>
+template <class Traits, ElementMask kElementMask>
 struct BwdMaskSm90 {
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kMmaThreads = Traits::kMmaThreads;
-  static constexpr bool kAttnMask = kElementMask == BwdElementMask::kAttnMask;
-  static constexpr bool kSegments = kElementMask == BwdElementMask::kSegments;
+  static constexpr bool kAttnMask = kElementMask == ElementMask::kAttnMask;
+  static constexpr bool kSegments = kElementMask == ElementMask::kSegments;
   using SharedStorage = typename Traits::SharedStorage;
   static_assert(!kSegments || kBlockM == 64, "a border tile's seen query rows: two 32-bit words");
 

@@ -8,6 +8,7 @@
 #include "cc/kernels/cuda/bwd_launch.h"
 #include "cc/kernels/cuda/packed_mask.h"
 #include "cc/kernels/cuda/sm90_bwd_traits.h"
+#include "cc/kernels/cuda/sm90_common.cuh"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 
@@ -34,11 +35,11 @@ enum class BwdTileState : uint8_t {
 // kGeneral: block masks (tiles of False blocks are skipped). The element masks: attn_mask (query tiles it hides whole
 // are skipped; its summaries also tell the mask part which tiles it hides in part), or segment ids (the query tiles
 // of the key tile's documents only, and among those the table's: see make_tile_table).
-template <class Traits, bool kGeneral, BwdElementMask kElementMask>
+template <class Traits, bool kGeneral, ElementMask kElementMask>
 struct BwdSchedulerSm90 {
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
-  static constexpr bool kAttnMask = kElementMask == BwdElementMask::kAttnMask;
-  static constexpr bool kSegments = kElementMask == BwdElementMask::kSegments;
+  static constexpr bool kAttnMask = kElementMask == ElementMask::kAttnMask;
+  static constexpr bool kSegments = kElementMask == ElementMask::kSegments;
   using KeyTile = BwdKeyTileSm90;
 
   const FlashBwdParams& p;

@@ -145,12 +145,6 @@ struct BwdTraitsSm90 {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-// The element mask a backward variant reads inside the query tiles it visits (a template argument of the kernel and of
-// the parts it changes): none, attn_mask's packed bits (packed_mask.h) or packed-document segment ids (a bit per
-// score from q_segment_ids[row] == kv_segment_ids[col]). A call with both, or with segment ids and a block mask, runs
-// in the sm_80 family (family.cu's hopper_backward_takes).
-enum class BwdElementMask { kNone, kAttnMask, kSegments };
-
 template <class Traits>
 struct BwdArgsSm90 {
   FlashBwdParams p;

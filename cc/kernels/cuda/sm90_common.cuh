@@ -16,6 +16,12 @@
 namespace tf_flash {
 namespace cuda {
 
+// The element mask a variant reads inside the tiles it runs (a template argument of each kernel and of the parts
+// it changes): none, attn_mask's packed bits (packed_mask.h) or packed-document segment ids (a bit per score from
+// q_segment_ids[row] == kv_segment_ids[col]). The family predicates (family.cu) send a call with both, and in the
+// backward segment ids with a block mask, to the sm_80 family.
+enum class ElementMask { kNone, kAttnMask, kSegments };
+
 // ---- Host side of the launchers ----
 // True when `kernel` runs from sm_90a machine code on the current device. The kernel bodies exist only in
 // that code: a library built without sm_90a (or a GPU that runs another target's code) answers false, and

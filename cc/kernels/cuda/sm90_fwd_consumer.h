@@ -27,7 +27,7 @@ namespace cuda {
 // kGeneral: soft-capping and dropout (run-time switches inside) and the max always subtracted; an element mask
 // (attn_mask, segment ids): one buffer of P. The masks themselves are FwdMaskSm90's (the `mask` arguments, its
 // QueryTile).
-template <class Traits, bool kGeneral, FwdElementMask kElementMask>
+template <class Traits, bool kGeneral, ElementMask kElementMask>
 struct FwdConsumerSm90 {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -36,7 +36,7 @@ struct FwdConsumerSm90 {
   // or masks more than with one). The softmax then overlaps the consumer's own P V: non-causal d128 runs 2-9% faster
   // than with one buffer at every length (b4 s4k h16: 0.87 against 0.91 ms, the tensor pipe 71% active against 66%).
   static constexpr bool kDoubleBufferP =
-      Traits::kMmaWarpGroups == 2 && kHeadDim <= 128 && !kGeneral && kElementMask == FwdElementMask::kNone;
+      Traits::kMmaWarpGroups == 2 && kHeadDim <= 128 && !kGeneral && kElementMask == ElementMask::kNone;
   // One FMA per score under a warp vote (fwd_kernel.h's kFmaExponentLimit) in the plain and attn_mask variants,
   // rather than (s - max) * scale_log2 always: one floating-point instruction fewer per score, where FADD and FMUL
   // are 40% of the d64 forward's instructions (d64 forward +1-4% through TF, d128 +1-2%, d256 +3-12%; attn_mask

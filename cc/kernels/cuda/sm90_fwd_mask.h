@@ -42,15 +42,15 @@ enum TileState : uint8_t {
 // block_coverage). Hidden tiles are skipped by the producer and the consumers alike; the loops then read one
 // shared byte per tile. (Per-consumer blocks of 64 rows, masking a tile whole for one consumer, cost the d64
 // kernel of three consumers 400-800 bytes of spills.)
-template <class Traits, bool kGeneral, FwdElementMask kElementMask>
+template <class Traits, bool kGeneral, ElementMask kElementMask>
 struct FwdMaskSm90 {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   static constexpr int kMmaThreads = Traits::kMmaThreads;
-  static constexpr bool kAttnMask = kElementMask == FwdElementMask::kAttnMask;
-  static constexpr bool kSegments = kElementMask == FwdElementMask::kSegments;
-  static constexpr bool kTileTable = (kGeneral || kElementMask != FwdElementMask::kNone) && kBlockM == 128;
-  static_assert(kElementMask == FwdElementMask::kNone || kTileTable, "element masks run on the 128-row tiles");
+  static constexpr bool kAttnMask = kElementMask == ElementMask::kAttnMask;
+  static constexpr bool kSegments = kElementMask == ElementMask::kSegments;
+  static constexpr bool kTileTable = (kGeneral || kElementMask != ElementMask::kNone) && kBlockM == 128;
+  static_assert(kElementMask == ElementMask::kNone || kTileTable, "element masks run on the 128-row tiles");
   // After the shared storage: what each consumer warp's rows see of a tile (zero_unseen_values); with segment ids
   // the key tiles of the query tile's documents (document_tiles); then the table.
   static constexpr int kSeenWords = Traits::kMmaThreads / 32 * 4;

@@ -91,12 +91,6 @@ struct FwdTraitsSm90 {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-// The element mask a forward variant reads inside the key tiles it runs (a template argument of the kernel and of
-// the parts it changes): none, attn_mask's packed bits (packed_mask.h) or packed-document segment ids (a bit per
-// score from q_segment_ids[row] == kv_segment_ids[col]). Both run on the 128-row tiles with the tile table; a call
-// with both runs in the sm_80 family (family.cu's hopper_forward_takes).
-enum class FwdElementMask { kNone, kAttnMask, kSegments };
-
 // Named barriers of the forward kernel (ids after CUTLASS's reserved ones).
 enum class Sm90Barrier : uint32_t {
   kIssueWg0 = 0,  // warpgroup 0 may issue its GEMMs (ping-pong); kIssueWg0 + i for consumer i (up to 3)
