@@ -18,10 +18,11 @@
 #                                  the flags; USE_VARIANT=1 has the subcommands below load that one (built
 #                                  by an earlier call on the machine, or by this one with VARIANT_FLAGS set)
 #   tools/gpu.sh test [GROUP...]   lib, then the GPU-marked tests of each group, in turn (default: ops xla layers
-#                                  family sanitize, about 8 minutes on an H100 with the library built):
+#                                  family numerics sanitize, about 10 minutes on an H100 with the library built):
 #                                  ops       op, dropout, sparsity
-#                                  family    kernel family, robustness, determinism, softcap, validation, float32 range
-#                                            (about 6 minutes: a call of its own once the library is built)
+#                                  family    kernel family (about 4 minutes: after a fresh machine's library
+#                                            build, about 4 more, a call of its own)
+#                                  numerics  robustness, determinism, softcap, validation, float32 range
 #                                  xla       XLA
 #                                  layers    layers, saving, Keras' switch, KerasHub (its wheels in .whl/)
 #                                  other     every test file no group above names
@@ -213,12 +214,13 @@ existing() {  # existing FILE...: those that exist (a group's files, while the t
 group_files() {  # group_files GROUP: the test files of a group of `test`
   case $1 in
     ops) existing tests/test_flash_attention.py tests/test_dropout.py tests/test_sparsity.py ;;
-    family) existing tests/test_kernel_family.py tests/test_robustness.py tests/test_determinism.py tests/test_softcap.py \
-              tests/test_validation.py tests/test_float32_range.py ;;
+    family) existing tests/test_kernel_family.py ;;
+    numerics) existing tests/test_robustness.py tests/test_determinism.py tests/test_softcap.py tests/test_validation.py \
+                tests/test_float32_range.py ;;
     xla) existing tests/test_xla.py ;;
     layers) existing tests/test_layers.py tests/test_saving.py tests/test_keras_hook.py tests/test_keras_hub.py ;;
     other) local named f
-           named=$(for g in ops family xla layers; do group_files "$g" 2>/dev/null; done)
+           named=$(for g in ops family numerics xla layers; do group_files "$g" 2>/dev/null; done)
            for f in tests/test_*.py; do grep -qx "$f" <<<"$named" || echo "$f"; done ;;
   esac
 }
@@ -231,11 +233,11 @@ suite() {  # suite GROUP SECONDS CMD...: one group, its log in the work folder, 
 }
 test_groups() {  # test_groups GROUP...: the groups in turn, every one run; the status says whether all passed
   local groups=("$@") group files pytest=(python3 -m pytest -q -p no:cacheprovider)
-  (( ${#groups[@]} )) || groups=(ops xla layers family sanitize)
+  (( ${#groups[@]} )) || groups=(ops xla layers family numerics sanitize)
   summary=() failures=0
   for group in "${groups[@]}"; do
     case $group in
-      ops|family|xla|layers|other)
+      ops|family|numerics|xla|layers|other)
         files=$(group_files "$group")
         if [[ -z $files ]]; then summary+=("$group: no test files"); continue; fi
         local seconds
