@@ -234,7 +234,7 @@ struct BwdMaskSm90 {
   }
 
   // The entries of the tile at (m0, n0) that this thread must hide (bit mi * kCols + ni, 1: hidden): those outside
-  // mask.h's visible span (tiles across a boundary only), and those attn_mask hides (load_attn_mask's answers).
+  // mask.h's visible span (tiles across a boundary only), and those the element mask hides (load_element_mask's answers).
   template <class TileBits, class Scheduler, class CoordRC>
   __device__ static __forceinline__ TileBits apply(const Scheduler& tiles, int m0, int n0, CoordRC const& cS_rc,
                                                    bool element_masked, uint32_t mask_bits) {
