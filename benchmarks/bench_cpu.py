@@ -25,7 +25,7 @@ keeps what it measured; the run's log in results/cpu.log.
                                               #   TF_FLASH_CPU_ISA per process) beside TF's attention and the
                                               #   machine's float32 FMA peak, float32, non-causal:
                                               #   B1 H8 D64 at S 2048/4096 and the example's B16 H2 S2048 D32
-                                              #   (~4 min on 16 cores): results/cpu_isa.json and .log
+                                              #   (~4 min on 16 cores): results/cpu_isa.json, .png and .log
 """
 import argparse
 import json
@@ -358,45 +358,6 @@ def build_isa_tasks(args):
     return tasks
 
 
-def isa_table(entries):
-    """The --isa-compare table: per shape and mode, each path's time and GFLOP/s (and % of its width's FMA
-    peak), AVX-512 over AVX2, and TF's attention."""
-    peak = {e["isa"]: e["result"].get("gflops") for e in entries if e["section"] == "peak" and e["result"].get("ok")}
-    lines = ["float32 FMA peak (all cores, measured): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items())]
-    matmul = [e["result"]["gflops"] for e in entries if e["section"] == "matmul" and e["result"].get("ok")]
-    if matmul:
-        lines.append(f"TF matmul 2048^3: {matmul[0]:.0f} GFLOP/s")
-    lines.append(f"{'shape':22} {'mode':8} {'avx512 ms (GF/s, %peak)':28} {'avx2 ms (GF/s, %peak)':28} "
-                 f"{'512/avx2':>8} {'TF dense ms':>11} {'TF/512':>7}")
-    for batch, seqlen, heads, dim in ISA_SHAPES:
-        def find(impl, isa=None):
-            for e in entries:
-                if (e["section"] == "isa" and e["impl"] == impl and e.get("isa") == isa and e["batch"] == batch
-                        and e["seqlen"] == seqlen and e["heads"] == heads and e["dim"] == dim and e["result"].get("ok")):
-                    return e["result"]
-            return None
-        paths = {isa: find("tf_flash", isa) for isa in ISA_PATHS}
-        dense = find("tf_standard")
-        for mode in ("fwd", "fwd_bwd"):
-            cells, ms = [], {}
-            for isa, r in paths.items():
-                if r and mode in r:
-                    ms[isa] = r[mode]["median_s"] * 1e3
-                    pct = f", {100 * r[mode]['gflops'] / peak[isa]:.0f}%" if peak.get(isa) else ""
-                    ran = "" if r.get("cpu_isa") == isa else f" [ran {r.get('cpu_isa')}]"
-                    cells.append(f"{ms[isa]:8.1f} ({r[mode]['gflops']:.0f}{pct}){ran}")
-                else:
-                    cells.append("-")
-            ratio = f"{ms['avx2'] / ms['avx512']:.2f}x" if len(ms) == 2 else "-"
-            dense_ms = dense[mode]["median_s"] * 1e3 if dense and mode in dense else None
-            dense_cell = "-" if dense_ms is None else f"{dense_ms:.1f}"
-            dense_ratio = f"{dense_ms / ms['avx512']:.2f}x" if dense_ms and "avx512" in ms else "-"
-            shape_cell = f"b{batch} s{seqlen} h{heads} d{dim}"
-            lines.append(f"{shape_cell:22} {mode:8} {cells[0]:28} {cells[1]:28} {ratio:>8} {dense_cell:>11} "
-                         f"{dense_ratio:>7}")
-    return "\n".join(lines)
-
-
 def write_results(entries, info, args, command):
     """results/<tag>.json and .png (plot.py). Returns the tables for the terminal."""
     payload = {"benchmark": "cpu", "info": info, "command": command, "args": vars(args),
@@ -463,7 +424,7 @@ def main():
 
 
 def isa_compare(args):
-    """--isa-compare: its own JSON (entries and the table), not the main benchmark's plot."""
+    """--isa-compare: its own result, cpu_isa.json and .png (plot.py), not the main benchmark's."""
     args.tag = args.tag or "cpu_isa"
     # A CPU benchmark also on a GPU host: its workers see no GPU, so every op runs on the CPU.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -475,12 +436,11 @@ def isa_compare(args):
     entries = []
     for task in build_isa_tasks(args):
         entries.append(run_task(task, min(args.timeout, 300), log))
-        text = isa_table(entries)
-        with open(os.path.join(args.out_dir, f"{args.tag}.json"), "w") as f:
-            json.dump({"benchmark": "cpu_isa", "info": info, "command": common.command_line(), "args": vars(args),
-                       "entries": entries, "table": text.splitlines()}, f, indent=1)
+        payload = {"benchmark": "cpu_isa", "info": info, "command": common.command_line(), "args": vars(args),
+                   "entries": entries}
+        plot.save(payload, os.path.join(args.out_dir, f"{args.tag}.json"))  # rewritten after every task
     log("")
-    log(text)
+    log(plot.tables(payload))
     log.close()
 
 

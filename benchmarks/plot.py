@@ -670,10 +670,87 @@ def _determinism_tables(payload):
                            "backward family"], rows) + "\n"
 
 
-FIGURES = {"gpu": _gpu_figure, "model": _model_figure, "cpu": _cpu_figure, "overhead": _overhead_figure,
-           "determinism": _determinism_figure}
-TABLES = {"gpu": _gpu_tables, "model": _model_tables, "cpu": _cpu_tables, "overhead": _overhead_tables,
-          "determinism": _determinism_tables}
+# ---------------------------------------------------------------------------------------------------------
+# The CPU kernel's instruction-set paths (bench_cpu.py --isa-compare): AVX-512 against AVX2 and TF's attention
+# ---------------------------------------------------------------------------------------------------------
+
+ISA_PATHS = ("avx512", "avx2")
+
+
+def _isa_shapes(payload):
+    keys = ("batch", "seqlen", "heads", "dim")
+    return list(dict.fromkeys(tuple(e[k] for k in keys) for e in payload["entries"] if e["section"] == "isa"))
+
+
+def _isa_find(payload, shape, impl, isa=None):
+    for e in payload["entries"]:
+        if (e["section"] == "isa" and e["impl"] == impl and e.get("isa") == isa and e["result"].get("ok")
+                and (e["batch"], e["seqlen"], e["heads"], e["dim"]) == shape):
+            return e
+    return None
+
+
+def _isa_peaks(payload):
+    return {e["isa"]: e["result"]["gflops"] for e in payload["entries"]
+            if e["section"] == "peak" and e["result"].get("ok")}
+
+
+def _isa_label(shape):
+    return "b{} s{} h{} d{}".format(*shape)
+
+
+def _cpu_isa_figure(plt, payload):
+    shapes = _isa_shapes(payload)
+    if not shapes:
+        return None
+    peaks = _isa_peaks(payload)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, mode in zip(axes, MODES):
+        series = [(f"tf_flash {isa}" + (f" (peak {peaks[isa]:.0f})" if isa in peaks else ""),
+                   [_cpu_get(_isa_find(payload, shape, "tf_flash", isa), mode, "gflops") or 0 for shape in shapes])
+                  for isa in ISA_PATHS]
+        series.append(("TF attention", [_cpu_get(_isa_find(payload, shape, "tf_standard"), mode, "gflops") or 0
+                                        for shape in shapes]))
+        _bars(ax, [_isa_label(shape) for shape in shapes], series, "GFLOP/s")
+        ax.set_title(MODES[mode], fontsize=10)
+    fig.suptitle(f"CPU kernel paths, float32, all cores - {measured_on(payload['info'])}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _cpu_isa_tables(payload):
+    peaks = _isa_peaks(payload)
+    rates = [e["result"]["gflops"] for e in payload["entries"] if e["section"] == "matmul" and e["result"].get("ok")]
+    out = ["float32 FMA peak of all cores, measured: " + (", ".join(f"{k} {v:.0f}" for k, v in peaks.items()) or "-")
+           + " GFLOP/s; TF's float32 matmul (2048^3): " + (", ".join(f"{r:.0f}" for r in rates) or "-")
+           + " GFLOP/s. ms (GFLOP/s, share of the path's peak); [ran X]: the process ran another path.", ""]
+    rows = []
+    for shape in _isa_shapes(payload):
+        paths = {isa: _isa_find(payload, shape, "tf_flash", isa) for isa in ISA_PATHS}
+        paths = {isa: e and e["result"] for isa, e in paths.items()}
+        dense = _isa_find(payload, shape, "tf_standard")
+        dense = dense and dense["result"]
+        for mode in MODES:
+            cells, ms = [], {}
+            for isa, r in paths.items():
+                if r and mode in r:
+                    ms[isa] = r[mode]["median_s"] * 1e3
+                    share = f", {100 * r[mode]['gflops'] / peaks[isa]:.0f}%" if peaks.get(isa) else ""
+                    ran = "" if r.get("cpu_isa") == isa else f" [ran {r.get('cpu_isa')}]"
+                    cells.append(f"{ms[isa]:.1f} ({r[mode]['gflops']:.0f}{share}){ran}")
+                else:
+                    cells.append("-")
+            dense_ms = dense[mode]["median_s"] * 1e3 if dense and mode in dense else None
+            rows.append([_isa_label(shape), mode, *cells, ratio(ms.get("avx2"), ms.get("avx512")),
+                         fmt(dense_ms), ratio(dense_ms, ms.get("avx512"))])
+    return "\n".join(out) + markdown_table(["shape", "mode", "avx512 ms", "avx2 ms", "avx512 / avx2", "TF attention ms",
+                                            "TF / avx512"], rows) + "\n"
+
+
+FIGURES = {"gpu": _gpu_figure, "model": _model_figure, "cpu": _cpu_figure, "cpu_isa": _cpu_isa_figure,
+           "overhead": _overhead_figure, "determinism": _determinism_figure}
+TABLES = {"gpu": _gpu_tables, "model": _model_tables, "cpu": _cpu_tables, "cpu_isa": _cpu_isa_tables,
+          "overhead": _overhead_tables, "determinism": _determinism_tables}
 
 
 def main(argv=None):
