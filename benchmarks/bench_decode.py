@@ -170,9 +170,10 @@ def make_fn(impl, chain):
 
 def decode_plan(row, heads, kv_heads):
     """The key chunks tf_flash's decode path picks for the row (None: the plain kernel call), as ops.py asks:
-    bottom-right causal counts as plain only with one query."""
+    bottom-right causal over several new tokens packs the heads and splits nothing."""
     from tf_flash import _decode
-    return _decode.plan(row["batch"], row["new"], row["cache"], heads, kv_heads, plain=row["new"] == 1)
+    return _decode.plan(row["batch"], row["new"], row["cache"], heads, kv_heads, plain=True,
+                        causal_rows=row["new"] > 1)
 
 
 def timed(cfg, row, fill, call, fetch):

@@ -29,6 +29,9 @@ def test_plan_chooses_by_shape():
     assert _decode.plan(None, 1, 32768, 32, 8, plain=True) is None
     # A cache length with no divisor that keeps chunks >= 1024 keys stays whole.
     assert _decode.plan(1, 1, 4099, 8, 8, plain=True) == 1
+    # Several causal rows: heads packed, the cache never split; nothing to pack without GQA.
+    assert _decode.plan(8, 8, 32768, 32, 8, plain=True, causal_rows=True) == 1
+    assert _decode.plan(8, 8, 32768, 8, 8, plain=True, causal_rows=True) is None
 
 
 # (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, kv_lengths)
@@ -69,11 +72,77 @@ def test_split_matches_the_reference_and_the_unsplit_call(device, dtype, case, r
                                        rtol=tol, atol=tol)
 
 
+# (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, kv_lengths): several new tokens, bottom-right causal,
+# against caches filled to ragged lengths (one shorter than the new tokens, one empty).
+CAUSAL_ROWS_CASES = [
+    (4, 8, 8, 2, 2100, 64, [2100, 1037, 5, 0]),
+    (2, 3, 12, 4, 700, 32, [699, 3]),
+    (1, 16, 32, 4, 4096, 128, None),  # 128 packed rows: one whole tile
+]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("case", CAUSAL_ROWS_CASES, ids=lambda c: f"b{c[0]}q{c[1]}h{c[2]}kv{c[3]}k{c[4]}")
+def test_causal_rows_keep_their_diagonals(device, dtype, case, rng):
+    """Packed token by token, `group` rows share a position (the op's rows_per_position)."""
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, kv_lengths = case
+    q, k, v = random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=DTYPES[dtype])
+    d_out = normal(rng, (batch, seqlen_q, heads, head_dim), DTYPES[dtype])
+    kwargs = {"causal": "bottom_right"}
+    if kv_lengths is not None:
+        kwargs["kv_lengths"] = np.array(kv_lengths, np.int32)
+    with on_device(device, head_dim=head_dim):
+        packed = _run(q, k, v, d_out, split_kv=1, **kwargs)
+        unpacked = _run(q, k, v, d_out, split_kv=False, **kwargs)
+    out, lse, *grads = packed
+    ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
+    assert relative_error(out, ref_out) < tolerance("output", dtype, device)
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
+    finite = np.isfinite(ref_lse)
+    assert np.max(np.abs(lse[finite] - ref_lse[finite]), initial=0.0) < tolerance("lse", dtype, device)
+    for got, ref in zip(grads, reference_attention_grad(q, k, v, d_out, **kwargs)):
+        assert relative_error(got, ref) < tolerance("gradient", dtype, device)
+    if dtype == "float32":
+        tol = float32_tolerance(device, 1e-5)
+        for got, want in zip(packed, unpacked):
+            np.testing.assert_allclose(np.where(np.isfinite(want), got, 0), np.where(np.isfinite(want), want, 0),
+                                       rtol=tol, atol=tol)
+
+
+def test_causal_rows_are_never_split(rng):
+    q, k, v = random_qkv(rng, 1, 4, 4096, 8, 2, 32)
+    with pytest.raises(ValueError, match="split_kv"):
+        _flash_attention(q, k, v, causal="bottom_right", split_kv=2)
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({}, "must divide the query length"),
+    ({"dropout_rate": 0.1}, "takes no dropout"),
+    ({"q_lengths": [2]}, "takes no q_lengths"),
+])
+def test_rows_per_position_errors(extra, match, rng):
+    from tf_flash.ops import _absent, _ops, _seed, NO_MASK_SHAPE, _NO_LENGTHS_SHAPE, _NO_SEGMENT_IDS_SHAPE
+    q, k, v = random_qkv(rng, 1, 6 if not extra else 4, 64, 4, 1, 16)
+    rate = extra.get("dropout_rate", 0.0)
+    no_ids = _absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, None)
+    with tf.device("/CPU:0"), pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
+        _ops.tf_flash_flash_attention(
+            query=q, key=k, value=v,
+            q_lengths=tf.constant(extra["q_lengths"], tf.int32) if "q_lengths" in extra else
+            _absent(_NO_LENGTHS_SHAPE, tf.int32, None),
+            kv_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, None),
+            attention_mask=_absent(NO_MASK_SHAPE, tf.bool, None), block_mask=_absent(NO_MASK_SHAPE, tf.bool, None),
+            q_segment_ids=no_ids, kv_segment_ids=no_ids, seed=_seed(1 if rate else None, rate), scale=0.25,
+            causal=True, bottom_right=True, dropout_rate=rate, rows_per_position=4)
+
+
 @pytest.mark.parametrize("mode", ["tf.function", "xla"])
 def test_graph_and_xla_match_eager(mode, rng):
     q, k, v = random_qkv(rng, 2, 1, 4096, 8, 2, 32)
     d_out = normal(rng, (2, 1, 8, 32))
     kwargs = dict(causal="bottom_right", kv_lengths=tf.constant([4096, 2222]), softcap=3.0)
+    if mode == "xla":  # and several causal rows, packed, through the XLA custom call
+        q, d_out = tf.concat([q, q[:, :, ::-1]], 1), tf.concat([d_out, d_out], 1)
     with tf.device("/CPU:0"):
         eager = _run(q, k, v, d_out, **kwargs)
         traced = _run(q, k, v, d_out, mode=mode, **kwargs)

@@ -4,10 +4,13 @@ The kernels give each (query tile, query head) one thread block that walks the w
 training shapes. With one new token per step that is a handful of blocks, each streaming a whole cache, and
 each KV head read once per query head sharing it. Here the call is rearranged for the same kernels:
   - GQA packing: the `group` query heads of one KV head become rows of one query tile ([B, Sq * group, Hkv]),
-    so each K/V byte is read once;
+    token by token, so each K/V byte is read once; several causal rows (new tokens, bottom-right) keep their
+    diagonals through the kernels' rows_per_position (`group` rows share one position);
   - split-KV ("flash decoding"): the key range is cut into `splits` chunks that become batch entries (a
     reshape of the cache, no copy), each with its own kv_lengths (the unused tail of the cache is empty and
-    skipped), so that B * Hkv * splits blocks share the machine's memory bandwidth;
+    skipped), so that B * Hkv * splits blocks share the machine's memory bandwidth. Not under a causal mask
+    over several rows: a chunk ahead of the last would need the diagonal of its place in the cache, which
+    its own kv_lengths do not give;
   - the chunks' outputs merge by their lse (a log-sum-exp weighting in float32), under XLA too, with no
     host sync.
 The result is the attention of the unsplit call (the chunks' outputs are rounded to the inputs' dtype before
@@ -24,16 +27,18 @@ _TARGET_BLOCKS = 256
 _MIN_CHUNK_KEYS = 1024
 
 
-def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain):
+def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False):
     """The number of key chunks for this static shape (1: pack the heads only), or None when the decode path
     does not apply: shapes unknown at trace time, more query rows than a tile, a short cache, or any feature
-    beyond kv_lengths, scale and softcap (`plain` False; causal counts as plain only bottom-right with one
-    query, where it is kv_lengths)."""
+    beyond kv_lengths, bottom-right causal, scale and softcap (`plain` False). causal_rows: causal over
+    several query rows, which packs the heads (where there are several to pack) but splits nothing."""
     if not plain or None in (batch, seqlen_q, seqlen_k, heads, heads_kv) or batch == 0:
         return None
     group = heads // heads_kv
     if seqlen_q * group > _MAX_PACKED_ROWS or seqlen_k < _MIN_KEYS:
         return None
+    if causal_rows:
+        return 1 if group > 1 else None
     wanted = max(1, -(-_TARGET_BLOCKS // (batch * heads_kv)))
     splits = 1
     for candidate in range(2, wanted + 1):  # the largest divisor of seqlen_k up to `wanted`, chunks not too short
@@ -43,8 +48,9 @@ def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain):
 
 
 def attend(attention, query, key, value, kv_lengths, splits):
-    """attention(q, k, v, kv_lengths) -> (out, lse), the op on the rearranged call; returns (out, lse) of the
-    original one. query [B, Sq, H, D], key/value [B, Sk, Hkv, D/Dv], kv_lengths int32 [B] or None."""
+    """attention(q, k, v, kv_lengths, rows_per_position) -> (out, lse), the op on the rearranged call;
+    returns (out, lse) of the original one. query [B, Sq, H, D], key/value [B, Sk, Hkv, D/Dv], kv_lengths
+    int32 [B] or None."""
     batch, seqlen_q, heads, head_dim = query.shape
     seqlen_k, heads_kv, head_dim_v = key.shape[1], key.shape[2], value.shape[3]
     group, chunk = heads // heads_kv, seqlen_k // splits
@@ -58,7 +64,7 @@ def attend(attention, query, key, value, kv_lengths, splits):
     lengths = tf.fill([batch], seqlen_k) if kv_lengths is None else tf.cast(kv_lengths, tf.int32)
     starts = tf.range(splits, dtype=tf.int32) * chunk
     chunk_lengths = tf.reshape(tf.clip_by_value(lengths[:, None] - starts[None, :], 0, chunk), [-1])
-    out, lse = attention(packed, keys, values, chunk_lengths)
+    out, lse = attention(packed, keys, values, chunk_lengths, group)
     if splits > 1:
         lse = tf.reshape(lse, [batch, splits, heads_kv, rows])
         total = tf.reduce_logsumexp(lse, axis=1)  # -inf where no chunk sees a key

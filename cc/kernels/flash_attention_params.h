@@ -33,7 +33,8 @@ namespace tf_flash {
   X(float, softcap)             \
   X(bool, deterministic)        \
   X(int64_t, query_offset)      \
-  X(bool, bottom_right)
+  X(bool, bottom_right)         \
+  X(int64_t, rows_per_position)
 
 struct FlashAttrs {
 #define TF_FLASH_ATTR_FIELD(type, name) type name{};

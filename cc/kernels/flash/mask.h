@@ -30,10 +30,14 @@ TF_FLASH_HOST_DEVICE int64_t valid_kv_len(const FlashFwdParams& p, int b) {
   return clamp_len(p.kv_lengths ? p.kv_lengths[b] : p.seqlen_k, p.seqlen_k);
 }
 
-// Row i's position in the attention, minus i: query_offset, and with bottom_right the entry's kv_len -
-// seqlen_q (params.h).
+// Row i's position in the attention: i (i / rows_per_position where rows share positions), plus
+// query_offset and, with bottom_right, the entry's kv_len minus the call's positions (params.h).
 TF_FLASH_HOST_DEVICE int64_t row_shift(const FlashFwdParams& p, int64_t kv_len) {
-  return p.query_offset + (p.bottom_right ? kv_len - p.seqlen_q : 0);
+  const int64_t positions = p.rows_per_position > 1 ? p.seqlen_q / p.rows_per_position : p.seqlen_q;
+  return p.query_offset + (p.bottom_right ? kv_len - positions : 0);
+}
+TF_FLASH_HOST_DEVICE int64_t row_position(const FlashFwdParams& p, int64_t row, int64_t kv_len) {
+  return (p.rows_per_position > 1 ? row / p.rows_per_position : row) + row_shift(p, kv_len);
 }
 
 // How far right of the diagonal a row sees: causal and window_right combined; -1 = unlimited.
@@ -42,11 +46,11 @@ TF_FLASH_HOST_DEVICE int64_t right_extent(const FlashFwdParams& p) {
 }
 
 // Visible keys of query row `row` before element masks: key j iff j < kv_len, j <= pos + right and
-// j >= pos - window_left, where pos = row + row_shift is the row's position in the attention.
+// j >= pos - window_left, where pos = row_position is the row's position in the attention.
 TF_FLASH_HOST_DEVICE KeyRange key_range(const FlashFwdParams& p, int64_t row, int64_t q_len, int64_t kv_len) {
   if (row >= q_len) return {0, 0};
   int64_t begin = 0, end = kv_len;
-  const int64_t right = right_extent(p), pos = row + row_shift(p, kv_len);
+  const int64_t right = right_extent(p), pos = row_position(p, row, kv_len);
   if (right >= 0 && pos + right + 1 < end) end = pos + right + 1;
   if (p.window_left >= 0 && pos - p.window_left > 0) begin = pos - p.window_left;
   return {begin, end};
@@ -91,10 +95,11 @@ TF_FLASH_HOST_DEVICE IndexRange query_range_of_keys(const FlashFwdParams& p, int
   col_end = col_end < kv_len ? col_end : kv_len;
   if (col_begin >= col_end) return {0, 0};
   int64_t begin = 0, end = q_len;
-  const int64_t right = right_extent(p), offset = row_shift(p, kv_len);
-  if (right >= 0 && col_begin - right - offset > 0) begin = col_begin - right - offset;  // pos >= col - right
-  if (p.window_left >= 0 && col_end + p.window_left - offset < end) {
-    end = col_end + p.window_left - offset;  // pos <= col + left
+  const int64_t right = right_extent(p), offset = row_shift(p, kv_len), rows = p.rows_per_position;
+  // Positions [first, last) see a key: rows [first * rows, last * rows).
+  if (right >= 0 && col_begin - right - offset > 0) begin = (col_begin - right - offset) * rows;  // pos >= col - right
+  if (p.window_left >= 0 && (col_end + p.window_left - offset) * rows < end) {
+    end = (col_end + p.window_left - offset) * rows;  // pos <= col + left
   }
   return end > begin ? IndexRange{begin, end} : IndexRange{0, 0};
 }
