@@ -156,7 +156,7 @@ compile_cuda() {  # compile_cuda DIR LOG [FLAGS]: the .cu paths on stdin into DI
   gc=$(gencode $(cat "$build/archs"))
   defines=$(tr ' ' '\n' < "$build/flags" | grep '^-D' | tr '\n' ' ')
   mkdir -p "$1/cuda_obj"
-  xargs -P 16 -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr --expt-extended-lambda \
+  xargs -P "$(nproc)" -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr --expt-extended-lambda \
     -lineinfo -Xcompiler=-fPIC '"$gc $defines"' -DNDEBUG '"${3:-}"' -I. -I"$CUTLASS_INCLUDE" \
     -c {} -o '"$1"'/cuda_obj/$(basename {} .cu).o' > "$2" 2>&1 || { tail -40 "$2"; die "nvcc failed ($2)"; }
 }
