@@ -18,9 +18,11 @@ collectives (per block the all-gather of K and V and the all-reduce of their ful
 the optimizer's all-reduce of the weight gradients) timed alone on tensors of the same sizes, over the step
 time (an upper bound: TF may overlap them with compute).
 
-Each n runs in its own worker process over the lengths in ascending order; an OOM skips that n's longer
-lengths; --time-limit (seconds, default 450) starts no worker after it and stops a running one 20 s past
-it (the rest marked skipped), so that a default run ends within 8 minutes.
+Each (n, S) runs in a worker process of its own (TensorFlow keeps a strategy's collective keys for the
+process's life: a second strategy there reuses them and its collectives fail), the lengths of each n in
+ascending order; an OOM skips that n's longer lengths; --time-limit (seconds, default 450) starts no worker
+after it and stops a running one 20 s past it (the rest marked skipped), so that a default run ends within
+8 minutes.
 Output: results/parallel.json and results/parallel.png (FLOP/s per GPU and memory against tokens per
 GPU, one line per n), rewritten after every run.
 
@@ -42,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 QUICK = {"width": 32, "heads": 2, "blocks": 1, "vocab": 128, "classes": 4, "gpus": [1, 2],
-         "lengths_per_gpu": [64], "warmup": 1, "steps": 2, "dtype": "float32"}
+         "lengths_per_gpu": [64, 128], "warmup": 1, "steps": 2, "dtype": "float32"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -227,18 +229,15 @@ def worker_main(task_path):
         tf.config.experimental.set_memory_growth(gpu, True)
     import tf_flash  # noqa: F401
 
-    for per_gpu_len in task["lengths"]:
-        try:
-            record = run_length(cfg, task["gpus"], per_gpu_len)
-        except Exception as err:  # noqa: BLE001 - recorded, the parent decides what runs next
-            text = common.error_text(err)
-            status = "oom" if text == "OOM" else "error"
-            record = {"gpus": task["gpus"], "tokens_per_gpu": per_gpu_len, "tokens": per_gpu_len * task["gpus"],
-                      "status": status, "error": text}
-        with open(task_path + ".results", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if record["status"] == "oom":
-            break
+    per_gpu_len = task["length"]
+    try:
+        record = run_length(cfg, task["gpus"], per_gpu_len)
+    except Exception as err:  # noqa: BLE001 - recorded, the parent decides what runs next
+        text = common.error_text(err)
+        record = {"gpus": task["gpus"], "tokens_per_gpu": per_gpu_len, "tokens": per_gpu_len * task["gpus"],
+                  "status": "oom" if text == "OOM" else "error", "error": text}
+    with open(task_path + ".result", "w") as f:
+        json.dump(record, f)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -314,12 +313,33 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="mixed_bfloat16")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=240, help="seconds per worker (one GPU count)")
+    p.add_argument("--timeout", type=float, default=240, help="seconds per worker (one GPU count and length)")
     p.add_argument("--time-limit", type=float, default=450,
                    help="seconds: no worker starts after it, and a running one is stopped 20 s past it")
     p.add_argument("--json", default=os.path.join(common.RESULTS_DIR, "parallel.json"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def _run_worker(cfg, n, per_gpu_len, timeout):
+    """One (GPU count, length) in a fresh process: its record. A process runs one strategy: a second
+    MirroredStrategy in the same process reuses the first one's collective keys, and TensorFlow then
+    mismatches their shapes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        task_path = os.path.join(tmp, "task.json")
+        with open(task_path, "w") as f:
+            json.dump({"cfg": cfg, "gpus": n, "length": per_gpu_len}, f)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        try:
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", task_path], env=env,
+                                  capture_output=True, text=True, timeout=max(1.0, timeout))
+            failure = None if proc.returncode == 0 else f"worker exit {proc.returncode}: {proc.stderr[-300:]}"
+        except subprocess.TimeoutExpired:
+            failure = f"worker timeout after {timeout:.0f} s"
+        if os.path.exists(task_path + ".result"):
+            with open(task_path + ".result") as f:
+                return json.load(f)
+    return {"gpus": n, "tokens_per_gpu": per_gpu_len, "tokens": per_gpu_len * n, "status": failure}
 
 
 def main(argv=None):
@@ -346,37 +366,24 @@ def main(argv=None):
     info = common.machine_info(gpu=not args.quick)
     start, records = time.perf_counter(), []
     for n in counts:
-        if time.perf_counter() - start > args.time_limit:
-            records += [{"gpus": n, "tokens_per_gpu": s, "tokens": s * n, "status": "skipped: time limit"}
-                        for s in cfg["lengths_per_gpu"]]
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            task_path = os.path.join(tmp, "task.json")
-            with open(task_path, "w") as f:
-                json.dump({"cfg": cfg, "gpus": n, "lengths": cfg["lengths_per_gpu"]}, f)
-            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-            timeout = min(args.timeout, args.time_limit + 20 - (time.perf_counter() - start))
-            try:
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", task_path], env=env,
-                                      capture_output=True, text=True, timeout=timeout)
-                failure = None if proc.returncode == 0 else f"worker exit {proc.returncode}: {proc.stderr[-300:]}"
-            except subprocess.TimeoutExpired:
-                failure = f"worker timeout after {timeout:.0f} s"
-            done = []
-            if os.path.exists(task_path + ".results"):
-                with open(task_path + ".results") as f:
-                    done = [json.loads(line) for line in f]
-        seen = {r["tokens_per_gpu"] for r in done}
-        done += [{"gpus": n, "tokens_per_gpu": s, "tokens": s * n,
-                  "status": failure or "skipped: a shorter length ran out of memory"}
-                 for s in cfg["lengths_per_gpu"] if s not in seen]
-        records += done
-        for r in done:
-            text = (f"{r['median_ms']:.0f} ms/step, {r['tflops_per_gpu']:.1f} TFLOP/s per GPU"
-                    + (f", communication {100 * r['communication_share']:.0f}%" if "communication_share" in r else "")
-                    if r["status"] == "ok" else r["status"] + (": " + r["error"] if "error" in r else ""))
-            print(f"{n} GPU(s) x {r['tokens_per_gpu']} tokens: {text}", flush=True)
-        write_outputs(args.json, records, cfg, args, info)
+        skip = None  # why this n's longer lengths do not run
+        for per_gpu_len in cfg["lengths_per_gpu"]:
+            if skip is None and time.perf_counter() - start > args.time_limit:
+                skip = "skipped: time limit"
+            if skip:
+                record = {"gpus": n, "tokens_per_gpu": per_gpu_len, "tokens": per_gpu_len * n, "status": skip}
+            else:
+                timeout = min(args.timeout, args.time_limit + 20 - (time.perf_counter() - start))
+                record = _run_worker(cfg, n, per_gpu_len, timeout)
+                if record["status"] == "oom":
+                    skip = "skipped: a shorter length ran out of memory"
+            records.append(record)
+            text = (f"{record['median_ms']:.0f} ms/step, {record['tflops_per_gpu']:.1f} TFLOP/s per GPU"
+                    + (f", communication {100 * record['communication_share']:.0f}%"
+                       if "communication_share" in record else "")
+                    if record["status"] == "ok" else record["status"] + (": " + record["error"] if "error" in record else ""))
+            print(f"{n} GPU(s) x {per_gpu_len} tokens: {text}", flush=True)
+            write_outputs(args.json, records, cfg, args, info)
     print(f"wrote {args.json}")
 
 
