@@ -76,7 +76,7 @@ def test_split_matches_the_reference_and_the_unsplit_call(device, dtype, case, r
 # against caches filled to ragged lengths (one shorter than the new tokens, one empty).
 CAUSAL_ROWS_CASES = [
     (4, 8, 8, 2, 2100, 64, [2100, 1037, 5, 0]),
-    (2, 3, 12, 4, 700, 32, [699, 3]),
+    (2, 3, 8, 4, 700, 32, [699, 3]),
     (1, 16, 32, 4, 4096, 128, None),  # 128 packed rows: one whole tile
 ]
 
@@ -84,7 +84,7 @@ CAUSAL_ROWS_CASES = [
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
 @pytest.mark.parametrize("case", CAUSAL_ROWS_CASES, ids=lambda c: f"b{c[0]}q{c[1]}h{c[2]}kv{c[3]}k{c[4]}")
 def test_causal_rows_keep_their_diagonals(device, dtype, case, rng):
-    """Packed token by token, `group` rows share a position (the op's rows_per_position)."""
+    """Packed token by token, `group` rows share a position (the op's position_shift)."""
     batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, kv_lengths = case
     q, k, v = random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=DTYPES[dtype])
     d_out = normal(rng, (batch, seqlen_q, heads, head_dim), DTYPES[dtype])
@@ -113,6 +113,11 @@ def test_causal_rows_are_never_split(rng):
     q, k, v = random_qkv(rng, 1, 4, 4096, 8, 2, 32)
     with pytest.raises(ValueError, match="split_kv"):
         _flash_attention(q, k, v, causal="bottom_right", split_kv=2)
+    # Three query heads per KV head: no shift finds a row's position, so the plan packs nothing.
+    assert _decode.plan(1, 4, 4096, 12, 4, plain=True, causal_rows=True) is None
+    q, k, v = random_qkv(rng, 1, 4, 4096, 12, 4, 32)
+    with pytest.raises(ValueError, match="power of two"):
+        _flash_attention(q, k, v, causal="bottom_right", split_kv=1)
 
 
 @pytest.mark.parametrize("extra,match", [
@@ -120,7 +125,7 @@ def test_causal_rows_are_never_split(rng):
     ({"dropout_rate": 0.1}, "takes no dropout"),
     ({"q_lengths": [2]}, "takes no q_lengths"),
 ])
-def test_rows_per_position_errors(extra, match, rng):
+def test_position_shift_errors(extra, match, rng):
     from tf_flash.ops import _absent, _ops, _seed, NO_MASK_SHAPE, _NO_LENGTHS_SHAPE, _NO_SEGMENT_IDS_SHAPE
     q, k, v = random_qkv(rng, 1, 6 if not extra else 4, 64, 4, 1, 16)
     rate = extra.get("dropout_rate", 0.0)
@@ -133,7 +138,7 @@ def test_rows_per_position_errors(extra, match, rng):
             kv_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, None),
             attention_mask=_absent(NO_MASK_SHAPE, tf.bool, None), block_mask=_absent(NO_MASK_SHAPE, tf.bool, None),
             q_segment_ids=no_ids, kv_segment_ids=no_ids, seed=_seed(1 if rate else None, rate), scale=0.25,
-            causal=True, bottom_right=True, dropout_rate=rate, rows_per_position=4)
+            causal=True, bottom_right=True, dropout_rate=rate, position_shift=2)
 
 
 @pytest.mark.parametrize("mode", ["tf.function", "xla"])

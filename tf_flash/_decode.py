@@ -5,7 +5,7 @@ training shapes. With one new token per step that is a handful of blocks, each s
 each KV head read once per query head sharing it. Here the call is rearranged for the same kernels:
   - GQA packing: the `group` query heads of one KV head become rows of one query tile ([B, Sq * group, Hkv]),
     token by token, so each K/V byte is read once; several causal rows (new tokens, bottom-right) keep their
-    diagonals through the kernels' rows_per_position (`group` rows share one position);
+    diagonals through the op's position_shift (`group` rows share one position; a power of two);
   - split-KV ("flash decoding"): the key range is cut into `splits` chunks that become batch entries (a
     reshape of the cache, no copy), each with its own kv_lengths (the unused tail of the cache is empty and
     skipped), so that B * Hkv * splits blocks share the machine's memory bandwidth. Not under a causal mask
@@ -27,18 +27,24 @@ _TARGET_BLOCKS = 256
 _MIN_CHUNK_KEYS = 1024
 
 
+def shares_positions(group):
+    """Whether `group` packed rows can share one position in the kernels (a power of two above one)."""
+    return group > 1 and group & (group - 1) == 0
+
+
 def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False):
     """The number of key chunks for this static shape (1: pack the heads only), or None when the decode path
     does not apply: shapes unknown at trace time, more query rows than a tile, a short cache, or any feature
     beyond kv_lengths, bottom-right causal, scale and softcap (`plain` False). causal_rows: causal over
-    several query rows, which packs the heads (where there are several to pack) but splits nothing."""
+    several query rows, which packs the heads (where a power of two of them, above one, share a KV head:
+    the kernels find a row's position by a shift) but splits nothing."""
     if not plain or None in (batch, seqlen_q, seqlen_k, heads, heads_kv) or batch == 0:
         return None
     group = heads // heads_kv
     if seqlen_q * group > _MAX_PACKED_ROWS or seqlen_k < _MIN_KEYS:
         return None
     if causal_rows:
-        return 1 if group > 1 else None
+        return 1 if shares_positions(group) else None
     wanted = max(1, -(-_TARGET_BLOCKS // (batch * heads_kv)))
     splits = 1
     for candidate in range(2, wanted + 1):  # the largest divisor of seqlen_k up to `wanted`, chunks not too short
@@ -48,7 +54,8 @@ def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False
 
 
 def attend(attention, query, key, value, kv_lengths, splits):
-    """attention(q, k, v, kv_lengths, rows_per_position) -> (out, lse), the op on the rearranged call;
+    """attention(q, k, v, kv_lengths, rows_per_position) -> (out, lse), the op on the rearranged call (the
+    packed rows share positions in groups of rows_per_position, the number of query heads per KV head);
     returns (out, lse) of the original one. query [B, Sq, H, D], key/value [B, Sk, Hkv, D/Dv], kv_lengths
     int32 [B] or None."""
     batch, seqlen_q, heads, head_dim = query.shape

@@ -241,14 +241,16 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     plain = (attention_mask is None and block_mask is None and segment_ids is None and q_lengths is None
              and window_left < 0 and window_right < 0 and dropout_rate == 0.0 and query_offset == 0
              and (not causal or bottom_right))
-    # Causal with one query row is kv_lengths alone; several rows keep their diagonals (rows_per_position).
+    # Causal with one query row is kv_lengths alone; several rows keep their diagonals (the op's position_shift).
     causal_rows = causal and seqlen_q.static != 1
+    heads_kv = _checks.axis_size(key, 2).static
     splits = (None if split_kv is False else split_kv if split_kv else
-              _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static,
-                           _checks.axis_size(key, 2).static, plain=plain, causal_rows=causal_rows))
-    if splits and splits > 1 and causal_rows:
-        raise ValueError("split_kv: causal rows keep their diagonals only in one chunk of the cache (_decode.py). "
-                         f"Received: split_kv={split_kv}, causal with {seqlen_q.static} query rows")
+              _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
+                           causal_rows=causal_rows))
+    if splits and causal_rows and (splits > 1 or not _decode.shares_positions(heads.static // heads_kv)):
+        raise ValueError("split_kv: causal rows keep their diagonals only in one chunk of the cache, with a power "
+                         f"of two of query heads per KV head (_decode.py). Received: split_kv={split_kv}, causal "
+                         f"with {seqlen_q.static} query rows, query.shape={query.shape}, key.shape={key.shape}")
     if splits:
         checked_lengths = _checks.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k)
 
@@ -260,7 +262,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
                 q_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device),
                 kv_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device), seed=_seed(None, 0.0),
                 scale=float(scale), softcap=softcap, deterministic=bool(deterministic), causal=causal_rows,
-                bottom_right=causal_rows, rows_per_position=rows_per_position if causal_rows else 1)
+                bottom_right=causal_rows, position_shift=rows_per_position.bit_length() - 1 if causal_rows else 0)
             return out, chunk_lse
 
         output, lse = _decode.attend(attention, query, key, value, checked_lengths, splits)
@@ -293,7 +295,7 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
         d_lse = tf.zeros_like(lse)
     attrs = {name: op.get_attr(name) for name in (
         "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale",
-        "softcap", "deterministic", "query_offset", "bottom_right", "rows_per_position")}
+        "softcap", "deterministic", "query_offset", "bottom_right", "position_shift")}
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,

@@ -148,13 +148,12 @@ tf::Status FlashAttrs::Validate() const {
                                        "blocks of 16). Received: query_offset=", query_offset,
                                        ", dropout_rate=", dropout_rate);
   }
-  if (rows_per_position < 1 || rows_per_position > INT32_MAX) {
-    return tf::errors::InvalidArgument("rows_per_position must be in [1, 2^31). Received: rows_per_position=",
-                                       rows_per_position);
+  if (position_shift < 0 || position_shift > 30) {
+    return tf::errors::InvalidArgument("position_shift must be in [0, 30]. Received: position_shift=", position_shift);
   }
-  if (rows_per_position > 1 && dropout_rate > 0.f) {
-    return tf::errors::InvalidArgument("rows_per_position > 1 takes no dropout (dropout draws by row). Received: "
-                                       "rows_per_position=", rows_per_position, ", dropout_rate=", dropout_rate);
+  if (position_shift > 0 && dropout_rate > 0.f) {
+    return tf::errors::InvalidArgument("position_shift > 0 takes no dropout (dropout draws by row). Received: "
+                                       "position_shift=", position_shift, ", dropout_rate=", dropout_rate);
   }
   return tf::Status();
 }
@@ -229,15 +228,15 @@ tf::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& s, FlashF
   TF_RETURN_IF_ERROR(CheckLengthsShape(s.q_lengths, "q_lengths", batch));
   TF_RETURN_IF_ERROR(CheckLengthsShape(s.kv_lengths, "kv_lengths", batch));
   TF_RETURN_IF_ERROR(CheckSegmentIdsShapes(s.q_segment_ids, s.kv_segment_ids, batch, seqlen_q, seqlen_k));
-  if (attrs.rows_per_position > 1) {  // params.h: what is read by row cannot follow packed positions
-    if (seqlen_q % attrs.rows_per_position != 0) {
-      return tf::errors::InvalidArgument("rows_per_position must divide the query length. Received: "
-                                         "rows_per_position=", attrs.rows_per_position, ", query ", q.DebugString());
+  if (attrs.position_shift > 0) {  // params.h: what is read by row cannot follow packed positions
+    if (seqlen_q % (int64_t{1} << attrs.position_shift) != 0) {
+      return tf::errors::InvalidArgument("2^position_shift must divide the query length. Received: position_shift=",
+                                         attrs.position_shift, ", query ", q.DebugString());
     }
     if (s.q_lengths.num_elements() != 0 || !IsAbsentMask(s.attn_mask) || !IsAbsentMask(s.block_mask) ||
         !IsAbsentSegmentIds(s.q_segment_ids) || !IsAbsentSegmentIds(s.kv_segment_ids)) {
-      return tf::errors::InvalidArgument("rows_per_position > 1 takes no q_lengths, attention_mask, block_mask or "
-                                         "segment ids. Received: rows_per_position=", attrs.rows_per_position);
+      return tf::errors::InvalidArgument("position_shift > 0 takes no q_lengths, attention_mask, block_mask or "
+                                         "segment ids. Received: position_shift=", attrs.position_shift);
     }
   }
 

@@ -34,7 +34,7 @@ namespace tf_flash {
   X(bool, deterministic)        \
   X(int64_t, query_offset)      \
   X(bool, bottom_right)         \
-  X(int64_t, rows_per_position)
+  X(int64_t, position_shift)
 
 struct FlashAttrs {
 #define TF_FLASH_ATTR_FIELD(type, name) type name{};

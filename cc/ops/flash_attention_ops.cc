@@ -75,7 +75,7 @@ Status FlashAttentionGradShape(InferenceContext* c) {
       .Attr("deterministic: bool = false")                    \
       .Attr("query_offset: int = 0")                          \
       .Attr("bottom_right: bool = false")                     \
-      .Attr("rows_per_position: int = 1")
+      .Attr("position_shift: int = 0")
 
 REGISTER_OP("TfFlash>FlashAttention")
     .Input("query: T")
@@ -102,9 +102,9 @@ query_offset: row i of the query is row i + query_offset of the attention for ca
 dropout (lengths and masks stay in the query's rows).
 bottom_right: causal and window aligned to the bottom right: row i of entry b is position
 i + kv_lengths[b] - Sq (the queries are the last Sq positions of the entry's keys).
-rows_per_position: consecutive query rows that share one position for causal and window (the decode
-path's query heads packed into one tile): row i is position i / rows_per_position, and Sq counts
-Sq / rows_per_position positions. Only with lengths of keys, causal, window, scale and softcap.
+position_shift: 2^position_shift consecutive query rows share one position for causal and window (the
+decode path's query heads packed into one tile): row i is position i >> position_shift, and Sq rows are
+Sq >> position_shift positions. Only with lengths of keys, causal, window, scale and softcap.
 )doc");
 
 REGISTER_OP("TfFlash>FlashAttentionGrad")

@@ -30,14 +30,13 @@ TF_FLASH_HOST_DEVICE int64_t valid_kv_len(const FlashFwdParams& p, int b) {
   return clamp_len(p.kv_lengths ? p.kv_lengths[b] : p.seqlen_k, p.seqlen_k);
 }
 
-// Row i's position in the attention: i (i / rows_per_position where rows share positions), plus
-// query_offset and, with bottom_right, the entry's kv_len minus the call's positions (params.h).
+// Row i's position in the attention: i >> position_shift (rows may share positions), plus query_offset and,
+// with bottom_right, the entry's kv_len minus the call's positions (params.h).
 TF_FLASH_HOST_DEVICE int64_t row_shift(const FlashFwdParams& p, int64_t kv_len) {
-  const int64_t positions = p.rows_per_position > 1 ? p.seqlen_q / p.rows_per_position : p.seqlen_q;
-  return p.query_offset + (p.bottom_right ? kv_len - positions : 0);
+  return p.query_offset + (p.bottom_right ? kv_len - (p.seqlen_q >> p.position_shift) : 0);
 }
 TF_FLASH_HOST_DEVICE int64_t row_position(const FlashFwdParams& p, int64_t row, int64_t kv_len) {
-  return (p.rows_per_position > 1 ? row / p.rows_per_position : row) + row_shift(p, kv_len);
+  return (row >> p.position_shift) + row_shift(p, kv_len);
 }
 
 // How far right of the diagonal a row sees: causal and window_right combined; -1 = unlimited.
@@ -95,8 +94,8 @@ TF_FLASH_HOST_DEVICE IndexRange query_range_of_keys(const FlashFwdParams& p, int
   col_end = col_end < kv_len ? col_end : kv_len;
   if (col_begin >= col_end) return {0, 0};
   int64_t begin = 0, end = q_len;
-  const int64_t right = right_extent(p), offset = row_shift(p, kv_len), rows = p.rows_per_position;
-  // Positions [first, last) see a key: rows [first * rows, last * rows).
+  const int64_t right = right_extent(p), offset = row_shift(p, kv_len);
+  const int64_t rows = int64_t{1} << p.position_shift;  // positions [first, last) see a key: rows [first, last) * rows
   if (right >= 0 && col_begin - right - offset > 0) begin = (col_begin - right - offset) * rows;  // pos >= col - right
   if (p.window_left >= 0 && (col_end + p.window_left - offset) * rows < end) {
     end = (col_end + p.window_left - offset) * rows;  // pos <= col + left

@@ -75,12 +75,13 @@ struct FlashFwdParams {
   // that the seqlen_q queries are the last positions of the entry's valid keys (new tokens against a KV
   // cache filled to kv_lengths[b]). Rows whose position is negative see nothing.
   bool bottom_right = false;
-  // Rows that share one position: row i is position i / rows_per_position (before query_offset and the
-  // bottom-right shift), and seqlen_q / rows_per_position positions make the bottom-right alignment. The
-  // decode path packs the query heads of one KV head token by token into one tile this way (tf_flash/
-  // _decode.py), so that causal rows of several new tokens keep their diagonals. Divides seqlen_q; 1 with
+  // Rows that share one position, 2^position_shift of them: row i is position i >> position_shift (before
+  // query_offset and the bottom-right shift), and seqlen_q >> position_shift positions make the bottom-right
+  // alignment. The decode path packs the query heads of one KV head token by token into one tile this way
+  // (tf_flash/_decode.py), so that causal rows of several new tokens keep their diagonals. A shift, not a
+  // divisor: a division in the masks' per-row code costs the Hopper forward registers and spills. 0 with
   // dropout, q_lengths and the element masks, which are read by row.
-  int64_t rows_per_position = 1;
+  int position_shift = 0;
 
   // Dropout on the probabilities; the mask is philox(seed, b, h, i, j), never stored.
   float dropout_rate = 0.f;
