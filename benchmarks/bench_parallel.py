@@ -156,7 +156,10 @@ def run_length(cfg, n, per_gpu_len):
     gpus = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
     devices = [d.name for d in gpus[:n]]
     total_len = per_gpu_len * n
-    record = {"gpus": n, "tokens_per_gpu": per_gpu_len, "tokens": total_len, "causal": cfg["causal"]}
+    physical = tf.config.list_physical_devices("GPU")
+    device = tf.config.experimental.get_device_details(physical[0]).get("device_name", "GPU") if physical else "CPU"
+    record = {"gpus": n, "tokens_per_gpu": per_gpu_len, "tokens": total_len, "causal": cfg["causal"],
+              "device": device}
     keras.backend.clear_session()
     keras.config.set_dtype_policy(cfg["dtype"])
     strategy = tf.distribute.MirroredStrategy(devices) if n > 1 else tf.distribute.OneDeviceStrategy(devices[0])
@@ -245,11 +248,13 @@ def worker_main(task_path):
 # ---------------------------------------------------------------------------------------------------------
 
 def _add_ratios(records):
-    """Each run's FLOP/s per GPU over one GPU's at the same tokens per GPU."""
-    single = {r["tokens_per_gpu"]: r["tflops_per_gpu"] for r in records if r["gpus"] == 1 and r["status"] == "ok"}
+    """Each run's FLOP/s per GPU over one GPU's of the same kind at the same tokens per GPU."""
+    single = {(r.get("device"), r["tokens_per_gpu"]): r["tflops_per_gpu"] for r in records
+              if r["gpus"] == 1 and r["status"] == "ok"}
     for r in records:
-        if r["status"] == "ok" and r["gpus"] > 1 and r["tokens_per_gpu"] in single:
-            r["flops_per_gpu_vs_one_gpu"] = r["tflops_per_gpu"] / single[r["tokens_per_gpu"]]
+        key = (r.get("device"), r["tokens_per_gpu"])
+        if r["status"] == "ok" and r["gpus"] > 1 and key in single:
+            r["flops_per_gpu_vs_one_gpu"] = r["tflops_per_gpu"] / single[key]
 
 
 def write_outputs(path, records, cfg, args, info):
@@ -273,9 +278,11 @@ def _figure(payload, png_path):
     if not ok:
         return
     fig, (ax_flops, ax_mem) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for n in sorted({r["gpus"] for r in ok}):
-        rows = sorted((r for r in ok if r["gpus"] == n), key=lambda r: r["tokens_per_gpu"])
-        label = "1 GPU" if n == 1 else f"{n} GPUs (context parallel)"
+    kinds = sorted({r.get("device", "") for r in ok})
+    for kind, n in sorted({(r.get("device", ""), r["gpus"]) for r in ok}):
+        rows = sorted((r for r in ok if r["gpus"] == n and r.get("device", "") == kind),
+                      key=lambda r: r["tokens_per_gpu"])
+        label = ("1 GPU" if n == 1 else f"{n} GPUs (context parallel)") + (f", {kind}" if len(kinds) > 1 else "")
         ax_flops.plot([r["tokens_per_gpu"] for r in rows], [r["tflops_per_gpu"] for r in rows], "o-", label=label)
         if all("peak_bytes" in r for r in rows):
             ax_mem.plot([r["tokens_per_gpu"] for r in rows], [r["peak_bytes"] / 2**30 for r in rows], "o-",
@@ -288,7 +295,7 @@ def _figure(payload, png_path):
         if ax.lines:
             ax.legend(fontsize=8)
     machine = payload["machine"]
-    device = (machine.get("gpus") or [machine.get("cpu", "CPU")])[0]
+    device = "several GPU kinds" if len(kinds) > 1 else (machine.get("gpus") or [machine.get("cpu", "CPU")])[0]
     cfg = payload["config"]
     fig.suptitle(f"Encoder training step, {cfg['blocks']} blocks x {cfg['width']}, context parallel over n GPUs "
                  f"({'causal' if cfg['causal'] else 'bidirectional'}); {device}, {machine.get('date_utc', '')}",
