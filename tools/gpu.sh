@@ -20,8 +20,9 @@
 #   tools/gpu.sh test [GROUP...]   lib, then the GPU-marked tests of each group, in turn (default: ops xla layers
 #                                  family numerics sanitize, about 10 minutes on an H100 with the library built):
 #                                  ops       op, dropout, sparsity
-#                                  family    kernel family (about 4 minutes: after a fresh machine's library
-#                                            build, about 4 more, a call of its own)
+#                                  family    kernel family (about 8 minutes: a call of its own)
+#                                  segments  packed documents: segment ids through the op, the layers and
+#                                            the kernel families (about 2 minutes)
 #                                  numerics  robustness, determinism, softcap, validation, float32 range
 #                                  xla       XLA
 #                                  layers    layers, saving, Keras' switch, KerasHub (its wheels in .whl/)
@@ -244,6 +245,8 @@ test_groups() {  # test_groups GROUP...: the groups in turn, every one run; the 
         case $group in ops|other|family) seconds=420 ;; xla) seconds=540 ;; *) seconds=300 ;; esac
         # shellcheck disable=SC2086  # files are words
         suite "$group" "$seconds" "${pytest[@]}" $files -m gpu ;;
+      segments) suite segments 300 "${pytest[@]}" tests/test_segments.py tests/test_layers_segments.py \
+                  tests/test_kernel_family.py -m gpu -k "segment or Segment" ;;
       multi) nvidia-smi -L; suite multi 300 "${pytest[@]}" tests/test_saving.py -k mirrored -rs ;;
       sanitize) suite sanitize 200 compute-sanitizer --tool memcheck "${pytest[@]}" -x tests/test_flash_attention.py \
                   -m gpu -k "outputs_fully_written or empty or nothing_visible" ;;
