@@ -346,7 +346,17 @@ def _run_worker(cfg, n, per_gpu_len, timeout):
         if os.path.exists(task_path + ".result"):
             with open(task_path + ".result") as f:
                 return json.load(f)
-    return {"gpus": n, "tokens_per_gpu": per_gpu_len, "tokens": per_gpu_len * n, "status": failure}
+    return {"gpus": n, "tokens_per_gpu": per_gpu_len, "tokens": per_gpu_len * n,
+            "status": failure or "worker wrote no result"}
+
+
+def _summary(record):
+    if record["status"] != "ok":
+        return record["status"] + (": " + record["error"] if "error" in record else "")
+    text = f"{record['median_ms']:.0f} ms/step, {record['tflops_per_gpu']:.1f} TFLOP/s per GPU"
+    if "communication_share" in record:
+        text += f", communication {100 * record['communication_share']:.0f}%"
+    return text
 
 
 def main(argv=None):
@@ -385,11 +395,7 @@ def main(argv=None):
                 if record["status"] == "oom":
                     skip = "skipped: a shorter length ran out of memory"
             records.append(record)
-            text = (f"{record['median_ms']:.0f} ms/step, {record['tflops_per_gpu']:.1f} TFLOP/s per GPU"
-                    + (f", communication {100 * record['communication_share']:.0f}%"
-                       if "communication_share" in record else "")
-                    if record["status"] == "ok" else record["status"] + (": " + record["error"] if "error" in record else ""))
-            print(f"{n} GPU(s) x {per_gpu_len} tokens: {text}", flush=True)
+            print(f"{n} GPU(s) x {per_gpu_len} tokens: {_summary(record)}", flush=True)
             write_outputs(args.json, records, cfg, args, info)
     print(f"wrote {args.json}")
 

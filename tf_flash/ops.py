@@ -247,7 +247,8 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     splits = (None if split_kv is False else split_kv if split_kv else
               _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
                            causal_rows=causal_rows))
-    if splits and causal_rows and (splits > 1 or not _decode.shares_positions(heads.static // heads_kv)):
+    packs_positions = None not in (heads.static, heads_kv) and _decode.shares_positions(heads.static // heads_kv)
+    if splits and causal_rows and (splits > 1 or not packs_positions):
         raise ValueError("split_kv: causal rows keep their diagonals only in one chunk of the cache, with a power "
                          f"of two of query heads per KV head (_decode.py). Received: split_kv={split_kv}, causal "
                          f"with {seqlen_q.static} query rows, query.shape={query.shape}, key.shape={key.shape}")
