@@ -188,6 +188,9 @@ def _mem_total_gib():
 
 
 def _git_commit():
+    # On the lent GPU machine the tree travels without its git history: tools/gpu.sh names the commit.
+    if os.environ.get("TF_FLASH_SOURCE_COMMIT"):
+        return os.environ["TF_FLASH_SOURCE_COMMIT"]
     try:
         return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip() or None

@@ -94,6 +94,9 @@ print(" ".join(tf.sysconfig.get_compile_flags())); print(tf.sysconfig.get_includ
   rm -rf "$build" && mkdir -p "$build/obj"
   echo "$flags" > "$build/flags"
   echo "$archs" > "$build/archs"  # the device step compiles for these
+  # The tree travels without its git history: the results made there name this commit (+dirty: edits
+  # not committed when `host` ran).
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo +dirty)" > "$build/source_commit"
   for src in cc/ops/*.cc cc/kernels/*.cc cc/kernels/cpu/*.cc; do
     compile "$src" &
     pids+=($!)
@@ -195,6 +198,7 @@ tf_env() {  # TensorFlow's environment from the stash, the library built, KerasH
     say "variant library ($VARIANT_FLAGS) built in $(( $(date +%s) - t0 ))s"
   fi
   export TF_FLASH_LIBRARY=$root/build/gpu/_flash_attention_ops.so PYTHONUNBUFFERED=1
+  if [[ -f $build/source_commit ]]; then export TF_FLASH_SOURCE_COMMIT; TF_FLASH_SOURCE_COMMIT=$(cat "$build/source_commit"); fi
   if [[ ${USE_VARIANT:-0} == 1 ]]; then
     TF_FLASH_LIBRARY=$root/build/gpu_variant/_flash_attention_ops.so
     [[ -f $TF_FLASH_LIBRARY ]] || die "USE_VARIANT=1: no variant library on this machine (VARIANT_FLAGS and VARIANT_FILES build it)"
