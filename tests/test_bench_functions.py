@@ -299,3 +299,32 @@ def test_generate_table_and_figure(tmp_path):
     assert json.load(open(tmp_path / "generate.json")) == payload
     if importlib.util.find_spec("matplotlib") is not None:
         assert os.path.getsize(png) > 10000
+
+
+_PAR_SPEC = importlib.util.spec_from_file_location(
+    "bench_parallel", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                   "bench_parallel.py"))
+bench_parallel = importlib.util.module_from_spec(_PAR_SPEC)
+_PAR_SPEC.loader.exec_module(bench_parallel)
+
+
+def test_parallel_ratios_within_a_gpu_kind_and_figure(tmp_path):
+    """bench_parallel.py: FLOP/s per GPU against one GPU of the same kind at the same tokens per GPU; runs of
+    another kind get no ratio; the summary line and the figure hold every run."""
+    def run(device, gpus, tokens, tflops, **extra):
+        return dict({"device": device, "gpus": gpus, "tokens_per_gpu": tokens, "tokens": gpus * tokens,
+                     "status": "ok", "median_ms": 100.0, "tflops_per_gpu": tflops, "peak_bytes": 2**30}, **extra)
+
+    records = [run("H100", 1, 16384, 160.0), run("H100", 2, 16384, 200.0, communication_share=0.125),
+               run("H200", 2, 16384, 240.0), {"gpus": 4, "tokens_per_gpu": 16384, "tokens": 65536,
+                                              "status": "error", "error": "InvalidArgumentError: ..."}]
+    bench_parallel._add_ratios(records)
+    assert records[1]["flops_per_gpu_vs_one_gpu"] == pytest.approx(1.25)
+    assert "flops_per_gpu_vs_one_gpu" not in records[2]
+    assert bench_parallel._summary(records[1]) == "100 ms/step, 200.0 TFLOP/s per GPU, communication 12%"
+    assert bench_parallel._summary(records[3]) == "error: InvalidArgumentError: ..."
+    cfg = {"blocks": 4, "width": 768, "causal": False}
+    bench_parallel.write_outputs(str(tmp_path / "parallel.json"), records, cfg, None, dict(_INFO, gpus=["H100"]))
+    assert json.load(open(tmp_path / "parallel.json"))["records"][1]["flops_per_gpu_vs_one_gpu"] == pytest.approx(1.25)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "parallel.png").stat().st_size > 0
