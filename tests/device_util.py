@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tf_flash
+from reference import reference_attention, reference_attention_grad, relative_error
 
 # The devices an op test runs on: `@pytest.mark.parametrize("device", DEVICES)`; the GPU's only where
 # TensorFlow sees one (the `gpu` marker, conftest.py).
@@ -150,6 +151,21 @@ def run_with_gradients(attention, query, key, value, d_out, mode="eager", **kwar
     if mode != "eager":
         fn = tf.function(fn, jit_compile=mode == "xla")
     return [t.numpy() for t in fn()]
+
+
+def check_against_reference(result, q, k, v, d_out, dtype, device, **kwargs):
+    """[out, lse, dq, dk, dv] of run_with_gradients against the float64 reference of the same call: output,
+    lse (where finite, and finite exactly where the reference's is), zeros in rows that see no key, and the
+    gradients, each within its TOLERANCE for `dtype` on `device`."""
+    out, lse, *grads = result
+    ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
+    assert relative_error(out, ref_out) < tolerance("output", dtype, device)
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
+    finite = np.isfinite(ref_lse)
+    assert np.max(np.abs(lse[finite] - ref_lse[finite]), initial=0.0) < tolerance("lse", dtype, device)
+    np.testing.assert_array_equal(out[~np.isfinite(lse).transpose(0, 2, 1)], 0)  # rows that see nothing: 0
+    for got, ref in zip(grads, reference_attention_grad(q, k, v, d_out, **kwargs)):
+        assert relative_error(got, ref) < tolerance("gradient", dtype, device)
 
 
 # float32 on the GPU: while TF's TF32 switch is on, the CUDA build computes it on float16 operands scaled

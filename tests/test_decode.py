@@ -6,15 +6,22 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from device_util import (DEVICES, DTYPES, float32_tolerance, normal, on_device, random_qkv, run_with_gradients,
-                         tolerance)
-from reference import reference_attention, reference_attention_grad, relative_error
+from device_util import (DEVICES, DTYPES, check_against_reference, float32_tolerance, normal, on_device, random_qkv,
+                         run_with_gradients)
+from reference import reference_attention, relative_error
 from tf_flash import _decode
 from tf_flash.ops import _flash_attention
 
 
 def _run(q, k, v, d_out, mode="eager", **kwargs):
     return run_with_gradients(_flash_attention, q, k, v, d_out, mode, **kwargs)
+
+
+def _assert_equal_to_float32_rounding(got, want, device):
+    """The decode path's results against the plain call's: the same kernels on the same keys."""
+    tol = float32_tolerance(device, 1e-5)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.where(np.isfinite(w), g, 0), np.where(np.isfinite(w), w, 0), rtol=tol, atol=tol)
 
 
 def test_plan_chooses_by_shape():
@@ -57,19 +64,9 @@ def test_split_matches_the_reference_and_the_unsplit_call(device, dtype, case, r
     with on_device(device, head_dim=head_dim):
         split = _run(q, k, v, d_out, split_kv=splits, **kwargs)
         unsplit = _run(q, k, v, d_out, split_kv=False, **kwargs)
-    out, lse, *grads = split
-    ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
-    assert relative_error(out, ref_out) < tolerance("output", dtype, device)
-    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
-    finite = np.isfinite(ref_lse)
-    assert np.max(np.abs(lse[finite] - ref_lse[finite]), initial=0.0) < tolerance("lse", dtype, device)
-    for got, ref in zip(grads, reference_attention_grad(q, k, v, d_out, **kwargs)):
-        assert relative_error(got, ref) < tolerance("gradient", dtype, device)
+    check_against_reference(split, q, k, v, d_out, dtype, device, **kwargs)
     if dtype == "float32":  # the same kernels on the same keys: float32 rounding of the merge
-        tol = float32_tolerance(device, 1e-5)
-        for got, want in zip(split, unsplit):
-            np.testing.assert_allclose(np.where(np.isfinite(want), got, 0), np.where(np.isfinite(want), want, 0),
-                                       rtol=tol, atol=tol)
+        _assert_equal_to_float32_rounding(split, unsplit, device)
 
 
 # (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, kv_lengths): several new tokens, bottom-right causal,
@@ -94,19 +91,9 @@ def test_causal_rows_keep_their_diagonals(device, dtype, case, rng):
     with on_device(device, head_dim=head_dim):
         packed = _run(q, k, v, d_out, split_kv=1, **kwargs)
         unpacked = _run(q, k, v, d_out, split_kv=False, **kwargs)
-    out, lse, *grads = packed
-    ref_out, ref_lse = reference_attention(q, k, v, **kwargs)
-    assert relative_error(out, ref_out) < tolerance("output", dtype, device)
-    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(ref_lse))
-    finite = np.isfinite(ref_lse)
-    assert np.max(np.abs(lse[finite] - ref_lse[finite]), initial=0.0) < tolerance("lse", dtype, device)
-    for got, ref in zip(grads, reference_attention_grad(q, k, v, d_out, **kwargs)):
-        assert relative_error(got, ref) < tolerance("gradient", dtype, device)
+    check_against_reference(packed, q, k, v, d_out, dtype, device, **kwargs)
     if dtype == "float32":
-        tol = float32_tolerance(device, 1e-5)
-        for got, want in zip(packed, unpacked):
-            np.testing.assert_allclose(np.where(np.isfinite(want), got, 0), np.where(np.isfinite(want), want, 0),
-                                       rtol=tol, atol=tol)
+        _assert_equal_to_float32_rounding(packed, unpacked, device)
 
 
 def test_causal_rows_are_never_split(rng):
