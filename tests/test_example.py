@@ -252,6 +252,22 @@ def test_pack_tiny(tmp_path, example_env):
     assert "FlashMultiHeadAttention on packed rows (segment_ids)" in md
 
 
+def test_pack_only_tiny_xla(tmp_path, example_env):
+    """--pack-only under --jit-compile true: the packed run alone, one batch shape (one XLA compilation)."""
+    data = tmp_path / "docs"
+    out = tmp_path / "out"
+    _synthetic_tree(str(data))
+    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir", str(data),
+           "--out", str(out), "--contexts", "128", "--hub-contexts", "none", "--keras-contexts", "none",
+           "--pack-only", "--jit-compile", "true", "--no-save", "--in-process", "--verbose", "0"]
+    proc = subprocess.run(cmd, env=example_env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    with open(out / "results.json") as f:
+        runs = json.load(f)["runs"]
+    assert [(r["attention"], r["status"], r["train_shapes"]) for r in runs] == [("packed", "ok", 1)], runs
+
+
 def test_packed_batches_hold_every_document_once(example_common):
     """The packed rows of the example: each document once (cut to the context), its label in its slot, the
     batches of one shape with padding rows of weight 0; max_documents_per_row bounds any packing."""

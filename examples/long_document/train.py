@@ -121,6 +121,9 @@ def parse_args(argv):
                    help="also train the flash model on packed rows at each of --contexts: documents packed "
                         "into rows of exactly the context length (tf_flash.data.pack_documents), attention "
                         "kept inside each document by segment_ids, one prediction per document")
+    p.add_argument("--pack-only", action="store_true",
+                   help="--pack without the bucketed flash runs (under --jit-compile true these compile once per "
+                        "padded length, the packed ones once)")
     p.add_argument("--context-parallel", type=int, default=1, metavar="N",
                    help="train the flash model with each document's sequence split over N replicas "
                         "(MirroredStrategy over N GPUs, or N logical CPU devices; documents padded to the "
@@ -203,6 +206,7 @@ def parse_args(argv):
         p.error(f"--patience must be >= 0. Received: patience={args.patience}")
     if args.pack_batch_size is not None and args.pack_batch_size < 1:
         p.error(f"--pack-batch-size must be >= 1. Received: pack_batch_size={args.pack_batch_size}")
+    args.pack = args.pack or args.pack_only
     if args.context_parallel < 1:
         p.error(f"--context-parallel must be >= 1. Received: context_parallel={args.context_parallel}")
     if args.context_parallel > 1 and args.pack:
@@ -793,7 +797,8 @@ def main(argv=None):
     seeds = [args.seed + i for i in range(args.seeds)]
     plan = []
     for seed in seeds:
-        plan += [(args.attention, c, seed) for c in args.contexts]
+        if not args.pack_only:
+            plan += [(args.attention, c, seed) for c in args.contexts]
         if args.pack:
             plan += [("packed", c, seed) for c in args.contexts]
         plan += [("hub", c, seed) for c in args.hub_contexts]
