@@ -20,5 +20,10 @@ cudaError_t run_flash_fwd(const FlashFwdParams& params, cudaStream_t stream);
 template <class Element, int kHeadDim>
 cudaError_t run_flash_fwd_sm90(const FlashFwdParams& params, cudaStream_t stream);
 
+// The Hopper forward of fp8 (e4m3) inputs with the output in OutElement (cutlass::bfloat16_t or half_t):
+// transposes V into params.value_transposed (flash_fwd_cuda_value_transpose_bytes), then runs the kernel.
+template <class OutElement, int kHeadDim>
+cudaError_t run_flash_fwd_sm90_fp8(const FlashFwdParams& params, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace tf_flash

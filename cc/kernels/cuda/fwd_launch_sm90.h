@@ -39,6 +39,7 @@ template <class Traits>
 cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
+  using OutElement = typename Traits::OutElement;
   constexpr int kHeadDim = Traits::kHeadDim;
   const bool general = p.softcap > 0.f || p.dropout_rate > 0.f || p.block_mask.data != nullptr;
   auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
@@ -64,14 +65,23 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
                                                     p.k_row_stride, p.k_head_stride, p.k_batch_stride),
                              take<0, 2>(typename Traits::SmemLayoutK{}),
                              Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
-  // V transposed: (head dim, rows, heads, batch).
-  Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v)),
-                           make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch),
-                           make_stride(_1{}, p.v_row_stride, p.v_head_stride, p.v_batch_stride));
-  args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
-                             Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  // V transposed: (head dim, rows, heads, batch); fp8: V^T as transpose_values_fp8 wrote it, keys contiguous.
+  if constexpr (Traits::kFp8) {
+    const int64_t keys = fp8_value_keys(p);
+    Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.value_transposed)),
+                             make_shape(p.head_dim_v, int(keys), p.num_heads_kv, p.batch),
+                             make_stride(keys, _1{}, keys * p.head_dim_v, keys * p.head_dim_v * p.num_heads_kv));
+    args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
+                               Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  } else {
+    Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v)),
+                             make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch),
+                             make_stride(_1{}, p.v_row_stride, p.v_head_stride, p.v_batch_stride));
+    args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
+                               Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  }
   args.tma_o = make_tma_copy(SM90_TMA_STORE{},
-                             make_tensor(make_gmem_ptr(static_cast<Element*>(p.out)),
+                             make_tensor(make_gmem_ptr(static_cast<OutElement*>(p.out)),
                                          make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch),
                                          make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride)),
                              typename Traits::SmemLayoutOWarpGroup{}, Shape<_64, Int<kHeadDim>>{}, _1{});
@@ -85,7 +95,8 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
     smem += int(sm90_forward_table_bytes(Traits::kMmaWarpGroups, Traits::kBlockN, p.seqlen_k, has_segments(p)));
   if (p.attn_mask.data != nullptr) {
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.mask_workspace,
-                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream);
+                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream,
+                                                /*scan_values=*/!Traits::kFp8);
     if (err != cudaSuccess) return err;
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -105,17 +116,19 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
 }
 
 // The traits of one tile shape (sm90_tile_size.h) at head dim kHeadDim.
-template <class Element, int kHeadDim, Sm90ForwardShape kShape>
-using Sm90ForwardTraits = FwdTraitsSm90<kHeadDim, sm90_forward_tiles(kHeadDim, kShape).block_n,
-                                        sm90_forward_tiles(kHeadDim, kShape).stages, Element,
-                                        sm90_forward_tiles(kHeadDim, kShape).consumers>;
+template <class Element, int kHeadDim, Sm90ForwardShape kShape, class OutElement = Element>
+using Sm90ForwardTraits = FwdTraitsSm90<kHeadDim, sm90_forward_tiles(kHeadDim, kShape, sizeof(Element)).block_n,
+                                        sm90_forward_tiles(kHeadDim, kShape, sizeof(Element)).stages, Element,
+                                        sm90_forward_tiles(kHeadDim, kShape, sizeof(Element)).consumers, OutElement>;
 
-template <class Element, int kHeadDim>
-cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
-  using Long = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kLong>;
-  using Banded = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kBanded>;
-  static_assert(Long::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kLong, sizeof(Element)) &&
-                    Banded::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kBanded, sizeof(Element)),
+template <class Element, int kHeadDim, class OutElement = Element>
+cudaError_t run_flash_fwd_sm90_traits(const FlashFwdParams& p, cudaStream_t stream) {
+  using Long = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kLong, OutElement>;
+  using Banded = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kBanded, OutElement>;
+  static_assert(Long::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kLong, sizeof(Element),
+                                                            sizeof(OutElement)) &&
+                    Banded::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kBanded,
+                                                                  sizeof(Element), sizeof(OutElement)),
                 "hopper_forward_takes sizes the tile table by sm90_forward_smem_bytes");
   static_assert(Banded::kBlockM == 128, "block masks, attn_mask and segment ids: 128-row tiles (the tile table)");
   if constexpr (std::is_same_v<Long, Banded>) {
@@ -124,6 +137,70 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     return sm90_forward_shape(p) == Sm90ForwardShape::kBanded ? launch_flash_fwd_sm90<Banded>(p, stream)
                                                               : launch_flash_fwd_sm90<Long>(p, stream);
   }
+}
+
+template <class Element, int kHeadDim>
+cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
+  return run_flash_fwd_sm90_traits<Element, kHeadDim>(p, stream);
+}
+
+// ---- FP8 (e4m3) ----
+// V^T of an fp8 forward, [batch, kv heads, head_dim_v, fp8_value_keys(p)], keys contiguous, in the slot order of
+// fp8_value_key_of_slot (sm90_fwd_traits.h), zeros past seqlen_k: transpose_values_fp8 writes it into
+// p.value_transposed (flash_fwd_cuda_value_transpose_bytes). A separate pass rather than a transpose in shared
+// memory inside the kernel: it reads and writes V once more (a small share of the forward's time beside its
+// Sq / 128 reads of V per head), and the kernel's producer stays the 16-bit forward's.
+inline constexpr int kTransposeKeys = 64, kTransposeDims = 64, kTransposeThreads = 256;
+
+__global__ void __launch_bounds__(kTransposeThreads) transpose_values_fp8_kernel(const FlashFwdParams p, int64_t keys) {
+  // V's bytes of kTransposeKeys keys x kTransposeDims dims (+4: fewer bank conflicts when read by columns).
+  __shared__ uint8_t tile[kTransposeKeys][kTransposeDims + 4];
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t key0 = int64_t(blockIdx.x) * kTransposeKeys;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + b * p.v_batch_stride + h * p.v_head_stride;
+  uint8_t* vt = static_cast<uint8_t*>(p.value_transposed) + (int64_t(b) * p.num_heads_kv + h) * p.head_dim_v * keys;
+  constexpr int kWords = kTransposeDims / 4;  // 4-byte words of a tile row
+  for (int d0 = 0; d0 < p.head_dim_v; d0 += kTransposeDims) {
+    // Rows of V (head_dim_v and the strides are multiples of 16 bytes: check_supported), zeros past seqlen_k.
+    for (int i = threadIdx.x; i < kTransposeKeys * kWords; i += kTransposeThreads) {
+      const int r = i / kWords, w = i % kWords;
+      const int64_t key = key0 + r;
+      const int d = d0 + 4 * w;
+      uint32_t word = 0;
+      if (key < p.seqlen_k && d < p.head_dim_v)
+        word = *reinterpret_cast<const uint32_t*>(v + key * p.v_row_stride + d);
+      *reinterpret_cast<uint32_t*>(&tile[r][4 * w]) = word;
+    }
+    __syncthreads();
+    // Rows of V^T: 4 slots per word, each slot's key from the same 16-key group (so from this tile).
+    for (int i = threadIdx.x; i < kTransposeDims * (kTransposeKeys / 4); i += kTransposeThreads) {
+      const int dd = i / (kTransposeKeys / 4), w = i % (kTransposeKeys / 4);
+      const int d = d0 + dd;
+      const int64_t slot0 = key0 + 4 * w;
+      if (d >= p.head_dim_v || slot0 >= keys) continue;
+      uint32_t word = 0;
+      for (int j = 0; j < 4; ++j) word |= uint32_t(tile[fp8_value_key_of_slot(4 * w + j)][dd]) << (8 * j);
+      *reinterpret_cast<uint32_t*>(vt + int64_t(d) * keys + slot0) = word;
+    }
+    __syncthreads();
+  }
+}
+
+inline cudaError_t transpose_values_fp8(const FlashFwdParams& p, cudaStream_t stream) {
+  const int64_t keys = fp8_value_keys(p);
+  if (keys == 0 || p.num_heads_kv == 0 || p.batch == 0) return cudaSuccess;
+  if (p.value_transposed == nullptr) return cudaErrorInvalidValue;  // flash_fwd_cuda_value_transpose_bytes
+  const dim3 grid(unsigned((keys + kTransposeKeys - 1) / kTransposeKeys), unsigned(p.num_heads_kv), unsigned(p.batch));
+  transpose_values_fp8_kernel<<<grid, kTransposeThreads, 0, stream>>>(p, keys);
+  return cudaGetLastError();
+}
+
+template <class OutElement, int kHeadDim>
+cudaError_t run_flash_fwd_sm90_fp8(const FlashFwdParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
+  const cudaError_t err = transpose_values_fp8(p, stream);
+  if (err != cudaSuccess) return err;
+  return run_flash_fwd_sm90_traits<cutlass::float_e4m3_t, kHeadDim, OutElement>(p, stream);
 }
 
 }  // namespace cuda

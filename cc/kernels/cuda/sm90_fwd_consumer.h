@@ -71,7 +71,11 @@ struct FwdConsumerSm90 {
                                                     cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using FragS = decltype(cute::partition_fragment_C(std::declval<TiledMmaQK&>(),
                                                     cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
-  using FragP = decltype(cute::make_tensor<Element>(gmma_acc_as_a_operand(std::declval<FragS&>().layout())));
+  // P as the A operand of P V: S's accumulator layout seen as k16 slices (16-bit), or (fp8) the 8-bit A fragments
+  // that fp8_operand_from_probabilities fills.
+  using FragP = decltype(cute::make_tensor<Element>(
+      std::conditional_t<Traits::kFp8, decltype(gmma_acc_as_fp8_a_operand(std::declval<FragS&>().layout())),
+                         decltype(gmma_acc_as_a_operand(std::declval<FragS&>().layout()))>{}));
 
   // One query tile's registers and key-tile loop of this consumer thread.
   struct Tile {
@@ -123,9 +127,10 @@ struct FwdConsumerSm90 {
   FragV tOrV;  // (MMA, MMA_N, MMA_K, stage)
   // (row, column) inside the score tile of each accumulator element.
   CoordRC cS_rc;
-  const float scale_log2;
+  // The scores' factors; an fp8 forward sets them per tile (begin_tile: the descales of its batch entry and kv head).
+  float scale_log2;
   const bool has_softcap;
-  const float softcap_in;
+  float softcap_in;
   const bool has_dropout;
   const uint32_t drop_threshold;
   const float keep_scale;
@@ -152,12 +157,35 @@ struct FwdConsumerSm90 {
         scale_log2(softmax_scale_log2(p)),
         has_softcap(kGeneral && p.softcap > 0.f),
         softcap_in(has_softcap ? softcap_input_scale(p) : 0.f),
-        has_dropout(kGeneral && p.dropout_rate > 0.f),
+        has_dropout(kGeneral && !Traits::kFp8 && p.dropout_rate > 0.f),  // fp8: refused before the launch
         drop_threshold(has_dropout ? dropout_threshold(p.dropout_rate) : 0u),
         keep_scale(has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f) {}
   static __device__ __forceinline__ CoordRC coordinates(const ThrMmaQK& thr_qk) {
     auto cS = thr_qk.partition_C(cute::make_identity_tensor(cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
     return cute::make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
+  }
+
+  // Before query tile w: an fp8 forward folds q_descale * k_descale of w's batch entry and kv head into the scores'
+  // factors (softmax_scale_log2 and softcap_input_scale of the dequantized inputs' scores; p.scale_exponent_device
+  // is never set for fp8). Nothing for 16-bit inputs.
+  __device__ __forceinline__ void begin_tile(const FwdTileWork& w) {
+    if constexpr (Traits::kFp8) {
+      const int64_t i = int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride;
+      const float score_scale = p.scale * (p.q_descale[i] * p.k_descale[i]);
+      if (p.softcap > 0.f) {
+        softcap_in = score_scale / p.softcap;  // scale_log2 stays log2(e): the capped scores carry the scale
+      } else {
+        scale_log2 = fmaxf(score_scale * 1.4426950408889634f, 1e-30f);  // never 0, as softmax_scale_log2
+      }
+    }
+  }
+  // The factor of O's normalization (epilogue): the dropout's keep scale, and an fp8 forward's v_descale.
+  __device__ __forceinline__ float output_scale(const FwdTileWork& w) const {
+    if constexpr (Traits::kFp8) {
+      return keep_scale * p.v_descale[int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride];
+    } else {
+      return keep_scale;
+    }
   }
 
   // Scores of tile n -> unnormalized probabilities, and the factor that rescales O (t.correction, t.rescale_o).
@@ -176,10 +204,14 @@ struct FwdConsumerSm90 {
   template <class FragPOut>
   __device__ __forceinline__ void probabilities_to_operand(Tile& t, int n, FragPOut& rP) {
     using namespace cute;
-    convert_fragment_into(t.tSrS, rP);
-    if (has_dropout) {
-      Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(t.tSrS.layout()));
-      apply_dropout<kBlockN>(rP_atoms, cS_rc, p, t.batch_head, t.m0, int64_t(n) * kBlockN, drop_threshold);
+    if constexpr (Traits::kFp8) {
+      fp8_operand_from_probabilities(t.tSrS, rP);
+    } else {
+      convert_fragment_into(t.tSrS, rP);
+      if (has_dropout) {
+        Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(t.tSrS.layout()));
+        apply_dropout<kBlockN>(rP_atoms, cS_rc, p, t.batch_head, t.m0, int64_t(n) * kBlockN, drop_threshold);
+      }
     }
   }
   __device__ __forceinline__ void rescale_output(Tile& t) {
