@@ -42,6 +42,20 @@ template <class Element, int kRowElements>
 using SmemAtomK = std::conditional_t<kRowElements * sizeof(Element) % 128 == 0,
                                      cute::GMMA::Layout_K_SW128_Atom<Element>, cute::GMMA::Layout_K_SW64_Atom<Element>>;
 
+// V's stages, (head dim, key, stage) (FwdTraitsSm90::SmemLayoutVt). A template of its own so that only the layout of
+// the inputs' width is made (the 16-bit one does not tile fp8's head dim 64).
+template <bool kFp8, class Element, int kHeadDim, int kBlockN, int kStages>
+struct SmemLayoutVtOf {  // 16-bit: the same bytes as a K-major (key, head dim) tile, seen transposed
+  using type = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+      cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}, cute::Step<cute::_2, cute::_1, cute::_3>{}));
+};
+template <class Element, int kHeadDim, int kBlockN, int kStages>
+struct SmemLayoutVtOf<true, Element, kHeadDim, kBlockN, kStages> {  // fp8: V^T's tile as loaded, keys contiguous
+  using type = decltype(cute::tile_to_shape(
+      SmemAtomK<Element, kBlockN>{}, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}));
+};
+
 // OutElement: O's type (Element but for fp8 inputs, whose output is bfloat16 or float16).
 template <int kHeadDim_, int kBlockN_, int kStages_, class Element_, int kMmaWarpGroups_ = 2,
           class OutElement_ = Element_>
@@ -83,14 +97,8 @@ struct FwdTraitsSm90 {
                                                    cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
       SmemAtomK<Element, kHeadDim>{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
-  // (head dim, key, stage). 16-bit: the same bytes as a K-major (key, head dim) tile, seen transposed. fp8: V^T's
-  // tile as loaded, keys contiguous.
-  using SmemLayoutVt16 = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}, cute::Step<cute::_2, cute::_1, cute::_3>{}));
-  using SmemLayoutVt8 = decltype(cute::tile_to_shape(
-      SmemAtomK<Element, kBlockN>{}, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}));
-  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutVt8, SmemLayoutVt16>;
+  // (head dim, key, stage) (SmemLayoutVtOf).
+  using SmemLayoutVt = typename SmemLayoutVtOf<kFp8, Element, kHeadDim, kBlockN, kStages>::type;
 
   // Global tensors as the TMA sees them: (rows, head dim, heads, batch), head dim contiguous; V transposed
   // (head dim, keys, heads, batch): V itself (head dim contiguous) or, for fp8, V^T (keys contiguous).
