@@ -307,7 +307,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     return (output, lse) if return_lse else output
 
 
-_FP8 = tf.float8_e4m3fn
+_FP8 = tf.dtypes.experimental.float8_e4m3fn
 _FP8_OUTPUT_DTYPES = (tf.bfloat16, tf.float16)
 _DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 

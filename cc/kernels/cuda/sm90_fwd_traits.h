@@ -16,25 +16,7 @@
 namespace tf_flash {
 namespace cuda {
 
-// FP8 (e4m3) P V: 8-bit wgmma operands must both be K-major, so V comes transposed (V^T, keys contiguous; the
-// launcher writes it, fwd_launch_sm90.h), and P comes from S's accumulator registers in an order of its own. In
-// S's accumulator a thread holds, per 8 keys, the column pair 2t, 2t + 1 (t = lane % 4) of row r and of row
-// r + 8; an 8-bit A fragment holds 4 consecutive k of one row per register (k = 4t .. 4t + 3, then 16 + 4t ..,
-// rows r and r + 8 alternating). Packing, per 32 keys, the pairs (row r: keys 0-7, 8-15), (row r + 8: the same),
-// (row r: keys 16-23, 24-31), (row r + 8: the same) into the four registers (fp8_operand_from_probabilities,
-// sm90_fwd_consumer.h) moves no value across threads, and puts at k position 4t + j of each 16 the key
-// 2t + (j & 1) + 8 (j >> 1). V^T's columns ("slots") follow the same order, so P V sums matching keys.
-__host__ __device__ constexpr int fp8_value_key_of_slot(int slot) {
-  const int p = slot % 16, t = p / 4, j = p % 4;
-  return slot - p + 2 * t + (j & 1) + 8 * (j >> 1);
-}
-__host__ __device__ constexpr int fp8_value_slot_of_key(int key) {
-  const int c = key % 16, t = c % 8 / 2, j = (c & 1) + 2 * (c / 8);
-  return key - c + 4 * t + j;
-}
-static_assert(fp8_value_key_of_slot(2) == 8 && fp8_value_key_of_slot(8) == 4 && fp8_value_key_of_slot(29) == 23 &&
-                  fp8_value_slot_of_key(fp8_value_key_of_slot(13)) == 13 && fp8_value_slot_of_key(31) == 31,
-              "the fp8 slot order and its inverse");
+// FP8 (e4m3): V^T and P's key order are sm90_tile_size.h's (fp8_value_key_of_slot).
 
 // The 128-byte swizzle atom where a K-major row holds a multiple of 128 bytes, else the 64-byte one (fp8 rows
 // of 64 elements).

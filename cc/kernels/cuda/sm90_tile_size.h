@@ -24,11 +24,11 @@ struct Sm90ForwardTiles {
 
 // element_bytes: the inputs' (2, or 1 for fp8 e4m3, whose output is 2 bytes).
 constexpr Sm90ForwardTiles sm90_forward_tiles(int head_dim, Sm90ForwardShape shape, int element_bytes = 2) {
-  // fp8: the 16-bit tiles for now (not yet measured on the GPU). S, P and O take the registers they take at 16 bits
-  // but for P (half), and key tiles of 64 or 128 are whole rows of V^T's 64- or 128-byte swizzle (a K-major
-  // V^T stage wants kBlockN bytes per row). Larger fp8 key tiles (FlashAttention-3 takes up to 224 at d128) are for
-  // when the GPU measures them.
-  (void)element_bytes;
+  // fp8: the 16-bit tiles (not yet measured on the GPU), whose key tiles of 64 or 128 are whole rows of V^T's 64-
+  // or 128-byte swizzle (a K-major V^T stage has kBlockN bytes per row); larger fp8 key tiles (FlashAttention-3
+  // takes up to 224 at d128) are for when the GPU measures them. d64: two consumers in both shapes: with three
+  // (160 registers each) ptxas spills 72 / 48 bytes in the plain / general variants, none with two.
+  if (element_bytes == 1 && head_dim == 64) return {128, 2, 2};
   // Two stages everywhere: three or four measure no faster (d64), and d256 has room for two only.
   // d256: 64 keys, so that S and O fit in a consumer's registers beside P.
   if (head_dim == 256) return {64, 2, 2};
@@ -91,8 +91,28 @@ constexpr int64_t sm90_forward_table_bytes(int consumers, int block_n, int64_t s
          (seqlen_k + block_n - 1) / block_n;
 }
 
-// An fp8 forward's V^T (fwd_launch_sm90.h) holds the keys padded to whole 16-key groups (zeros), so that every
-// slot of a group (sm90_fwd_traits.h: fp8_value_key_of_slot) lies inside the buffer the TMA reads.
+// FP8 (e4m3) P V: 8-bit wgmma operands must both be K-major, so V comes transposed (V^T, keys contiguous, written
+// by a pass before the kernel, fp8_values.cu), and P comes from S's accumulator registers in an order of its own. In
+// S's accumulator a thread holds, per 8 keys, the column pair 2t, 2t + 1 (t = lane % 4) of row r and of row
+// r + 8; an 8-bit A fragment holds 4 consecutive k of one row per register (k = 4t .. 4t + 3, then 16 + 4t ..,
+// rows r and r + 8 alternating). Packing, per 32 keys, the pairs (row r: keys 0-7, 8-15), (row r + 8: the same),
+// (row r: keys 16-23, 24-31), (row r + 8: the same) into the four registers (fp8_operand_from_probabilities,
+// sm90_common.cuh) moves no value across threads, and puts at k position 4t + j of each 16 the key
+// 2t + (j & 1) + 8 (j >> 1). V^T's columns ("slots") follow the same order, so P V sums matching keys.
+TF_FLASH_HOST_DEVICE constexpr int fp8_value_key_of_slot(int slot) {
+  const int p = slot % 16, t = p / 4, j = p % 4;
+  return slot - p + 2 * t + (j & 1) + 8 * (j >> 1);
+}
+TF_FLASH_HOST_DEVICE constexpr int fp8_value_slot_of_key(int key) {
+  const int c = key % 16, t = c % 8 / 2, j = (c & 1) + 2 * (c / 8);
+  return key - c + 4 * t + j;
+}
+static_assert(fp8_value_key_of_slot(2) == 8 && fp8_value_key_of_slot(8) == 4 && fp8_value_key_of_slot(29) == 23 &&
+                  fp8_value_slot_of_key(fp8_value_key_of_slot(13)) == 13 && fp8_value_slot_of_key(31) == 31,
+              "the fp8 slot order and its inverse");
+
+// An fp8 forward's V^T (fp8_values.cu) holds the keys padded to whole 16-key groups (zeros), so that every
+// slot of a group (fp8_value_key_of_slot) lies inside the buffer the TMA reads.
 inline constexpr int kFp8ValueKeyAlign = 16;
 TF_FLASH_HOST_DEVICE int64_t fp8_value_keys(const FlashFwdParams& p) {
   return (int64_t(p.seqlen_k) + kFp8ValueKeyAlign - 1) / kFp8ValueKeyAlign * kFp8ValueKeyAlign;
