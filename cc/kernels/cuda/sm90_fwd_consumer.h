@@ -43,6 +43,13 @@ struct FwdConsumerSm90 {
   // and key masks +3-12%). The general variants (dropout, soft-capping, block masks) always subtract the max: the
   // vote makes dropout 6-9% slower there and block-sparse work -2..+5%.
   static constexpr bool kExponentVote = !kGeneral;
+  // fp8: P leaves for e4m3 times 2^8 (FlashAttention-3's offset): e4m3's subnormals end at 2^-9, so without it the
+  // probabilities below about 2^-9.5 of their row's max would drop out of P V while the row sums (float32) keep
+  // them; with it, those below 2^-17.5. P then reaches 2^(8 + the lazy threshold) before a rescale, within e4m3's
+  // 448 only with the threshold at 0: fp8 rescales O whenever a row's max rises. run() takes the 2^8 out of the
+  // sums, output_scale out of O.
+  static constexpr int kPOffsetLog2 = Traits::kFp8 ? 8 : 0;
+  static constexpr int kLazyRescaleLog2 = Traits::kFp8 ? 0 : int(OnlineSoftmax<1>::kLazyRescaleLog2);
   // Ping-pong: consumer wg issues after the one before it (its barrier counts that one's arrival and its
   // own wait: 2 x 128 threads), then lets the next one issue. Every consumer runs the same key tiles, so the
   // turns carry on across query tiles.
@@ -182,7 +189,8 @@ struct FwdConsumerSm90 {
   // The factor of O's normalization (epilogue): the dropout's keep scale, and an fp8 forward's v_descale.
   __device__ __forceinline__ float output_scale(const FwdTileWork& w) const {
     if constexpr (Traits::kFp8) {
-      return keep_scale * p.v_descale[int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride];
+      const float v_descale = p.v_descale[int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride];
+      return keep_scale * v_descale * (1.f / float(1 << kPOffsetLog2));  // P's offset (run: the sums' too)
     } else {
       return keep_scale;
     }
@@ -197,8 +205,8 @@ struct FwdConsumerSm90 {
     }
     auto s_rc = t.s_rc();
     mask.apply(p, s_rc, n, t.state, t.bits);
-    t.rescale_o = t.softmax.rescale_max(s_rc, t.correction, scale_log2, first_tile);
-    t.softmax.template exponentiate<kExponentVote>(s_rc, t.correction, scale_log2);
+    t.rescale_o = t.softmax.template rescale_max<kLazyRescaleLog2>(s_rc, t.correction, scale_log2, first_tile);
+    t.softmax.template exponentiate<kExponentVote, kPOffsetLog2>(s_rc, t.correction, scale_log2);
   }
   // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
   template <class FragPOut>
@@ -272,6 +280,10 @@ struct FwdConsumerSm90 {
     pipeline_v.consumer_release(read);
     ++read;
     if constexpr (Traits::kOwnOutputBuffer) shared.barrier_q_free.arrive();  // the producer may load the next Q
+    if constexpr (kPOffsetLog2 != 0) {  // the sums without P's offset, for lse; O keeps it until output_scale
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) t.softmax.row_sum[mi] *= 1.f / float(1 << kPOffsetLog2);
+    }
   }
 
   // P of tile n goes to the register buffer that the P V in flight does not read, so a step never waits
