@@ -1,6 +1,7 @@
 """`tf_flash.flash_attention`: the public op, its argument checks and its registered gradient."""
 import contextlib
 import math
+import numbers
 
 import tensorflow as tf
 
@@ -333,7 +334,8 @@ def _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dro
         if output_dtype not in _FP8_OUTPUT_DTYPES:
             raise ValueError("`output_dtype` must be None, tf.bfloat16 or tf.float16 for float8_e4m3fn inputs. "
                              f"Received: output_dtype={_checks.describe(given['output_dtype'])}")
-    if not (_checks.is_int(dropout_rate) or isinstance(dropout_rate, float)) or float(dropout_rate) != 0.0:
+    if (not isinstance(dropout_rate, numbers.Real) or _checks.is_bool(dropout_rate)
+            or float(dropout_rate) != 0.0):
         raise ValueError("FP8 (float8_e4m3fn) attention takes no dropout (a forward for inference). "
                          f"Received: dropout_rate={_checks.describe(dropout_rate)}")
     if not tf.executing_eagerly() and _checks.in_xla_context():

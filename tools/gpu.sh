@@ -285,7 +285,7 @@ harness_build() {  # harness_build fwd|bwd TREE DIR: TREE's harness into DIR, ea
     flags+=" -lineinfo"
     per_object="-Xptxas -warn-spills"
     if [[ ${PTXAS_VERBOSE:-0} == 1 ]]; then per_object+=" -Xptxas -v"; fi
-    for src in "$cu"/flash_fwd_*.cu "$cu"/{cuda_entry,family,support,stage,float32_kernels,packed_mask}.cu \
+    for src in "$cu"/flash_fwd_*.cu "$cu"/{cuda_entry,family,support,stage,float32_kernels,packed_mask,fp8_values}.cu \
                "$tree/tests/cuda_harness/fwd_harness.cu"; do jobs+=("$src|"); done
     if [[ ${VARIANTS:-1} == 1 ]]; then  # one object per tile variant, plus the name table
       n=$(grep -c '^  X(' "$tree/tests/cuda_harness/fwd_variants.cu")
@@ -475,7 +475,7 @@ sm90_tiles() {  # each "kBlockN,consumer warpgroups" variant recompiles only the
         nvcc $flags -I"$vdir" -Xptxas -warn-spills -c "$vdir/cc/kernels/cuda/flash_fwd_sm90_${dt}_hdim$d.cu" \
           -o "$vdir/obj/flash_fwd_sm90_${dt}_hdim$d.o" 2>&1 | grep -o "[0-9]* bytes spill stores" | sort -u | sed "s/^/$v $dt: /" &
       done; wait
-      objs=$(ls "$dev"/*.o | grep -v "flash_fwd_sm90_.*_hdim$d.o")
+      objs=$(ls "$dev"/*.o | grep -v "flash_fwd_sm90_\(bf16\|fp16\)_hdim$d.o")  # the fp8 objects stay
       # shellcheck disable=SC2086
       nvcc -gencode=arch=compute_90a,code=sm_90a $objs "$vdir"/obj/*.o -o "$vdir/fwd_harness" ) &
   done
