@@ -21,6 +21,7 @@
 #                                  family numerics sanitize, about 10 minutes on an H100 with the library built):
 #                                  ops       op, dropout, sparsity
 #                                  family    kernel family (about 8 minutes: a call of its own)
+#                                  fp8       the FP8 (float8_e4m3fn) Hopper forward (tests/test_fp8.py)
 #                                  segments  packed documents: segment ids through the op, the layers and
 #                                            the kernel families (about 2 minutes)
 #                                  numerics  robustness, determinism, softcap, validation, float32 range
@@ -225,7 +226,7 @@ group_files() {  # group_files GROUP: the test files of a group of `test`
     xla) existing tests/test_xla.py ;;
     layers) existing tests/test_layers.py tests/test_saving.py tests/test_keras_hook.py tests/test_keras_hub.py ;;
     other) local named f
-           named=$(for g in ops family numerics xla layers; do group_files "$g" 2>/dev/null; done)
+           named=$(for g in ops family numerics xla layers; do group_files "$g" 2>/dev/null; done; echo tests/test_fp8.py)
            for f in tests/test_*.py; do grep -qx "$f" <<<"$named" || echo "$f"; done ;;
   esac
 }
@@ -249,6 +250,7 @@ test_groups() {  # test_groups GROUP...: the groups in turn, every one run; the 
         case $group in ops|other|family) seconds=420 ;; xla) seconds=540 ;; *) seconds=300 ;; esac
         # shellcheck disable=SC2086  # files are words
         suite "$group" "$seconds" "${pytest[@]}" $files -m gpu ;;
+      fp8) suite fp8 420 "${pytest[@]}" tests/test_fp8.py -m gpu ;;
       segments) suite segments 300 "${pytest[@]}" tests/test_segments.py tests/test_layers_segments.py \
                   tests/test_kernel_family.py -m gpu -k "segment or Segment" ;;
       multi) nvidia-smi -L; suite multi 300 "${pytest[@]}" tests/test_saving.py -k mirrored -rs ;;
