@@ -26,8 +26,9 @@ struct Sm90ForwardTiles {
 constexpr Sm90ForwardTiles sm90_forward_tiles(int head_dim, Sm90ForwardShape shape, int element_bytes = 2) {
   // fp8: the 16-bit tiles (not yet measured on the GPU), whose key tiles of 64 or 128 are whole rows of V^T's 64-
   // or 128-byte swizzle (a K-major V^T stage has kBlockN bytes per row); larger fp8 key tiles (FlashAttention-3
-  // takes up to 224 at d128) are for when the GPU measures them. d64: two consumers in both shapes: with three
-  // (160 registers each) ptxas spills 72 / 48 bytes in the plain / general variants, none with two.
+  // takes up to 224 at d128) are for when the GPU measures them. d64: two consumers in both shapes until measured:
+  // with three (160 registers each) ptxas spills 72 / 48 bytes in the plain / general variants, none with two
+  // (the 16-bit d64 spills 228 / 124 with three and still runs faster there: the GPU decides).
   if (element_bytes == 1 && head_dim == 64) return {128, 2, 2};
   // Two stages everywhere: three or four measure no faster (d64), and d256 has room for two only.
   // d256: 64 keys, so that S and O fit in a consumer's registers beside P.
