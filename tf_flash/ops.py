@@ -376,8 +376,8 @@ def _descales(q_descale, k_descale, v_descale, batch, heads_kv):
 def _flash_attention_fp8_grad(op, *unused_grads):
     raise LookupError(
         "FP8 (float8_e4m3fn) attention has no gradient: tf_flash.flash_attention with float8_e4m3fn inputs is a "
-        "forward for inference; train on bfloat16 or float16 inputs. Received: a gradient request through "
-        f"{op.name} (TfFlash>FlashAttentionFp8)")
+        f"forward for inference; train on bfloat16 or float16 inputs. Received: a gradient request through op "
+        f"{op.name!r} of type {op.type}")
 
 
 @tf.RegisterGradient("TfFlash>FlashAttention")
