@@ -53,7 +53,7 @@ DIRECTIONS = {
 
 # The Hopper forward of fp8 (e4m3) inputs, one file per (output dtype, head dim): OutElement is the template's
 # first argument (the inputs are always cutlass::float_e4m3_t).
-FP8_FORWARD = dict(title="Hopper fp8 (e4m3) forward", kernel="fwd_kernel_sm90.h", header="fwd_launch_sm90.h",
+FP8_FORWARD = dict(title="Hopper fp8 forward", kernel="fwd_kernel_sm90.h", header="fwd_launch_sm90.h",
                    function="run_flash_fwd_sm90_fp8", arguments="const FlashFwdParams&, cudaStream_t",
                    head_dims=SM90_HEAD_DIMS)
 
@@ -111,7 +111,7 @@ def expected_files():
     for out, element in DTYPES.items():
         for d in FP8_FORWARD["head_dims"]:
             name = f"flash_fwd_sm90_e4m3_{out}_hdim{d}.cu"
-            files[name] = TEMPLATE.format(dtype=f"e4m3 inputs, {out} output", element=element, d=d, **FP8_FORWARD)
+            files[name] = TEMPLATE.format(dtype=f"e4m3 in, {out} out", element=element, d=d, **FP8_FORWARD)
     files[HEADDIMS_HEADER] = headdims_header()
     return files
 
