@@ -42,7 +42,7 @@ hopper = pytest.mark.skipif("not _hopper_fp8()", reason="FP8 attention needs an 
 
 def quantize(x, per_head):
     """x [B, S, Hkv, D] float32 (NumPy) -> (fp8 tensor, descale): descale per tensor (a scalar) or [B, Hkv]."""
-    amax = np.abs(x).max(axis=(1, 3)) if per_head else np.abs(x).max()
+    amax = np.abs(x).max(axis=(1, 3), initial=0.0) if per_head else np.abs(x).max(initial=0.0)
     descale = np.maximum(amax, 1e-12).astype(np.float32) / E4M3_TARGET
     scaled = x / (descale[:, None, :, None] if per_head else descale)
     with tf.device("/CPU:0"):
@@ -204,6 +204,16 @@ def test_fp8_output_fully_written(rng):
         out, lse = to_numpy(out), to_numpy(lse)
         assert np.isfinite(out).all()
         assert not np.isnan(lse).any()
+
+
+@pytest.mark.gpu
+@hopper
+def test_fp8_without_keys(rng):
+    """No keys: every row sees nothing (output 0, lse -inf), as at 16 bits."""
+    tensors, descales = _inputs(rng, 2, 33, 0, 2, 1, 64, per_head=False)
+    out, lse = _run(tensors, descales)
+    np.testing.assert_array_equal(to_numpy(out), 0)
+    assert np.isneginf(to_numpy(lse)).all()
 
 
 @pytest.mark.gpu

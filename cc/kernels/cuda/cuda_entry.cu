@@ -28,6 +28,7 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
   if (!cuda::aligned16(p.q) || !cuda::aligned16(p.k) || !cuda::aligned16(p.v) || !cuda::aligned16(p.out))
     return int(cudaErrorMisalignedAddress);
   if (dtype == DType::kFloat8E4M3) {  // the Hopper forward only (check_supported: hopper_fp8_forward_refusal)
+    if (p.seqlen_k == 0) return int(cuda::empty_keys_fp8(p, stream));
     cudaError_t err = cudaErrorInvalidValue;
     cuda::visit_headdim(tf_flash_fp8_kernel_headdim(p), [&](auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;

@@ -28,6 +28,9 @@ cudaError_t run_flash_fwd_sm90_fp8(const FlashFwdParams& params, cudaStream_t st
 // as V^T [batch, kv heads, head_dim_v, fp8_value_keys(params)] (sm90_tile_size.h), keys contiguous in the slot order
 // of fp8_value_key_of_slot, zeros past seqlen_k.
 cudaError_t transpose_values_fp8(const FlashFwdParams& params, cudaStream_t stream);
+// An fp8 forward without keys (seqlen_k 0, which no TMA descriptor describes): O 0, lse -inf, as every kernel
+// gives a row that sees nothing (fp8_values.cu).
+cudaError_t empty_keys_fp8(const FlashFwdParams& params, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace tf_flash
