@@ -3,9 +3,9 @@
 
 Grid (FA2 paper): hidden 2048, head dim d in {64, 128} (+256 with --dims), heads = 2048/d,
 (batch, seqlen) in (32,512) (16,1k) (8,2k) (4,4k) (2,8k) (1,16k); causal and not; bf16 and fp16
-(fp32 with --fp32; fp8 with --dtypes ... fp8: float8_e4m3fn inputs with descales of 1 and a bfloat16 output,
-tf_flash's Hopper forward only, the forward row only); inputs N(0,1), layout [B, S, H, D]. FLOPs: fwd = 4 b s^2 h d (halved when causal),
-fwd+bwd = 3.5 fwd.
+(fp32 with --fp32; fp8 with --dtypes ... fp8: float8_e4m3fn inputs with descales of 1 and a bfloat16
+output, tf_flash's Hopper forward only, the forward row only); inputs N(0,1), layout [B, S, H, D]. FLOPs:
+fwd = 4 b s^2 h d (halved when causal), fwd+bwd = 3.5 fwd.
 
 Implementations, all in the same run: tf_flash; TF standard attention (einsum, softmax, einsum) with and
 without jit_compile=True; the attention of keras.layers.MultiHeadAttention (keras.ops.dot_product_attention);

@@ -111,7 +111,7 @@ def expected_files():
     for out, element in DTYPES.items():
         for d in FP8_FORWARD["head_dims"]:
             name = f"flash_fwd_sm90_e4m3_{out}_hdim{d}.cu"
-            files[name] = TEMPLATE.format(dtype=f"e4m3 in, {out} out", element=element, d=d, **FP8_FORWARD)
+            files[name] = TEMPLATE.format(dtype=f"e4m3 to {out}", element=element, d=d, **FP8_FORWARD)
     files[HEADDIMS_HEADER] = headdims_header()
     return files
 

@@ -3,8 +3,8 @@ v_descale, output_dtype; op TfFlash>FlashAttentionFp8).
 
 GPU cases (an sm_90 GPU and a library with sm_90a code) hold the output to the float64 attention of the
 dequantized inputs (query * q_descale, ...). The inputs are quantized per tensor or per (batch entry, kv head) so
-that their largest magnitude lands near e4m3's largest (448). Error sources the bounds cover: P rounded to e4m3 before P V
-(3 mantissa bits: up to 2^-4 relative per probability, about 3-4% of the output's norm once averaged over keys),
+that their largest magnitude lands near e4m3's largest (448). Error sources the bounds cover: P rounded to e4m3
+before P V (3 mantissa bits: up to 2^-4 relative per probability, about 3-4% of the output's norm once averaged over keys),
 and the output's rounding to bfloat16 / float16; Q K^T itself is exact on the fp8 values (float32 accumulation),
 so lse stays close. CPU cases check the argument errors and the refusals (no CPU kernels, no gradient, no XLA)."""
 import numpy as np
@@ -279,8 +279,8 @@ def test_fp8_output_dtype_checked(rng, output_dtype):
 @pytest.mark.parametrize("shape", [[3], [2, 3], [2, 2, 1], [1, 2]])
 def test_fp8_descale_shape_checked(rng, shape):
     (q, k, v), _ = _small(rng)  # batch 2, kv heads 2
-    with pytest.raises(ValueError, match=f"`k_descale` must be a float32 scalar \\(per tensor\\) or "
-                                         f"\\[batch, kv_heads\\] = \\[2, 2\\]. Received: k_descale.shape"):
+    with pytest.raises(ValueError, match="`k_descale` must be a float32 scalar \\(per tensor\\) or "
+                                         "\\[batch, kv_heads\\] = \\[2, 2\\]. Received: k_descale.shape"):
         tf_flash.flash_attention(q, k, v, k_descale=tf.ones(shape, tf.float32))
 
 

@@ -172,12 +172,16 @@ struct FwdConsumerSm90 {
     return cute::make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
   }
 
+  // The descales' element of tile w's batch entry and kv head (params.h).
+  __device__ __forceinline__ int64_t descale_index(const FwdTileWork& w) const {
+    return int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride;
+  }
   // Before query tile w: an fp8 forward folds q_descale * k_descale of w's batch entry and kv head into the scores'
   // factors (softmax_scale_log2 and softcap_input_scale of the dequantized inputs' scores; p.scale_exponent_device
   // is never set for fp8). Nothing for 16-bit inputs.
   __device__ __forceinline__ void begin_tile(const FwdTileWork& w) {
     if constexpr (Traits::kFp8) {
-      const int64_t i = int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride;
+      const int64_t i = descale_index(w);
       const float score_scale = p.scale * (p.q_descale[i] * p.k_descale[i]);
       if (p.softcap > 0.f) {
         softcap_in = score_scale / p.softcap;  // scale_log2 stays log2(e): the capped scores carry the scale
@@ -189,8 +193,7 @@ struct FwdConsumerSm90 {
   // The factor of O's normalization (epilogue): the dropout's keep scale, and an fp8 forward's v_descale.
   __device__ __forceinline__ float output_scale(const FwdTileWork& w) const {
     if constexpr (Traits::kFp8) {
-      const float v_descale = p.v_descale[int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride];
-      return keep_scale * v_descale * (1.f / float(1 << kPOffsetLog2));  // P's offset (run: the sums' too)
+      return keep_scale * p.v_descale[descale_index(w)] * (1.f / float(1 << kPOffsetLog2));  // and P's offset
     } else {
       return keep_scale;
     }
