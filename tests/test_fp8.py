@@ -4,9 +4,9 @@ v_descale, output_dtype; op TfFlash>FlashAttentionFp8).
 GPU cases (an sm_90 GPU and a library with sm_90a code) hold the output to the float64 attention of the
 dequantized inputs (query * q_descale, ...). The inputs are quantized per tensor or per (batch entry, kv head) so
 that their largest magnitude lands near e4m3's largest (448). Error sources the bounds cover: P rounded to e4m3
-before P V (3 mantissa bits: up to 2^-4 relative per probability, about 3-4% of the output's norm once averaged over keys),
-and the output's rounding to bfloat16 / float16; Q K^T itself is exact on the fp8 values (float32 accumulation),
-so lse stays close. CPU cases check the argument errors and the refusals (no CPU kernels, no gradient, no XLA)."""
+before P V (3 mantissa bits: up to 2^-4 relative per probability, about 3-4% of the output's norm once averaged
+over keys), and the output's rounding to bfloat16 / float16; Q K^T itself is exact on the fp8 values (float32
+accumulation), so lse stays close. CPU cases check the argument errors and the refusals (no CPU kernels, no gradient, no XLA)."""
 import numpy as np
 import pytest
 import tensorflow as tf
