@@ -3,8 +3,9 @@
 
 Grid (FA2 paper): hidden 2048, head dim d in {64, 128} (+256 with --dims), heads = 2048/d,
 (batch, seqlen) in (32,512) (16,1k) (8,2k) (4,4k) (2,8k) (1,16k); causal and not; bf16 and fp16
-(fp32 with --fp32); inputs N(0,1), layout [B, S, H, D]. FLOPs: fwd = 4 b s^2 h d (halved when causal),
-fwd+bwd = 3.5 fwd.
+(fp32 with --fp32; fp8 with --dtypes ... fp8: float8_e4m3fn inputs with descales of 1 and a bfloat16
+output, tf_flash's Hopper forward only, the forward row only); inputs N(0,1), layout [B, S, H, D]. FLOPs:
+fwd = 4 b s^2 h d (halved when causal), fwd+bwd = 3.5 fwd.
 
 Implementations, all in the same run: tf_flash; TF standard attention (einsum, softmax, einsum) with and
 without jit_compile=True; the attention of keras.layers.MultiHeadAttention (keras.ops.dot_product_attention);
@@ -47,7 +48,7 @@ import plot  # noqa: E402
 FA2_GRID = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
 TF_IMPLS = ["tf_flash", "tf_standard", "tf_standard_xla", "keras_mha"]
 TORCH_IMPLS = ["torch_flash", "torch_cudnn"]
-DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -56,10 +57,16 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 def _tf_run_config(cfg, args):
     import tensorflow as tf
-    dtype = getattr(tf, DTYPE_NAMES[cfg["dtype"]])
+    dtype = tf.as_dtype(DTYPE_NAMES[cfg["dtype"]])
     shape = [cfg["batch"], cfg["seqlen"], cfg["heads"], cfg["dim"]]
-    with tf.device(args.device):
-        q, k, v, dout = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(4))
+    if cfg["dtype"] == "fp8":  # N(0, 1) fits e4m3 with descales of 1; cast on the host, then moved
+        with tf.device("CPU:0"):
+            host = [tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(4)]
+        with tf.device(args.device):
+            q, k, v, dout = (tf.identity(t) for t in host)
+    else:
+        with tf.device(args.device):
+            q, k, v, dout = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(4))
     if cfg["impl"] == "tf_flash" and args.device.startswith("GPU"):
         import tf_flash
         if tf_flash.build_info().get("cuda") != "1":  # else TF would quietly run the CPU kernel
@@ -217,14 +224,18 @@ def build_configs(args):
     impls = list(args.impls) + (TORCH_IMPLS if args.torch else [])
     for impl in impls:
         for dtype in args.dtypes:
+            if dtype == "fp8" and impl != "tf_flash":
+                continue  # the others have no fp8 attention in TF
             for dim in args.dims:
                 for causal in (False, True):
                     for batch, seqlen in args.grid:
                         configs.append({"kind": "speed", "impl": impl, "dtype": dtype, "batch": batch,
                                         "seqlen": seqlen, "heads": args.hidden // dim, "dim": dim, "causal": causal,
-                                        "modes": ["fwd", "fwd_bwd"]})
+                                        "modes": ["fwd"] if dtype == "fp8" else ["fwd", "fwd_bwd"]})
         if not args.skip_memory:
-            mem_dtype = args.dtypes[0]
+            mem_dtype = next((d for d in args.dtypes if d != "fp8"), None)  # fwd+bwd: not fp8
+            if mem_dtype is None:
+                continue
             for seqlen in args.mem_seqlens:
                 configs.append({"kind": "memory", "impl": impl, "dtype": mem_dtype, "batch": 1, "seqlen": seqlen,
                                 "heads": 16, "dim": 128, "causal": False, "modes": ["fwd_bwd"],
@@ -235,7 +246,7 @@ def build_configs(args):
                                 "mem_set": "FA1 b16 h8 d64"})
     if "tf_flash" in args.impls and not args.skip_extras:
         # Block-sparse density sweep (paper Fig. 2 right) and dropout overhead, tf_flash only.
-        dtype0, (batch, seqlen) = args.dtypes[0], args.extras_shape
+        dtype0, (batch, seqlen) = next((d for d in args.dtypes if d != "fp8"), "bf16"), args.extras_shape
         base = {"kind": "speed", "impl": "tf_flash", "dtype": dtype0, "batch": batch, "seqlen": seqlen,
                 "heads": args.hidden // 128, "dim": 128, "causal": False, "modes": ["fwd", "fwd_bwd"]}
         patterns = [("none", None), ("dense mask", {"builder": "dense"})]
@@ -415,6 +426,10 @@ def main():
     args = parser.parse_args()
     if args.calls_per_function < 1:
         parser.error(f"--calls-per-function must be >= 1. Received: {args.calls_per_function}")
+    if args.calls_per_function > 1 and "fp8" in (args.dtypes or []):
+        # A chain feeds each output to the next call as its query: fp8's output is bfloat16.
+        parser.error(f"--calls-per-function > 1 chains outputs into queries, which fp8 (bfloat16 output) cannot. "
+                     f"Received: --calls-per-function {args.calls_per_function} with --dtypes {' '.join(args.dtypes)}")
     args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:
         worker_main(args)

@@ -35,7 +35,7 @@ MODEL_LABELS = {
 MODEL_BASELINE = "keras_mha_xla"
 COLORS = {"tf_flash": "C3", "torch_cudnn": "C0", "torch_flash": "C2", "tf_standard": "C7", "tf_standard_xla": "C1",
           "keras_mha": "C4", "torch_sdpa": "C0", "keras_mha_xla": "C0", "flash_mha_xla": "C3"}
-DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 MODES = {"fwd": "forward", "fwd_bwd": "forward + backward"}
 
 

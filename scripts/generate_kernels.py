@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the CUDA instantiation files cc/kernels/cuda/flash_{fwd,bwd,fwd_sm90,bwd_sm90}_{dtype}_hdim{d}.cu: one
 explicit instantiation of a launcher per (kernel family and direction, dtype, head dim), each in its own
-file so that nvcc compiles them in parallel; and cc/kernels/cuda/headdims.h, the one statement of which head
+file so that nvcc compiles them in parallel, and flash_fwd_sm90_e4m3_{output dtype}_hdim{d}.cu, the Hopper
+forward of fp8 inputs (forward only, Hopper only); and cc/kernels/cuda/headdims.h, the one statement of which head
 dims are compiled, which the C++ reads. The files are checked in; tests/test_generated_kernels.py runs this
 script with --check, which fails when a file differs from what it would write (or is stale).
 
@@ -49,6 +50,12 @@ DIRECTIONS = {
                      function="run_bwd_dkdv_sm90", arguments="const FlashBwdParams&, const BwdScratch&, cudaStream_t",
                      head_dims=SM90_HEAD_DIMS),
 }
+
+# The Hopper forward of fp8 (e4m3) inputs, one file per (output dtype, head dim): OutElement is the template's
+# first argument (the inputs are always cutlass::float_e4m3_t).
+FP8_FORWARD = dict(title="Hopper fp8 forward", kernel="fwd_kernel_sm90.h", header="fwd_launch_sm90.h",
+                   function="run_flash_fwd_sm90_fp8", arguments="const FlashFwdParams&, cudaStream_t",
+                   head_dims=SM90_HEAD_DIMS)
 
 HEADDIMS_HEADER = "headdims.h"
 
@@ -101,6 +108,10 @@ def expected_files():
             for d in fields["head_dims"]:
                 name = f"flash_{direction}_{dtype}_hdim{d}.cu"
                 files[name] = TEMPLATE.format(dtype=dtype, element=element, d=d, **fields)
+    for out, element in DTYPES.items():
+        for d in FP8_FORWARD["head_dims"]:
+            name = f"flash_fwd_sm90_e4m3_{out}_hdim{d}.cu"
+            files[name] = TEMPLATE.format(dtype=f"e4m3 to {out}", element=element, d=d, **FP8_FORWARD)
     files[HEADDIMS_HEADER] = headdims_header()
     return files
 

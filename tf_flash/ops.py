@@ -1,6 +1,7 @@
 """`tf_flash.flash_attention`: the public op, its argument checks and its registered gradient."""
 import contextlib
 import math
+import numbers
 
 import tensorflow as tf
 
@@ -154,11 +155,13 @@ def _seed(seed, dropout_rate):
 
 def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
-                    scale=None, softcap=None, deterministic=None, return_lse=False, segment_ids=None):
+                    scale=None, softcap=None, deterministic=None, return_lse=False, segment_ids=None,
+                    q_descale=None, k_descale=None, v_descale=None, output_dtype=None):
     """Exact attention computed in tiles; the [Sq, Sk] score matrix never exists in memory.
 
     Args:
-      query: [B, Sq, H, D] float32, float16 or bfloat16.
+      query: [B, Sq, H, D] float32, float16 or bfloat16; or float8_e4m3fn (forward only, Hopper GPUs: see
+        q_descale).
       key: [B, Sk, Hkv, D], same dtype; Hkv must divide H (grouped-query / multi-query attention).
       value: [B, Sk, Hkv, Dv], same dtype.
       causal: True or "top_left": query i sees keys j <= i (top-left aligned, like `tf.linalg.band_part`).
@@ -189,21 +192,31 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         follows `tf.config.experimental.enable_op_determinism()` (read when the gradient runs); False
         is the fast GPU path unless op determinism is enabled.
       return_lse: also return the log-sum-exp [B, H, Sq] float32 (-inf on rows that see nothing).
+      q_descale, k_descale, v_descale: float8_e4m3fn inputs only: the dequantization factors, float32 scalars
+        (per tensor) or [B, Hkv] (per batch entry and KV head); None = 1. The result is the attention of
+        query * q_descale, key * k_descale and value * v_descale (q_descale * k_descale joins the scores' scale,
+        v_descale multiplies the output). FP8 runs on Hopper GPUs only (sm_90; elsewhere a clear error), forward
+        only (the gradient raises), without dropout and outside XLA (jit_compile raises); head dims are multiples
+        of 16 up to 256.
+      output_dtype: float8_e4m3fn inputs only: tf.bfloat16 (None, the default) or tf.float16.
 
     Returns:
-      output [B, Sq, H, Dv] in the dtype of query; (output, lse) when return_lse.
+      output [B, Sq, H, Dv] in the dtype of query (output_dtype for float8_e4m3fn); (output, lse) when
+      return_lse.
     """
     return _flash_attention(query, key, value, causal=causal, window=window, q_lengths=q_lengths,
                             kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,
                             block_size=block_size, dropout_rate=dropout_rate, seed=seed, scale=scale,
                             softcap=softcap, deterministic=deterministic, return_lse=return_lse,
-                            segment_ids=segment_ids)
+                            segment_ids=segment_ids, q_descale=q_descale, k_descale=k_descale,
+                            v_descale=v_descale, output_dtype=output_dtype)
 
 
 def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=None, kv_lengths=None,
                     attention_mask=None, block_mask=None, block_size=128, dropout_rate=0.0, seed=None,
                     scale=None, softcap=None, deterministic=None, return_lse=False, query_offset=0,
-                    segment_ids=None, split_kv=None):
+                    segment_ids=None, split_kv=None, q_descale=None, k_descale=None, v_descale=None,
+                    output_dtype=None):
     """flash_attention with the kernels' query_offset (tf_flash.parallel's chunks): row i of `query` is row
     i + query_offset of the attention for causal, window and the dropout mask; lengths and masks stay in
     `query`'s rows. An int in [0, 2**31), a multiple of 16 with dropout. split_kv: the decode path
@@ -211,13 +224,16 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     query = _checks.to_tensor(query, "query")
     key = _checks.to_tensor(key, "key", dtype_hint=query.dtype)
     value = _checks.to_tensor(value, "value", dtype_hint=query.dtype)
-    if query.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"`query` must be float32, float16 or bfloat16. Received: query.dtype={query.dtype.name}")
+    if query.dtype not in _FLOAT_DTYPES + (_FP8,):
+        raise ValueError("`query` must be float32, float16, bfloat16 or float8_e4m3fn (forward only, Hopper GPUs). "
+                         f"Received: query.dtype={query.dtype.name}")
     for name, tensor in (("key", key), ("value", value)):
         if tensor.dtype != query.dtype:
             raise ValueError(f"`{name}` must have the dtype of query ({query.dtype.name}). "
                              f"Received: {name}.dtype={tensor.dtype.name}")
     _check_qkv(query, key, value)
+    fp8 = query.dtype == _FP8
+    output_dtype = _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dropout_rate)
     causal, bottom_right = _checks.normalize_causal(causal)
     return_lse = _checks.check_bool(return_lse, "return_lse")
     dropout_rate = _checks.check_rate(dropout_rate, "dropout_rate")
@@ -244,7 +260,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     # Causal with one query row is kv_lengths alone; several rows keep their diagonals (the op's position_shift).
     causal_rows = causal and seqlen_q.static != 1
     heads_kv = _checks.axis_size(key, 2).static
-    splits = (None if split_kv is False else split_kv if split_kv else
+    splits = (None if split_kv is False or fp8 else split_kv if split_kv else
               _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
                            causal_rows=causal_rows))
     packs_positions = None not in (heads.static, heads_kv) and _decode.shares_positions(heads.static // heads_kv)
@@ -269,7 +285,13 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
         output, lse = _decode.attend(attention, query, key, value, checked_lengths, splits)
         return (output, lse) if return_lse else output
     q_segment_ids, kv_segment_ids = _segment_ids(segment_ids, batch, seqlen_q, seqlen_k, device)
-    output, lse, _ = _ops.tf_flash_flash_attention(
+    if fp8:
+        descales = _descales(q_descale, k_descale, v_descale, batch, _checks.axis_size(key, 2))
+        attention = _ops.tf_flash_flash_attention_fp8
+        extra = dict(zip(_DESCALE_NAMES, descales), output_dtype=output_dtype)
+    else:
+        attention, extra = _ops.tf_flash_flash_attention, {}
+    output, lse, _ = attention(
         query=query, key=key, value=value,
         q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q, device),
         kv_lengths=_lengths(kv_lengths, "kv_lengths", batch, seqlen_k, device),
@@ -281,8 +303,81 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
         seed=_seed(seed, dropout_rate),
         causal=causal, window_left=window_left, window_right=window_right,
         block_q=block_q, block_k=block_k, dropout_rate=float(dropout_rate), scale=float(scale),
-        softcap=softcap, deterministic=bool(deterministic), query_offset=query_offset, bottom_right=bottom_right)
+        softcap=softcap, deterministic=bool(deterministic), query_offset=query_offset, bottom_right=bottom_right,
+        **extra)
     return (output, lse) if return_lse else output
+
+
+_FP8 = tf.dtypes.experimental.float8_e4m3fn
+_FP8_OUTPUT_DTYPES = (tf.bfloat16, tf.float16)
+_DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dropout_rate):
+    """The float8_e4m3fn arguments: descales and output_dtype only with fp8 inputs; fp8 without dropout and outside
+    XLA. Returns the output dtype (tf.bfloat16 by default; None for other inputs)."""
+    given = {name: value for name, value in zip(_DESCALE_NAMES + ("output_dtype",),
+                                                (q_descale, k_descale, v_descale, output_dtype)) if value is not None}
+    if not fp8:
+        if given:
+            name, value = next(iter(given.items()))
+            raise ValueError(f"`{name}` applies to float8_e4m3fn inputs only. Received: "
+                             f"{name}={_checks.describe(value)} with inputs of another dtype")
+        return None
+    if output_dtype is None:
+        output_dtype = tf.bfloat16
+    else:
+        try:
+            output_dtype = tf.as_dtype(output_dtype)
+        except TypeError:
+            output_dtype = None
+        if output_dtype not in _FP8_OUTPUT_DTYPES:
+            raise ValueError("`output_dtype` must be None, tf.bfloat16 or tf.float16 for float8_e4m3fn inputs. "
+                             f"Received: output_dtype={_checks.describe(given['output_dtype'])}")
+    if (not isinstance(dropout_rate, numbers.Real) or _checks.is_bool(dropout_rate)
+            or float(dropout_rate) != 0.0):
+        raise ValueError("FP8 (float8_e4m3fn) attention takes no dropout (a forward for inference). "
+                         f"Received: dropout_rate={_checks.describe(dropout_rate)}")
+    if not tf.executing_eagerly() and _checks.in_xla_context():
+        raise ValueError("FP8 (float8_e4m3fn) attention has no XLA lowering: call tf_flash.flash_attention with "
+                         "float8_e4m3fn inputs eagerly or in a tf.function without jit_compile. Received: "
+                         "float8_e4m3fn inputs under jit_compile=True")
+    return output_dtype
+
+
+def _descales(q_descale, k_descale, v_descale, batch, heads_kv):
+    """The op's three descale inputs, float32: all scalars (per tensor), or all [B, Hkv] (a scalar among [B, Hkv]
+    ones is broadcast to that shape). None = 1. batch, heads_kv: Sizes."""
+    tensors = []
+    for name, value in zip(_DESCALE_NAMES, (q_descale, k_descale, v_descale)):
+        if value is None:
+            tensors.append(tf.constant(1.0, tf.float32))
+            continue
+        tensor = _checks.to_tensor(value, name, dtype_hint=tf.float32)
+        if tensor.dtype != tf.float32:
+            raise ValueError(f"`{name}` must be float32. Received: {name} of dtype {tensor.dtype.name} "
+                             f"({name}={_checks.describe(value)})")
+        shape = tensor.shape
+        expected = [batch.static, heads_kv.static]
+        per_tensor = shape.rank == 0 or (shape.rank == 1 and shape[0] == 1)
+        per_head = shape.rank == 2 and all(e is None or d is None or d == e for d, e in zip(shape.as_list(), expected))
+        if shape.rank is None or not (per_tensor or per_head):
+            shown = ["B" if e is None else e for e in expected]
+            raise ValueError(f"`{name}` must be a float32 scalar (per tensor) or [batch, kv_heads] = [{shown[0]}, "
+                             f"{shown[1]}]. Received: {name}.shape={shape}")
+        tensors.append(tf.reshape(tensor, []) if shape.rank == 1 else tensor)
+    if any(t.shape.rank == 2 for t in tensors):
+        per_head_shape = tf.stack([batch.tensor(), heads_kv.tensor()])
+        tensors = [t if t.shape.rank == 2 else tf.broadcast_to(t, per_head_shape) for t in tensors]
+    return tensors
+
+
+@tf.RegisterGradient("TfFlash>FlashAttentionFp8")
+def _flash_attention_fp8_grad(op, *unused_grads):
+    raise LookupError(
+        "FP8 (float8_e4m3fn) attention has no gradient: tf_flash.flash_attention with float8_e4m3fn inputs is a "
+        f"forward for inference; train on bfloat16 or float16 inputs. Received: a gradient request through op "
+        f"{op.name!r} of type {op.type}")
 
 
 @tf.RegisterGradient("TfFlash>FlashAttention")

@@ -21,6 +21,7 @@
 #                                  family numerics sanitize, about 10 minutes on an H100 with the library built):
 #                                  ops       op, dropout, sparsity
 #                                  family    kernel family (about 8 minutes: a call of its own)
+#                                  fp8       the FP8 (float8_e4m3fn) Hopper forward (tests/test_fp8.py)
 #                                  segments  packed documents: segment ids through the op, the layers and
 #                                            the kernel families (about 2 minutes)
 #                                  numerics  robustness, determinism, softcap, validation, float32 range
@@ -225,7 +226,7 @@ group_files() {  # group_files GROUP: the test files of a group of `test`
     xla) existing tests/test_xla.py ;;
     layers) existing tests/test_layers.py tests/test_saving.py tests/test_keras_hook.py tests/test_keras_hub.py ;;
     other) local named f
-           named=$(for g in ops family numerics xla layers; do group_files "$g" 2>/dev/null; done)
+           named=$(for g in ops family numerics xla layers; do group_files "$g" 2>/dev/null; done; echo tests/test_fp8.py)
            for f in tests/test_*.py; do grep -qx "$f" <<<"$named" || echo "$f"; done ;;
   esac
 }
@@ -249,6 +250,7 @@ test_groups() {  # test_groups GROUP...: the groups in turn, every one run; the 
         case $group in ops|other|family) seconds=420 ;; xla) seconds=540 ;; *) seconds=300 ;; esac
         # shellcheck disable=SC2086  # files are words
         suite "$group" "$seconds" "${pytest[@]}" $files -m gpu ;;
+      fp8) suite fp8 420 "${pytest[@]}" tests/test_fp8.py -m gpu ;;
       segments) suite segments 300 "${pytest[@]}" tests/test_segments.py tests/test_layers_segments.py \
                   tests/test_kernel_family.py -m gpu -k "segment or Segment" ;;
       multi) nvidia-smi -L; suite multi 300 "${pytest[@]}" tests/test_saving.py -k mirrored -rs ;;
@@ -285,7 +287,7 @@ harness_build() {  # harness_build fwd|bwd TREE DIR: TREE's harness into DIR, ea
     flags+=" -lineinfo"
     per_object="-Xptxas -warn-spills"
     if [[ ${PTXAS_VERBOSE:-0} == 1 ]]; then per_object+=" -Xptxas -v"; fi
-    for src in "$cu"/flash_fwd_*.cu "$cu"/{cuda_entry,family,support,stage,float32_kernels,packed_mask}.cu \
+    for src in "$cu"/flash_fwd_*.cu "$cu"/{cuda_entry,family,support,stage,float32_kernels,packed_mask,fp8_values}.cu \
                "$tree/tests/cuda_harness/fwd_harness.cu"; do jobs+=("$src|"); done
     if [[ ${VARIANTS:-1} == 1 ]]; then  # one object per tile variant, plus the name table
       n=$(grep -c '^  X(' "$tree/tests/cuda_harness/fwd_variants.cu")
@@ -475,7 +477,7 @@ sm90_tiles() {  # each "kBlockN,consumer warpgroups" variant recompiles only the
         nvcc $flags -I"$vdir" -Xptxas -warn-spills -c "$vdir/cc/kernels/cuda/flash_fwd_sm90_${dt}_hdim$d.cu" \
           -o "$vdir/obj/flash_fwd_sm90_${dt}_hdim$d.o" 2>&1 | grep -o "[0-9]* bytes spill stores" | sort -u | sed "s/^/$v $dt: /" &
       done; wait
-      objs=$(ls "$dev"/*.o | grep -v "flash_fwd_sm90_.*_hdim$d.o")
+      objs=$(ls "$dev"/*.o | grep -v "flash_fwd_sm90_\(bf16\|fp16\)_hdim$d.o")  # the fp8 objects stay
       # shellcheck disable=SC2086
       nvcc -gencode=arch=compute_90a,code=sm_90a $objs "$vdir"/obj/*.o -o "$vdir/fwd_harness" ) &
   done

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tsl/platform/tensor_float_32_utils.h"
@@ -68,6 +69,10 @@ template <typename Device> struct Launcher;
 
 template <> struct Launcher<CPUDevice> {
   static constexpr bool kLengthsOnHost = true;
+  static constexpr bool kHasFp8 = false;
+  static tf::Status ForwardFp8(tf::OpKernelContext*, const FlashFwdParams&) {
+    return tf::errors::Internal("no fp8 kernels on the CPU");  // FlashAttentionFp8Op refuses first
+  }
 
   static ParallelFor MakeParallelFor(tf::OpKernelContext* ctx) {
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
@@ -90,6 +95,11 @@ template <> struct Launcher<CPUDevice> {
 #if TF_FLASH_WITH_CUDA
 template <> struct Launcher<GPUDevice> {
   static constexpr bool kLengthsOnHost = false;
+  static constexpr bool kHasFp8 = true;
+  static tf::Status ForwardFp8(tf::OpKernelContext* ctx, const FlashFwdParams& p) {
+    std::vector<tf::Tensor> held;
+    return RunFlashFwdCudaFp8(p, Stream(ctx), TempAllocator(ctx, &held));
+  }
 
   static void* Stream(tf::OpKernelContext* ctx) { return ctx->eigen_gpu_device().stream(); }
   static tf::Status Forward(tf::OpKernelContext* ctx, const FlashFwdParams& p, DType dtype) {
@@ -174,6 +184,54 @@ class FlashAttentionGradOp : public tf::OpKernel {
   FlashAttrs attrs_;
 };
 
+// TfFlash>FlashAttentionFp8: fp8 (e4m3) inputs, OutT (bfloat16 or half) output, on the Hopper forward only. On the
+// CPU (and in a library without CUDA) it fails with the reason: the CPU has no fp8 kernels.
+template <typename Device, typename OutT>
+class FlashAttentionFp8Op : public tf::OpKernel {
+ public:
+  explicit FlashAttentionFp8Op(tf::OpKernelConstruction* ctx) : tf::OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadFlashAttrs(ctx, &attrs_));
+  }
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    const FlashInputShapes shapes = InputShapes(ctx, kFwdInputs);
+    FlashFwdParams p;
+    OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
+    constexpr int kDescale = kNumFwdInputs;  // q_descale, k_descale, v_descale follow the forward's inputs
+    const tf::Tensor& q_descale = ctx->input(kDescale);
+    const tf::Tensor& k_descale = ctx->input(kDescale + 1);
+    const tf::Tensor& v_descale = ctx->input(kDescale + 2);
+    OP_REQUIRES_OK(ctx, CheckDescaleShapes(p, q_descale.shape(), k_descale.shape(), v_descale.shape(), &p));
+    if (!Launcher<Device>::kHasFp8) {
+      ctx->CtxFailure(tf::errors::InvalidArgument(
+          "FP8 (float8_e4m3fn) attention needs a Hopper GPU (sm_90): the CPU has no FP8 kernels. Run it under a "
+          "GPU device, or dequantize the inputs to bfloat16 (received query.dtype=float8_e4m3fn on ",
+          ctx->device()->name(), ")"));
+      return;
+    }
+    SetInputPointers(shapes, InputData(ctx, kFwdInputs), &p);
+    p.q_descale = q_descale.flat<float>().data();
+    p.k_descale = k_descale.flat<float>().data();
+    p.v_descale = v_descale.flat<float>().data();
+    p.out_float16 = std::is_same_v<OutT, Eigen::half>;
+    const tf::Tensor& seed = ctx->input(kFwdInputs[kSeedInput]);
+    p.seed = static_cast<uint64_t>(seed.flat<int64_t>()(0));
+    p.seed_offset = static_cast<uint64_t>(seed.flat<int64_t>()(1));
+    tf::Tensor* out = nullptr;
+    tf::Tensor* lse = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, OutputShape(shapes), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, LseShape(shapes), &lse));
+    ctx->set_output(2, seed);
+    if (out->NumElements() == 0 && lse->NumElements() == 0) return;
+    p.out = out->data();
+    p.lse = lse->flat<float>().data();
+    OP_REQUIRES_OK(ctx, Launcher<Device>::ForwardFp8(ctx, p));
+  }
+
+ private:
+  FlashAttrs attrs_;
+};
+
 class BuildInfoOp : public tf::OpKernel {
  public:
   using tf::OpKernel::OpKernel;
@@ -202,6 +260,29 @@ TF_FLASH_REGISTER_CPU(float)
 TF_FLASH_REGISTER_CPU(Eigen::half)
 TF_FLASH_REGISTER_CPU(Eigen::bfloat16)
 #undef TF_FLASH_REGISTER_CPU
+
+// fp8 on the CPU: the kernel that says FP8 needs a Hopper GPU.
+#define TF_FLASH_REGISTER_FP8_CPU(OutT)                                                                      \
+  REGISTER_KERNEL_BUILDER(                                                                                   \
+      Name("TfFlash>FlashAttentionFp8").Device(tf::DEVICE_CPU).TypeConstraint<OutT>("output_dtype"),         \
+      FlashAttentionFp8Op<CPUDevice, OutT>);
+TF_FLASH_REGISTER_FP8_CPU(Eigen::bfloat16)
+TF_FLASH_REGISTER_FP8_CPU(Eigen::half)
+#undef TF_FLASH_REGISTER_FP8_CPU
+#if TF_FLASH_WITH_CUDA
+// The seed is read on the host (unused: fp8 takes no dropout, but the op keeps FlashAttention's inputs); the
+// descales, lengths and masks stay on the device.
+#define TF_FLASH_REGISTER_FP8(OutT)                                                                          \
+  REGISTER_KERNEL_BUILDER(Name("TfFlash>FlashAttentionFp8")                                                  \
+                              .Device(tf::DEVICE_GPU)                                                        \
+                              .TypeConstraint<OutT>("output_dtype")                                          \
+                              .HostMemory("seed")                                                            \
+                              .HostMemory("rng_state"),                                                      \
+                          FlashAttentionFp8Op<GPUDevice, OutT>);
+TF_FLASH_REGISTER_FP8(Eigen::bfloat16)
+TF_FLASH_REGISTER_FP8(Eigen::half)
+#endif
+#undef TF_FLASH_REGISTER_FP8
 
 REGISTER_KERNEL_BUILDER(Name("TfFlash>BuildInfo").Device(tf::DEVICE_CPU), BuildInfoOp);
 

@@ -333,6 +333,29 @@ tf::Status RunFlashBwdCpu(const FlashBwdParams& params, DType dtype, int num_thr
   return tf::Status();
 }
 
+tf::Status CheckDescaleShapes(const FlashFwdParams& p, const tf::TensorShape& q_descale,
+                              const tf::TensorShape& k_descale, const tf::TensorShape& v_descale,
+                              FlashFwdParams* out) {
+  const tf::TensorShape per_head({p.batch, p.num_heads_kv});
+  auto kind = [&](const tf::TensorShape& s) {
+    if (s.dims() <= 1 && s.num_elements() == 1) return 1;  // per tensor
+    if (s == per_head) return 2;
+    return 0;
+  };
+  const int q = kind(q_descale), k = kind(k_descale), v = kind(v_descale);
+  const std::string received = "Received: q_descale.shape=" + q_descale.DebugString() + ", k_descale.shape=" +
+                               k_descale.DebugString() + ", v_descale.shape=" + v_descale.DebugString();
+  if (q == 0 || k == 0 || v == 0)
+    return tf::errors::InvalidArgument("q_descale, k_descale and v_descale must each be a float32 scalar (per tensor) "
+                                       "or [batch, kv_heads] = ", per_head.DebugString(), ". ", received);
+  if (q != k || q != v)
+    return tf::errors::InvalidArgument("q_descale, k_descale and v_descale must all be per tensor or all per "
+                                       "[batch, kv_heads]. ", received);
+  out->descale_batch_stride = q == 2 ? p.num_heads_kv : 0;
+  out->descale_head_stride = q == 2 ? 1 : 0;
+  return tf::Status();
+}
+
 // ---- CUDA ----
 #if TF_FLASH_WITH_CUDA
 namespace {
@@ -497,6 +520,18 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                      if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
                    });
+}
+
+tf::Status RunFlashFwdCudaFp8(const FlashFwdParams& p, void* stream, const FlashAllocate& allocate) {
+  // Never staged: fp8 rows are the kernel's as they come (check_supported asks for 16-byte rows).
+  TF_RETURN_IF_ERROR(CheckCudaSupport(p, DType::kFloat8E4M3, /*backward=*/false));
+  FlashFwdParams launch = p;
+  TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
+  const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, DType::kFloat8E4M3);
+  if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
+  const int64_t transposed = flash_fwd_cuda_value_transpose_bytes(launch, DType::kFloat8E4M3);
+  if (transposed > 0) TF_RETURN_IF_ERROR(allocate(transposed, &launch.value_transposed));
+  return CudaStatus(flash_fwd_cuda(launch, DType::kFloat8E4M3, stream));
 }
 
 tf::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream, const FlashAllocate& allocate) {

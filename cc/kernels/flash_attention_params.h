@@ -97,6 +97,12 @@ inline std::array<::tensorflow::TensorShape*, kNumFwdInputs> InputShapeFields(Fl
 using FlashInputData = std::array<const void*, kNumFwdInputs>;
 void SetInputPointers(const FlashInputShapes& shapes, const FlashInputData& data, FlashFwdParams* p);
 
+// The fp8 forward op's descale inputs (q_descale, k_descale, v_descale): each a scalar (or one element, rank <= 1)
+// or [batch, kv heads], all three the same; sets p's descale strides (the pointers are the caller's).
+::tensorflow::Status CheckDescaleShapes(const FlashFwdParams& p, const ::tensorflow::TensorShape& q_descale,
+                                       const ::tensorflow::TensorShape& k_descale,
+                                       const ::tensorflow::TensorShape& v_descale, FlashFwdParams* out);
+
 // Lengths in [0, seqlen]: checked where their values are on the host (CPU); the GPU kernels clamp.
 ::tensorflow::Status CheckLengthValues(const FlashFwdParams& p);
 
@@ -116,6 +122,8 @@ using FlashAllocate = std::function<::tensorflow::Status(int64_t bytes, void** p
                                      const FlashAllocate& allocate);
 ::tensorflow::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream,
                                      const FlashAllocate& allocate);
+// fp8 (e4m3) inputs with p's descales set (the Hopper forward only; check_supported's message otherwise).
+::tensorflow::Status RunFlashFwdCudaFp8(const FlashFwdParams& p, void* stream, const FlashAllocate& allocate);
 #endif
 
 }  // namespace tf_flash

@@ -62,9 +62,13 @@ Status FlashAttentionGradShape(InferenceContext* c) {
 
 }  // namespace
 
-#define TF_FLASH_COMMON_ATTRS                                 \
-  Attr("T: {float, half, bfloat16}")                          \
-      .Attr("causal: bool = false")                           \
+#define TF_FLASH_COMMON_ATTRS        \
+  Attr("T: {float, half, bfloat16}") \
+      .TF_FLASH_SHARED_ATTRS
+
+// The attributes of every attention op, the gradient and the fp8 forward too (TF_FLASH_ATTRS reads them).
+#define TF_FLASH_SHARED_ATTRS                                 \
+  Attr("causal: bool = false")                                \
       .Attr("window_left: int = -1")                          \
       .Attr("window_right: int = -1")                         \
       .Attr("block_q: int = 128")                             \
@@ -130,6 +134,43 @@ REGISTER_OP("TfFlash>FlashAttentionGrad")
     .Doc(R"doc(
 Recomputing backward of FlashAttention: probabilities are rebuilt tile by tile from lse. d_lse is the
 gradient flowing into lse (zeros when lse is unused); it folds into D = rowsum(dO * O) - d_lse.
+)doc");
+
+// A separate op rather than float8 in FlashAttention's T: T is also the output's dtype there and the gradient op's,
+// and fp8 inputs give a 16-bit output, take three more inputs (the descales) and have no gradient. Inputs 0-9 are
+// FlashAttention's, in its order (the kernels read them by the same indices).
+REGISTER_OP("TfFlash>FlashAttentionFp8")
+    .Input("query: float8_e4m3fn")
+    .Input("key: float8_e4m3fn")
+    .Input("value: float8_e4m3fn")
+    .Input("q_lengths: int32")
+    .Input("kv_lengths: int32")
+    .Input("attention_mask: bool")
+    .Input("block_mask: bool")
+    .Input("q_segment_ids: int32")
+    .Input("kv_segment_ids: int32")
+    .Input("seed: int64")
+    .Input("q_descale: float")
+    .Input("k_descale: float")
+    .Input("v_descale: float")
+    .Output("output: output_dtype")
+    .Output("lse: float")
+    .Output("rng_state: int64")
+    .Attr("output_dtype: {bfloat16, half} = DT_BFLOAT16")
+    .TF_FLASH_SHARED_ATTRS
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(FlashAttentionShape(c));
+      for (int i = 10; i < 13; ++i) {
+        ShapeHandle unused;
+        TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(i), 2, &unused));
+      }
+      return Status();
+    })
+    .Doc(R"doc(
+FlashAttention's forward on float8_e4m3fn query, key and value (Hopper GPUs only; no gradient). The attention is
+that of the dequantized inputs q * q_descale, k * k_descale, v * v_descale: q_descale, k_descale and v_descale are
+float32 scalars (per tensor) or [batch, kv_heads], all three alike. output is output_dtype (bfloat16 or half), lse
+float32. Every other input and attribute is FlashAttention's; dropout_rate must be 0.
 )doc");
 
 REGISTER_OP("TfFlash>BuildInfo")

@@ -9,6 +9,7 @@
 #include "cc/kernels/cuda/float32_kernels.h"
 #include "cc/kernels/cuda/fwd_api.h"
 #include "cc/kernels/cuda/packed_mask.h"
+#include "cc/kernels/cuda/sm90_tile_size.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
@@ -26,6 +27,19 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
   }
   if (!cuda::aligned16(p.q) || !cuda::aligned16(p.k) || !cuda::aligned16(p.v) || !cuda::aligned16(p.out))
     return int(cudaErrorMisalignedAddress);
+  if (dtype == DType::kFloat8E4M3) {  // the Hopper forward only (check_supported: hopper_fp8_forward_refusal)
+    if (p.seqlen_k == 0) return int(cuda::empty_keys_fp8(p, stream));
+    cudaError_t err = cudaErrorInvalidValue;
+    cuda::visit_headdim(tf_flash_fp8_kernel_headdim(p), [&](auto head_dim) {
+      constexpr int kHeadDim = decltype(head_dim)::value;
+      if constexpr (TF_FLASH_HEADDIM_SM90(kHeadDim) && TF_FLASH_HEADDIM_COMPILED(kHeadDim)) {
+        err = p.out_float16 ? cuda::run_flash_fwd_sm90_fp8<cutlass::half_t, kHeadDim>(p, stream)
+                            : cuda::run_flash_fwd_sm90_fp8<cutlass::bfloat16_t, kHeadDim>(p, stream);
+      }
+    });
+    if (err == cudaSuccess) cuda::forward_sm90_launches.fetch_add(1, std::memory_order_relaxed);
+    return int(err);
+  }
   const bool hopper = family == cuda::KernelFamily::kSm90;
   const cudaError_t err = cuda::dispatch_kernel(p, dtype, [&](auto element, auto head_dim) {
     constexpr int kHeadDim = decltype(head_dim)::value;
@@ -41,8 +55,15 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
 }
 
 int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& p, DType dtype) {
-  if (p.attn_mask.data == nullptr || dtype == DType::kFloat32 || !cuda::hopper_forward_takes(p, false)) return 0;
+  const int element_bytes = dtype == DType::kFloat8E4M3 ? 1 : 2;
+  if (p.attn_mask.data == nullptr || dtype == DType::kFloat32 || !cuda::hopper_forward_takes(p, false, element_bytes))
+    return 0;
   return cuda::PackedMaskLayout(p, cuda::MaskPacking::kForward).bytes;
+}
+
+int64_t flash_fwd_cuda_value_transpose_bytes(const FlashFwdParams& p, DType dtype) {
+  if (dtype != DType::kFloat8E4M3) return 0;
+  return int64_t(p.batch) * p.num_heads_kv * p.head_dim_v * cuda::fp8_value_keys(p);  // one byte each
 }
 
 const char* flash_cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "cc/kernels/cuda/family.h"
 #include "cc/kernels/cuda/packed_mask.h"
@@ -60,22 +61,24 @@ bool hopper_family_available() {
   return allowed && has_code && device_attribute<cudaDevAttrComputeCapabilityMajor>() == 9;
 }
 
-bool hopper_headdim(const FlashFwdParams& p) {
+// fp8 (element_bytes 1) rounds up to the Hopper head dims; 16-bit inputs of other head dims run in the sm_80 family.
+int hopper_kernel_headdim(const FlashFwdParams& p, int element_bytes) {
+  if (element_bytes == 1) return tf_flash_fp8_kernel_headdim(p);
   const int d = tf_flash_kernel_headdim(p);
-  return TF_FLASH_HEADDIM_SM90(d);
+  return TF_FLASH_HEADDIM_SM90(d) ? d : 0;
 }
 
 }  // namespace
 
-bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
+bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted, int element_bytes) {
   // Keys to attend to (a TMA descriptor has no empty dimension).
-  if (p.seqlen_k <= 0 || !hopper_headdim(p) || !hopper_family_available()) return false;
+  if (p.seqlen_k <= 0 || hopper_kernel_headdim(p, element_bytes) == 0 || !hopper_family_available()) return false;
   // attn_mask and segment ids are each a variant's element mask (ElementMask); both in one call run in the
   // sm_80 family, which reads them together.
   if (p.attn_mask.data != nullptr && has_segments(p)) return false;
-  const int head_dim = tf_flash_kernel_headdim(p);
+  const int head_dim = hopper_kernel_headdim(p, element_bytes);
   const Sm90ForwardShape shape = sm90_forward_shape(p);
-  const Sm90ForwardTiles tiles = sm90_forward_tiles(head_dim, shape);
+  const Sm90ForwardTiles tiles = sm90_forward_tiles(head_dim, shape, element_bytes);
   // Block masks whose blocks hold whole tiles, so that a tile is shown or hidden whole (finer blocks need the
   // sm_80 family's element-wise check).
   if (p.block_mask.data != nullptr && (p.block_q % tiles.block_m() != 0 || p.block_k % tiles.block_n != 0))
@@ -87,7 +90,7 @@ bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
   }
   if (tile_table) {  // a byte per key tile and the consumers' words of seen keys (and the documents' key tiles),
                      // after the shared storage (launch_flash_fwd_sm90)
-    const int64_t smem = sm90_forward_smem_bytes(head_dim, shape, 2) +
+    const int64_t smem = sm90_forward_smem_bytes(head_dim, shape, element_bytes, /*output_bytes=*/2) +
                          sm90_forward_table_bytes(tiles.consumers, tiles.block_n, p.seqlen_k, has_segments(p));
     if (smem > device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>()) return false;
   }
@@ -99,8 +102,37 @@ bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted) {
   return true;
 }
 
+std::string hopper_fp8_forward_refusal(const FlashFwdParams& p) {
+  if (hopper_forward_takes(p, /*workspace_counted=*/false, 1)) return "";
+  const std::string what = "FP8 (float8_e4m3fn) inputs run on the Hopper forward only";
+  // No keys: nothing to compute (flash_fwd_cuda writes O 0 and lse -inf), taken where the fp8 forward runs, so that
+  // whether a call runs never depends on its key count.
+  if (p.seqlen_k == 0 && hopper_family_available() && hopper_kernel_headdim(p, 1) != 0) return "";
+  if (!hopper_family_available()) {
+    const int major = device_attribute<cudaDevAttrComputeCapabilityMajor>();
+    const int minor = device_attribute<cudaDevAttrComputeCapabilityMinor>();
+    return what + ", which needs a Hopper GPU (sm_90) and a library built with sm_90a code, and " +
+           "TF_FLASH_CUDA_FAMILY not set to sm80 (received a GPU of compute capability " + std::to_string(major) +
+           "." + std::to_string(minor) + ")";
+  }
+  if (hopper_kernel_headdim(p, 1) == 0)
+    return what + ", whose head dims are 64, 128 and 256 where compiled (smaller ones run in the next larger; received "
+           "head_dim=" + std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) + ")";
+  if (p.attn_mask.data != nullptr && has_segments(p))
+    return what + ", which takes attention_mask or segment_ids, not both in one call";
+  if (p.block_mask.data != nullptr) {
+    const Sm90ForwardTiles tiles = sm90_forward_tiles(hopper_kernel_headdim(p, 1), sm90_forward_shape(p), 1);
+    return what + ", which takes block masks whose blocks are multiples of its tiles (" +
+           std::to_string(tiles.block_m()) + " query rows, " + std::to_string(tiles.block_n) +
+           " keys; received block_q=" + std::to_string(p.block_q) + ", block_k=" + std::to_string(p.block_k) + ")";
+  }
+  return what + ", which does not take these inputs (attention_mask too large to pack, or too many query tiles "
+         "for one grid: seqlen_q=" + std::to_string(p.seqlen_q) + ", seqlen_k=" + std::to_string(p.seqlen_k) + ")";
+}
+
 bool hopper_backward_takes(const FlashFwdParams& p) {
-  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || !hopper_headdim(p) || !hopper_family_available()) return false;
+  if (p.seqlen_q <= 0 || p.seqlen_k <= 0 || hopper_kernel_headdim(p, 2) == 0 || !hopper_family_available())
+    return false;
   // Block masks (the general variant's tiles) whose blocks hold whole tiles.
   const int head_dim = tf_flash_kernel_headdim(p);
   const Sm90BackwardTiles tiles = sm90_backward_tiles(head_dim, /*plain=*/false);
@@ -126,6 +158,8 @@ bool hopper_backward_takes(const FlashFwdParams& p) {
 
 KernelFamily choose_family(const FlashFwdParams& p, DType dtype, Direction direction) {
   if (dtype == DType::kFloat32) return KernelFamily::kFloat32;
+  // fp8: the Hopper forward or nothing (check_supported refused what it does not take).
+  if (dtype == DType::kFloat8E4M3) return KernelFamily::kSm90;
   const bool hopper = direction == Direction::kForward ? hopper_forward_takes(p) : hopper_backward_takes(p);
   return hopper ? KernelFamily::kSm90 : KernelFamily::kSm80;
 }

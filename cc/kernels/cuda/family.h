@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
@@ -20,7 +21,11 @@ KernelFamily choose_family(const FlashFwdParams& p, DType dtype, Direction direc
 
 // One predicate per Hopper kernel: true where it takes p on the current device. The forward's attn_mask needs its
 // workspace (flash_fwd_cuda_workspace_bytes), which `workspace_counted` = false leaves out (asked to size it).
-bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted = true);
+// element_bytes: 2, or 1 for fp8 (e4m3) inputs, which no other kernel runs.
+bool hopper_forward_takes(const FlashFwdParams& p, bool workspace_counted = true, int element_bytes = 2);
+// Empty where the Hopper forward takes fp8 params p on the current device (hopper_forward_takes), else why not,
+// naming what was received: what check_supported reports for fp8, which has no other kernel.
+std::string hopper_fp8_forward_refusal(const FlashFwdParams& p);
 bool hopper_backward_takes(const FlashFwdParams& p);  // the backward's params (FlashBwdParams) are these too
 
 // Streaming multiprocessors of the current device (read once per device; 0 if CUDA cannot tell).

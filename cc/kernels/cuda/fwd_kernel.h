@@ -246,8 +246,9 @@ struct OnlineSoftmax {
   // Hopper forward slower in proportion (1/8 of them: 0.95-0.98, 1/4: 0.93-0.95, 1/2: 0.86), its MUFU not being the
   // limit. The sums stay FADDs: summing P on the tensor cores instead (P times a tile of ones beside the P V GEMM)
   // halves the d64 forward's FADDs yet runs 0.94-1.07 there (bf16 0.94-1.00), 0.90-0.98 at d128 non-causal, and
-  // sums the rounded 16-bit P.
-  template <class Scores>
+  // sums the rounded 16-bit P. kOffsetLog2: P times 2^kOffsetLog2, and so the sums (the fp8 forward's, whose
+  // e4m3 P would lose small probabilities below its subnormals).
+  template <int kOffsetLog2 = 0, class Scores>
   __device__ __forceinline__ void exponentiate_rows(Scores& s, const float (&ref)[kRows],
                                                     const float (&correction)[kRows], float scale_log2,
                                                     bool shift) {
@@ -262,6 +263,10 @@ struct OnlineSoftmax {
         for (int ni = 0; ni < kCols; ++ni) s(mi, ni) -= ref[mi];
         ref_scaled[mi] = 0.f;
       }
+    }
+    if constexpr (kOffsetLog2 != 0) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) ref_scaled[mi] -= float(kOffsetLog2);
     }
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) {
@@ -322,8 +327,10 @@ struct OnlineSoftmax {
   // the reference, so the result is the same softmax. O's rescale costs one FMUL per element of O per key tile
   // (per score 0.5 / 1 / 4 at d64 / d128 / d256): rescaling only when needed makes the Hopper forward 4-9% faster
   // at d256 through TF and 0-4% at d128. Returns whether O must be rescaled: a warp vote (uniform, for a branch).
+  // kLazyLog2: that threshold (0: rescale whenever a row's max rises, the fp8 forward's, whose P must stay within
+  // e4m3's range after its offset).
   static constexpr float kLazyRescaleLog2 = 8.f;
-  template <class Scores>
+  template <int kLazyLog2 = int(kLazyRescaleLog2), class Scores>
   __device__ __forceinline__ bool rescale_max(Scores const& s, float (&correction)[kRows], float scale_log2,
                                               bool first) {
     bool moved = false;
@@ -331,19 +338,20 @@ struct OnlineSoftmax {
     for (int mi = 0; mi < kRows; ++mi) {
       const float mx = quad_max(thread_row_max(s, mi));
       // Kept also where both are -inf (the difference is NaN).
-      const bool keep = !first && !((mx - row_max[mi]) * scale_log2 > kLazyRescaleLog2);
+      const bool keep = !first && !((mx - row_max[mi]) * scale_log2 > float(kLazyLog2));
       correction[mi] = first || keep ? 1.f : fast_exp2((row_max[mi] - reference(mx)) * scale_log2);
       if (!keep) row_max[mi] = mx;
       moved |= !keep && !first;
     }
     return __any_sync(0xffffffffu, moved);
   }
-  template <bool kVote, class Scores>
+  template <bool kVote, int kOffsetLog2 = 0, class Scores>
   __device__ __forceinline__ void exponentiate(Scores& s, const float (&correction)[kRows], float scale_log2) {
     float ref[kRows];
     CUTE_UNROLL
     for (int mi = 0; mi < kRows; ++mi) ref[mi] = reference(row_max[mi]);
-    exponentiate_rows(s, ref, correction, scale_log2, /*shift=*/kVote ? any_large(ref, scale_log2) : true);
+    exponentiate_rows<kOffsetLog2>(s, ref, correction, scale_log2,
+                                   /*shift=*/kVote ? any_large(ref, scale_log2) : true);
   }
 };
 

@@ -134,12 +134,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mask.narrow_to_documents(w);
       typename Consumer::Tile tile(w, mask, p);
       const typename Mask::template QueryTile<typename Consumer::CoordRC> tile_mask(mask, p, w, consumer.cS_rc);
+      consumer.begin_tile(w);
       if (tile.has_work()) {
         epilogue.free_q_buffer(wave);
         consumer.run(tile, tile_mask);
       }
       epilogue.store(args.tma_o, tile.tOrO, tile.softmax, consumer.cS_rc, consumer.mma_pv, w, tile.batch_head,
-                     consumer.scale_log2, consumer.keep_scale, wave);
+                     consumer.scale_log2, consumer.output_scale(w), wave);
     }
     epilogue.finish();
   }

@@ -39,6 +39,7 @@ template <class Traits>
 cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
   using namespace cute;
   using Element = typename Traits::Element;
+  using OutElement = typename Traits::OutElement;
   constexpr int kHeadDim = Traits::kHeadDim;
   const bool general = p.softcap > 0.f || p.dropout_rate > 0.f || p.block_mask.data != nullptr;
   auto kernel = general ? &flash_fwd_kernel_sm90<Traits, true> : &flash_fwd_kernel_sm90<Traits, false>;
@@ -64,14 +65,23 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
                                                     p.k_row_stride, p.k_head_stride, p.k_batch_stride),
                              take<0, 2>(typename Traits::SmemLayoutK{}),
                              Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
-  // V transposed: (head dim, rows, heads, batch).
-  Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v)),
-                           make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch),
-                           make_stride(_1{}, p.v_row_stride, p.v_head_stride, p.v_batch_stride));
-  args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
-                             Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  // V transposed: (head dim, rows, heads, batch); fp8: V^T as transpose_values_fp8 wrote it, keys contiguous.
+  if constexpr (Traits::kFp8) {
+    const int64_t keys = fp8_value_keys(p);
+    Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.value_transposed)),
+                             make_shape(p.head_dim_v, int(keys), p.num_heads_kv, p.batch),
+                             make_stride(keys, _1{}, keys * p.head_dim_v, keys * p.head_dim_v * p.num_heads_kv));
+    args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
+                               Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  } else {
+    Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v)),
+                             make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch),
+                             make_stride(_1{}, p.v_row_stride, p.v_head_stride, p.v_batch_stride));
+    args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
+                               Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  }
   args.tma_o = make_tma_copy(SM90_TMA_STORE{},
-                             make_tensor(make_gmem_ptr(static_cast<Element*>(p.out)),
+                             make_tensor(make_gmem_ptr(static_cast<OutElement*>(p.out)),
                                          make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch),
                                          make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride)),
                              typename Traits::SmemLayoutOWarpGroup{}, Shape<_64, Int<kHeadDim>>{}, _1{});
@@ -85,7 +95,8 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
     smem += int(sm90_forward_table_bytes(Traits::kMmaWarpGroups, Traits::kBlockN, p.seqlen_k, has_segments(p)));
   if (p.attn_mask.data != nullptr) {
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.mask_workspace,
-                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream);
+                                                std::is_same_v<Element, cutlass::bfloat16_t>, stream,
+                                                /*scan_values=*/!Traits::kFp8);
     if (err != cudaSuccess) return err;
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -105,17 +116,19 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
 }
 
 // The traits of one tile shape (sm90_tile_size.h) at head dim kHeadDim.
-template <class Element, int kHeadDim, Sm90ForwardShape kShape>
-using Sm90ForwardTraits = FwdTraitsSm90<kHeadDim, sm90_forward_tiles(kHeadDim, kShape).block_n,
-                                        sm90_forward_tiles(kHeadDim, kShape).stages, Element,
-                                        sm90_forward_tiles(kHeadDim, kShape).consumers>;
+template <class Element, int kHeadDim, Sm90ForwardShape kShape, class OutElement = Element>
+using Sm90ForwardTraits = FwdTraitsSm90<kHeadDim, sm90_forward_tiles(kHeadDim, kShape, sizeof(Element)).block_n,
+                                        sm90_forward_tiles(kHeadDim, kShape, sizeof(Element)).stages, Element,
+                                        sm90_forward_tiles(kHeadDim, kShape, sizeof(Element)).consumers, OutElement>;
 
-template <class Element, int kHeadDim>
-cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
-  using Long = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kLong>;
-  using Banded = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kBanded>;
-  static_assert(Long::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kLong, sizeof(Element)) &&
-                    Banded::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kBanded, sizeof(Element)),
+template <class Element, int kHeadDim, class OutElement = Element>
+cudaError_t run_flash_fwd_sm90_traits(const FlashFwdParams& p, cudaStream_t stream) {
+  using Long = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kLong, OutElement>;
+  using Banded = Sm90ForwardTraits<Element, kHeadDim, Sm90ForwardShape::kBanded, OutElement>;
+  static_assert(Long::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kLong, sizeof(Element),
+                                                            sizeof(OutElement)) &&
+                    Banded::kSmemBytes == sm90_forward_smem_bytes(kHeadDim, Sm90ForwardShape::kBanded,
+                                                                  sizeof(Element), sizeof(OutElement)),
                 "hopper_forward_takes sizes the tile table by sm90_forward_smem_bytes");
   static_assert(Banded::kBlockM == 128, "block masks, attn_mask and segment ids: 128-row tiles (the tile table)");
   if constexpr (std::is_same_v<Long, Banded>) {
@@ -124,6 +137,21 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
     return sm90_forward_shape(p) == Sm90ForwardShape::kBanded ? launch_flash_fwd_sm90<Banded>(p, stream)
                                                               : launch_flash_fwd_sm90<Long>(p, stream);
   }
+}
+
+template <class Element, int kHeadDim>
+cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
+  return run_flash_fwd_sm90_traits<Element, kHeadDim>(p, stream);
+}
+
+// ---- FP8 (e4m3) ----
+// V^T first (fp8_values.cu), then the kernel.
+template <class OutElement, int kHeadDim>
+cudaError_t run_flash_fwd_sm90_fp8(const FlashFwdParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
+  const cudaError_t err = transpose_values_fp8(p, stream);
+  if (err != cudaSuccess) return err;
+  return run_flash_fwd_sm90_traits<cutlass::float_e4m3_t, kHeadDim, OutElement>(p, stream);
 }
 
 }  // namespace cuda

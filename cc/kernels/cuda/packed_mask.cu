@@ -128,7 +128,7 @@ __global__ void segment_bounds_kernel(const int32_t* ids, int64_t seqlen, int64_
 }  // namespace
 
 cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout& layout, void* workspace,
-                                bool bfloat16, cudaStream_t stream) {
+                                bool bfloat16, cudaStream_t stream, bool scan_values) {
   const int64_t planes = layout.batches * layout.heads;
   const bool forward = layout.packing == MaskPacking::kForward;
   if (workspace == nullptr || !layout.packable(p)) return cudaErrorInvalidValue;  // the family choice asked first
@@ -142,6 +142,10 @@ cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout&
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || !forward || p.batch == 0 || p.num_heads_kv == 0) return err;
+  if (!scan_values) {
+    return cudaMemsetAsync(bytes + layout.value_flags_offset, 1,
+                           size_t(int64_t(p.batch) * p.num_heads_kv * layout.value_tiles), stream);
+  }
   const uint32_t exponent_bits = bfloat16 ? 0x7F80u : 0x7C00u;
   flag_value_tiles_kernel<<<dim3(unsigned(layout.value_tiles), unsigned(p.num_heads_kv), unsigned(p.batch)), 256, 0,
                             stream>>>(p, layout, bytes, exponent_bits);

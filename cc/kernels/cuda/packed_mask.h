@@ -85,9 +85,11 @@ struct PackedMaskLayout {
 
 // Packs p.attn_mask into `workspace` as `layout` says (the forward also flags V's non-finite tiles), on
 // `stream`. Fails with cudaErrorInvalidValue, launching nothing, without a workspace or where layout.packable(p) is
-// false (the family choice asks it first, and runs the sm_80 family then).
+// false (the family choice asks it first, and runs the sm_80 family then). bfloat16: V's 16-bit type, else float16;
+// scan_values false (fp8 V, which the scan does not read) flags every value tile, which is never wrong (the
+// kernel then zeroes the value rows no row sees in every tile the mask hides part of).
 cudaError_t pack_attention_mask(const FlashFwdParams& p, const PackedMaskLayout& layout, void* workspace,
-                                bool bfloat16, cudaStream_t stream);
+                                bool bfloat16, cudaStream_t stream, bool scan_values = true);
 
 }  // namespace cuda
 }  // namespace tf_flash

@@ -11,6 +11,8 @@
 #include <cute/tensor.hpp>
 
 #include "cutlass/arch/barrier.h"
+#include "cutlass/array.h"
+#include "cutlass/numeric_conversion.h"
 #include "cutlass/pipeline/sm90_pipeline.hpp"
 
 namespace tf_flash {
@@ -63,6 +65,43 @@ __host__ __device__ constexpr auto gmma_acc_as_a_operand(Layout layout) {
   return cute::make_layout(
       cute::make_layout(cute::get<0, 0>(layout), cute::get<0, 1>(layout), cute::get<0, 0>(groups)),
       cute::get<1>(layout), cute::coalesce(cute::make_layout(cute::get<0, 1>(groups), cute::get<2>(layout))));
+}
+
+// The accumulator of S as the 8-bit A operand of P V (fp8): k32 slices of four 4-byte registers,
+// ((2, 2, N/8), MMA_M, MMA_N) -> ((4, 2, 2), MMA_M, N/32 * MMA_N), compact (CuTe's ALayout_64x32: k + 1, row + 8,
+// k + 16). fp8_operand_from_probabilities fills it from S (sm90_fwd_traits.h says in which key order).
+template <class Layout>
+__host__ __device__ constexpr auto gmma_acc_as_fp8_a_operand(Layout layout) {
+  using namespace cute;
+  constexpr int kGroups = decltype(size<0, 2>(layout))::value * decltype(size<2>(layout))::value;
+  static_assert(kGroups % 4 == 0, "whole k32 slices");
+  return make_layout(make_shape(Shape<_4, _2, _2>{}, size<1>(layout), Int<kGroups / 4>{}));
+}
+
+// Converts S's probabilities (a wgmma accumulator of N/8 column groups, values in [0, 1]) to the fp8 A operand
+// `p` (gmma_acc_as_fp8_a_operand). In each 16 values of S (four column groups: column pair 2t, 2t + 1 of group g
+// at 4g + {0, 1} for row r, 4g + {2, 3} for row r + 8) the registers take, in order, row r's pairs of groups 0 and
+// 1, row r + 8's, row r's of groups 2 and 3, row r + 8's: the A fragment's rows, with P's keys in the slot order
+// of fp8_value_key_of_slot (sm90_fwd_traits.h). A renaming of registers, no data moves between threads.
+template <class FragS, class FragP>
+__device__ __forceinline__ void fp8_operand_from_probabilities(const FragS& s, FragP& p) {
+  using namespace cute;
+  using Element = typename FragP::value_type;
+  static_assert(sizeof(Element) == 1 && decltype(size(s))::value == decltype(size(p))::value &&
+                    decltype(size(s))::value % 16 == 0, "fp8 operand of the whole accumulator");
+  cutlass::NumericArrayConverter<Element, float, 4, cutlass::FloatRoundStyle::round_to_nearest> convert;
+  uint32_t* regs = reinterpret_cast<uint32_t*>(raw_pointer_cast(p.data()));
+  CUTE_UNROLL
+  for (int c = 0; c < decltype(size(s))::value / 16; ++c) {
+    CUTE_UNROLL
+    for (int r = 0; r < 4; ++r) {
+      cutlass::Array<float, 4> in;
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) in[j] = s(16 * c + 8 * (r / 2) + 2 * (r % 2) + (j < 2 ? j : j + 2));
+      const cutlass::Array<Element, 4> out = convert(in);
+      regs[4 * c + r] = reinterpret_cast<const uint32_t&>(out);
+    }
+  }
 }
 
 // The accumulator as the sm_80 family's (values, MMA_M, MMA_N) of m16n8 atoms: ((2, 2), MMA_M, N/8), for

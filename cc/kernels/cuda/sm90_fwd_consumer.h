@@ -43,6 +43,13 @@ struct FwdConsumerSm90 {
   // and key masks +3-12%). The general variants (dropout, soft-capping, block masks) always subtract the max: the
   // vote makes dropout 6-9% slower there and block-sparse work -2..+5%.
   static constexpr bool kExponentVote = !kGeneral;
+  // fp8: P leaves for e4m3 times 2^8 (FlashAttention-3's offset): e4m3's subnormals end at 2^-9, so without it the
+  // probabilities below about 2^-9.5 of their row's max would drop out of P V while the row sums (float32) keep
+  // them; with it, those below 2^-17.5. P then reaches 2^(8 + the lazy threshold) before a rescale, within e4m3's
+  // 448 only with the threshold at 0: fp8 rescales O whenever a row's max rises. run() takes the 2^8 out of the
+  // sums, output_scale out of O.
+  static constexpr int kPOffsetLog2 = Traits::kFp8 ? 8 : 0;
+  static constexpr int kLazyRescaleLog2 = Traits::kFp8 ? 0 : int(OnlineSoftmax<1>::kLazyRescaleLog2);
   // Ping-pong: consumer wg issues after the one before it (its barrier counts that one's arrival and its
   // own wait: 2 x 128 threads), then lets the next one issue. Every consumer runs the same key tiles, so the
   // turns carry on across query tiles.
@@ -71,7 +78,11 @@ struct FwdConsumerSm90 {
                                                     cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using FragS = decltype(cute::partition_fragment_C(std::declval<TiledMmaQK&>(),
                                                     cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
-  using FragP = decltype(cute::make_tensor<Element>(gmma_acc_as_a_operand(std::declval<FragS&>().layout())));
+  // P as the A operand of P V: S's accumulator layout seen as k16 slices (16-bit), or (fp8) the 8-bit A fragments
+  // that fp8_operand_from_probabilities fills.
+  using FragP = decltype(cute::make_tensor<Element>(
+      std::conditional_t<Traits::kFp8, decltype(gmma_acc_as_fp8_a_operand(std::declval<FragS&>().layout())),
+                         decltype(gmma_acc_as_a_operand(std::declval<FragS&>().layout()))>{}));
 
   // One query tile's registers and key-tile loop of this consumer thread.
   struct Tile {
@@ -123,9 +134,10 @@ struct FwdConsumerSm90 {
   FragV tOrV;  // (MMA, MMA_N, MMA_K, stage)
   // (row, column) inside the score tile of each accumulator element.
   CoordRC cS_rc;
-  const float scale_log2;
+  // The scores' factors; an fp8 forward sets them per tile (begin_tile: the descales of its batch entry and kv head).
+  float scale_log2;
   const bool has_softcap;
-  const float softcap_in;
+  float softcap_in;
   const bool has_dropout;
   const uint32_t drop_threshold;
   const float keep_scale;
@@ -152,12 +164,39 @@ struct FwdConsumerSm90 {
         scale_log2(softmax_scale_log2(p)),
         has_softcap(kGeneral && p.softcap > 0.f),
         softcap_in(has_softcap ? softcap_input_scale(p) : 0.f),
-        has_dropout(kGeneral && p.dropout_rate > 0.f),
+        has_dropout(kGeneral && !Traits::kFp8 && p.dropout_rate > 0.f),  // fp8: refused before the launch
         drop_threshold(has_dropout ? dropout_threshold(p.dropout_rate) : 0u),
         keep_scale(has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f) {}
   static __device__ __forceinline__ CoordRC coordinates(const ThrMmaQK& thr_qk) {
     auto cS = thr_qk.partition_C(cute::make_identity_tensor(cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
     return cute::make_tensor(cS.data(), gmma_acc_rowcol(cS.layout()));
+  }
+
+  // The descales' element of tile w's batch entry and kv head (params.h).
+  __device__ __forceinline__ int64_t descale_index(const FwdTileWork& w) const {
+    return int64_t(w.b) * p.descale_batch_stride + int64_t(w.h_kv) * p.descale_head_stride;
+  }
+  // Before query tile w: an fp8 forward folds q_descale * k_descale of w's batch entry and kv head into the scores'
+  // factors (softmax_scale_log2 and softcap_input_scale of the dequantized inputs' scores; p.scale_exponent_device
+  // is never set for fp8). Nothing for 16-bit inputs.
+  __device__ __forceinline__ void begin_tile(const FwdTileWork& w) {
+    if constexpr (Traits::kFp8) {
+      const int64_t i = descale_index(w);
+      const float score_scale = p.scale * (p.q_descale[i] * p.k_descale[i]);
+      if (p.softcap > 0.f) {
+        softcap_in = score_scale / p.softcap;  // scale_log2 stays log2(e): the capped scores carry the scale
+      } else {
+        scale_log2 = fmaxf(score_scale * 1.4426950408889634f, 1e-30f);  // never 0, as softmax_scale_log2
+      }
+    }
+  }
+  // The factor of O's normalization (epilogue): the dropout's keep scale, and an fp8 forward's v_descale.
+  __device__ __forceinline__ float output_scale(const FwdTileWork& w) const {
+    if constexpr (Traits::kFp8) {
+      return keep_scale * p.v_descale[descale_index(w)] * (1.f / float(1 << kPOffsetLog2));  // and P's offset
+    } else {
+      return keep_scale;
+    }
   }
 
   // Scores of tile n -> unnormalized probabilities, and the factor that rescales O (t.correction, t.rescale_o).
@@ -169,17 +208,21 @@ struct FwdConsumerSm90 {
     }
     auto s_rc = t.s_rc();
     mask.apply(p, s_rc, n, t.state, t.bits);
-    t.rescale_o = t.softmax.rescale_max(s_rc, t.correction, scale_log2, first_tile);
-    t.softmax.template exponentiate<kExponentVote>(s_rc, t.correction, scale_log2);
+    t.rescale_o = t.softmax.template rescale_max<kLazyRescaleLog2>(s_rc, t.correction, scale_log2, first_tile);
+    t.softmax.template exponentiate<kExponentVote, kPOffsetLog2>(s_rc, t.correction, scale_log2);
   }
   // Probabilities of tile n (after the row sums took them, as in dropout(softmax(s)) @ v) -> P operand.
   template <class FragPOut>
   __device__ __forceinline__ void probabilities_to_operand(Tile& t, int n, FragPOut& rP) {
     using namespace cute;
-    convert_fragment_into(t.tSrS, rP);
-    if (has_dropout) {
-      Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(t.tSrS.layout()));
-      apply_dropout<kBlockN>(rP_atoms, cS_rc, p, t.batch_head, t.m0, int64_t(n) * kBlockN, drop_threshold);
+    if constexpr (Traits::kFp8) {
+      fp8_operand_from_probabilities(t.tSrS, rP);
+    } else {
+      convert_fragment_into(t.tSrS, rP);
+      if (has_dropout) {
+        Tensor rP_atoms = make_tensor(rP.data(), gmma_acc_as_mma_atoms(t.tSrS.layout()));
+        apply_dropout<kBlockN>(rP_atoms, cS_rc, p, t.batch_head, t.m0, int64_t(n) * kBlockN, drop_threshold);
+      }
     }
   }
   __device__ __forceinline__ void rescale_output(Tile& t) {
@@ -240,6 +283,10 @@ struct FwdConsumerSm90 {
     pipeline_v.consumer_release(read);
     ++read;
     if constexpr (Traits::kOwnOutputBuffer) shared.barrier_q_free.arrive();  // the producer may load the next Q
+    if constexpr (kPOffsetLog2 != 0) {  // the sums without P's offset, for lse; O keeps it until output_scale
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) t.softmax.row_sum[mi] *= 1.f / float(1 << kPOffsetLog2);
+    }
   }
 
   // P of tile n goes to the register buffer that the P V in flight does not read, so a step never waits

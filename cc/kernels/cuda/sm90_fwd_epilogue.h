@@ -20,7 +20,7 @@ namespace cuda {
 
 template <class Traits>
 struct FwdEpilogueSm90 {
-  using Element = typename Traits::Element;
+  using OutElement = typename Traits::OutElement;
   static constexpr int kHeadDim = Traits::kHeadDim;
 
   const FlashFwdParams& p;
@@ -47,6 +47,7 @@ struct FwdEpilogueSm90 {
     }
   }
 
+  // output_scale: the factor of O after the softmax's normalization (FwdConsumerSm90::output_scale).
   // Normalize, lse, then O (tOrO, this consumer's accumulator of wave `wave`'s tile w) through shared memory to
   // this consumer's TMA store. cS_rc: the score tile's coordinates of the accumulator's rows. tma_o comes with
   // each call (the kernel's argument) rather than kept here: kept, its address is computed once and held in
@@ -54,18 +55,17 @@ struct FwdEpilogueSm90 {
   template <class FragO, class Softmax, class CoordRC, class TiledMmaPV>
   __device__ __forceinline__ void store(const typename Traits::TmaO& tma_o, FragO& tOrO, const Softmax& softmax,
                                         const CoordRC& cS_rc, const TiledMmaPV& mma_pv, const FwdTileWork& w,
-                                        uint64_t batch_head, float scale_log2, float keep_scale, int wave) {
+                                        uint64_t batch_head, float scale_log2, float output_scale, int wave) {
     using namespace cute;
     Tensor o_rc = make_tensor(tOrO.data(), gmma_acc_rowcol(tOrO.layout()));
-    normalize_and_write_lse(o_rc, softmax, cS_rc, p, w.m0, w.q_len, batch_head, scale_log2, keep_scale);
+    normalize_and_write_lse(o_rc, softmax, cS_rc, p, w.m0, w.q_len, batch_head, scale_log2, output_scale);
     if (wave > 0) {  // the previous tile's store has read this consumer's rows of sO
       if (output_leader) tma_store_wait<0>();
       named_sync(128, Sm90Barrier::kOutputWg0, wg);
     }
-    Tensor sO = make_tensor(make_smem_ptr(Traits::kOwnOutputBuffer ? shared.o.begin() : shared.q.begin()),
-                            typename Traits::SmemLayoutO{});
-    Tensor rO = convert_fragment<Element>(tOrO);
-    auto smem_copy_o = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma_pv);
+    Tensor sO = make_tensor(make_smem_ptr(output_buffer()), typename Traits::SmemLayoutO{});
+    Tensor rO = convert_fragment<OutElement>(tOrO);
+    auto smem_copy_o = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, OutElement>{}, mma_pv);
     auto smem_thr_copy_o = smem_copy_o.get_thread_slice(mma_tidx);
     copy(smem_copy_o, smem_thr_copy_o.retile_S(rO), smem_thr_copy_o.partition_D(sO));
     cutlass::arch::fence_view_async_shared();  // visible to the TMA (async proxy)
@@ -78,6 +78,14 @@ struct FwdEpilogueSm90 {
       auto o_parts = tma_partition(tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO_rows), group_modes<0, 2>(gO));
       copy(tma_o, get<1>(o_parts), get<0>(o_parts));
       tma_store_arrive();
+    }
+  }
+
+  __device__ __forceinline__ typename Traits::OutElement* output_buffer() const {
+    if constexpr (Traits::kOwnOutputBuffer) {
+      return shared.o.begin();
+    } else {
+      return shared.q.begin();  // the same type (FwdTraitsSm90 asserts it)
     }
   }
 

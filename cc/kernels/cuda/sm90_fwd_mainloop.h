@@ -8,6 +8,7 @@
 #include "cutlass/pipeline/sm90_pipeline.hpp"
 
 #include "cc/kernels/cuda/sm90_fwd_scheduler.h"
+#include "cc/kernels/cuda/sm90_tile_size.h"
 #include "cc/kernels/flash/params.h"
 
 namespace tf_flash {
@@ -38,7 +39,9 @@ struct FwdMainloopSm90 {
     Tensor sVt = make_tensor(make_smem_ptr(shared.v.begin()), typename Traits::SmemLayoutVt{});
     Tensor mQ = tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.num_heads, p.batch));
     Tensor mK = tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.num_heads_kv, p.batch));
-    Tensor mVt = tma_v.get_tma_tensor(make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch));
+    // fp8: V^T's keys padded to whole 16-key groups (kFp8ValueKeyAlign), whose slots are keys in another order.
+    const int value_keys = Traits::kFp8 ? int(fp8_value_keys(p)) : p.seqlen_k;
+    Tensor mVt = tma_v.get_tma_tensor(make_shape(p.head_dim_v, value_keys, p.num_heads_kv, p.batch));
     using BarrierType = cutlass::arch::ClusterTransactionBarrier::ValueType;
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     // Before a Q load, the consumers' next phase of barrier_q_free: they arrive once per tile with work that

@@ -314,7 +314,8 @@ struct FwdMaskSm90 {
       if (!(seen & 1u)) {
         Tensor sV = sVt(_, _, stage.index());
 #pragma unroll 1
-        for (int d = part * kDimsPerThread; d < (part + 1) * kDimsPerThread; ++d) sV(d, key) = Element(0);
+        for (int d = part * kDimsPerThread; d < (part + 1) * kDimsPerThread; ++d)
+          sV(d, Traits::value_slot_of_key(key)) = Element(0);
       }
       cutlass::arch::fence_view_async_shared();  // visible to the tensor cores (async proxy)
       named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);  // and seen_words free for the next such tile
@@ -334,8 +335,8 @@ struct FwdMaskSm90 {
       pipeline_v.consumer_wait(stage);
       Tensor sV = sVt(_, _, stage.index());
       for (int i = mma_tidx(); i < kHeadDim * kBlockN; i += kMmaThreads) {
-        const int key = i / kHeadDim, d = i % kHeadDim;
-        if (key < lo || key >= hi) sV(d, key) = Element(0);
+        const int slot = i / kHeadDim, d = i % kHeadDim, key = Traits::value_key_of_slot(slot);
+        if (key < lo || key >= hi) sV(d, slot) = Element(0);
       }
       cutlass::arch::fence_view_async_shared();  // visible to the tensor cores (async proxy)
       named_sync(kMmaThreads, Sm90Barrier::kValueRowsZeroed);

@@ -22,7 +22,14 @@ struct Sm90ForwardTiles {
   constexpr int block_m() const { return 64 * consumers; }
 };
 
-constexpr Sm90ForwardTiles sm90_forward_tiles(int head_dim, Sm90ForwardShape shape) {
+// element_bytes: the inputs' (2, or 1 for fp8 e4m3, whose output is 2 bytes).
+constexpr Sm90ForwardTiles sm90_forward_tiles(int head_dim, Sm90ForwardShape shape, int element_bytes = 2) {
+  // fp8: the 16-bit tiles (not yet measured on the GPU), whose key tiles of 64 or 128 are whole rows of V^T's 64-
+  // or 128-byte swizzle (a K-major V^T stage has kBlockN bytes per row); larger fp8 key tiles (FlashAttention-3
+  // takes up to 224 at d128) are for when the GPU measures them. d64: two consumers in both shapes until measured:
+  // with three (160 registers each) ptxas spills 72 / 48 bytes in the plain / general variants, none with two
+  // (the 16-bit d64 spills 228 / 124 with three and still runs faster there: the GPU decides).
+  if (element_bytes == 1 && head_dim == 64) return {128, 2, 2};
   // Two stages everywhere: three or four measure no faster (d64), and d256 has room for two only.
   // d256: 64 keys, so that S and O fit in a consumer's registers beside P.
   if (head_dim == 256) return {64, 2, 2};
@@ -48,10 +55,13 @@ inline Sm90ForwardShape sm90_forward_shape(const FlashFwdParams& p) {
 
 // O leaves through a shared-memory buffer of its own where one fits beside Q and the K/V stages (so that the next
 // tile's Q loads while this tile's O is stored), else through Q's (d256).
-constexpr bool sm90_forward_own_output_buffer(int head_dim, Sm90ForwardShape shape, int element_bytes) {
-  const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape);
+// output_bytes: O's element (the inputs' but for fp8, whose O never fits Q's buffer).
+constexpr bool sm90_forward_own_output_buffer(int head_dim, Sm90ForwardShape shape, int element_bytes,
+                                              int output_bytes) {
+  const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape, element_bytes);
   const int64_t q = int64_t(t.block_m()) * head_dim * element_bytes, kv = int64_t(t.block_n) * head_dim * element_bytes;
-  return 2 * q + 2 * t.stages * kv <= 200 * 1024;
+  const int64_t o = int64_t(t.block_m()) * head_dim * output_bytes;
+  return q + o + 2 * t.stages * kv <= 200 * 1024;
 }
 
 // Where the forward launches a CTA per query tile, which the hardware hands out as CTAs finish, instead of a
@@ -65,10 +75,13 @@ inline bool sm90_forward_cta_per_tile(const FlashFwdParams& p) {
 
 // Bytes of the forward's shared storage (FwdTraitsSm90::SharedStorage: Q, O where it has a buffer of its own, the
 // K and V stages, each 1024-byte aligned, then the barriers); its launcher asserts the two agree.
-constexpr int64_t sm90_forward_smem_bytes(int head_dim, Sm90ForwardShape shape, int element_bytes) {
-  const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape);
+constexpr int64_t sm90_forward_smem_bytes(int head_dim, Sm90ForwardShape shape, int element_bytes,
+                                          int output_bytes) {
+  const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape, element_bytes);
   const int64_t q = int64_t(t.block_m()) * head_dim * element_bytes, kv = int64_t(t.block_n) * head_dim * element_bytes;
-  return q + (sm90_forward_own_output_buffer(head_dim, shape, element_bytes) ? q : 1024) + 2 * t.stages * kv + 1024;
+  const int64_t o = int64_t(t.block_m()) * head_dim * output_bytes;
+  return q + (sm90_forward_own_output_buffer(head_dim, shape, element_bytes, output_bytes) ? o : 1024) +
+         2 * t.stages * kv + 1024;
 }
 
 // Bytes after the shared storage where the forward keeps its tile table (block masks, attn_mask, segment ids;
@@ -77,6 +90,33 @@ constexpr int64_t sm90_forward_smem_bytes(int head_dim, Sm90ForwardShape shape, 
 constexpr int64_t sm90_forward_table_bytes(int consumers, int block_n, int64_t seqlen_k, bool segment_ids) {
   return int64_t(consumers) * 4 * 4 * int64_t(sizeof(uint32_t)) + (segment_ids ? 2 * int64_t(sizeof(int)) : 0) +
          (seqlen_k + block_n - 1) / block_n;
+}
+
+// FP8 (e4m3) P V: 8-bit wgmma operands must both be K-major, so V comes transposed (V^T, keys contiguous, written
+// by a pass before the kernel, fp8_values.cu), and P comes from S's accumulator registers in an order of its own. In
+// S's accumulator a thread holds, per 8 keys, the column pair 2t, 2t + 1 (t = lane % 4) of row r and of row
+// r + 8; an 8-bit A fragment holds 4 consecutive k of one row per register (k = 4t .. 4t + 3, then 16 + 4t ..,
+// rows r and r + 8 alternating). Packing, per 32 keys, the pairs (row r: keys 0-7, 8-15), (row r + 8: the same),
+// (row r: keys 16-23, 24-31), (row r + 8: the same) into the four registers (fp8_operand_from_probabilities,
+// sm90_common.cuh) moves no value across threads, and puts at k position 4t + j of each 16 the key
+// 2t + (j & 1) + 8 (j >> 1). V^T's columns ("slots") follow the same order, so P V sums matching keys.
+TF_FLASH_HOST_DEVICE constexpr int fp8_value_key_of_slot(int slot) {
+  const int p = slot % 16, t = p / 4, j = p % 4;
+  return slot - p + 2 * t + (j & 1) + 8 * (j >> 1);
+}
+TF_FLASH_HOST_DEVICE constexpr int fp8_value_slot_of_key(int key) {
+  const int c = key % 16, t = c % 8 / 2, j = (c & 1) + 2 * (c / 8);
+  return key - c + 4 * t + j;
+}
+static_assert(fp8_value_key_of_slot(2) == 8 && fp8_value_key_of_slot(8) == 4 && fp8_value_key_of_slot(29) == 23 &&
+                  fp8_value_slot_of_key(fp8_value_key_of_slot(13)) == 13 && fp8_value_slot_of_key(31) == 31,
+              "the fp8 slot order and its inverse");
+
+// An fp8 forward's V^T (fp8_values.cu) holds the keys padded to whole 16-key groups (zeros), so that every
+// slot of a group (fp8_value_key_of_slot) lies inside the buffer the TMA reads.
+inline constexpr int kFp8ValueKeyAlign = 16;
+TF_FLASH_HOST_DEVICE int64_t fp8_value_keys(const FlashFwdParams& p) {
+  return (int64_t(p.seqlen_k) + kFp8ValueKeyAlign - 1) / kFp8ValueKeyAlign * kFp8ValueKeyAlign;
 }
 
 // ---- Backward (dK/dV kernel) ----

@@ -116,6 +116,7 @@ cudaError_t launch_for_dst(const void* src, int src_dim, void* dst, DType dst_ty
     case DType::kFloat16: return launch_stage<Src, __half>(src, src_dim, dst, dst_dim, rows, plan, role, stream);
     case DType::kBFloat16:
       return launch_stage<Src, __nv_bfloat16>(src, src_dim, dst, dst_dim, rows, plan, role, stream);
+    case DType::kFloat8E4M3: return cudaErrorInvalidValue;  // fp8 inputs are never staged
   }
   return cudaSuccess;
 }
@@ -191,6 +192,7 @@ int flash_cuda_stage_rows(const void* src, DType src_type, int src_dim, void* ds
       return launch_for_dst<__half>(src, src_dim, dst, dst_type, dst_dim, rows, plan, role, stream);
     case DType::kBFloat16:
       return launch_for_dst<__nv_bfloat16>(src, src_dim, dst, dst_type, dst_dim, rows, plan, role, stream);
+    case DType::kFloat8E4M3: return int(cudaErrorInvalidValue);  // fp8 inputs are never staged
   }
   return 0;
 }

@@ -38,6 +38,16 @@ inline int tf_flash_kernel_headdim(const tf_flash::FlashFwdParams& p) {
   return tf_flash_round_headdim(p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v);
 }
 
+// The compiled Hopper head dim that runs an fp8 forward (the Hopper forward is its only kernel): the smallest of
+// headdims.h's Hopper head dims >= max(head_dim, head_dim_v), or 0.
+inline int tf_flash_fp8_kernel_headdim(const tf_flash::FlashFwdParams& p) {
+  const int d = p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v;
+  for (int listed : tf_flash::cuda::kListedHeadDims) {
+    if (d <= listed && TF_FLASH_HEADDIM_SM90(listed) && TF_FLASH_HEADDIM_COMPILED(listed)) return listed;
+  }
+  return 0;
+}
+
 #define BOOL_SWITCH(COND, CONST_NAME, ...)      \
   [&] {                                         \
     if (COND) {                                 \

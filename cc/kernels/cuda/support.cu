@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cc/kernels/cuda/family.h"
 #include "cc/kernels/cuda/float32_kernels.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
@@ -21,6 +22,7 @@ const char* dtype_name(DType dtype) {
     case DType::kFloat32: return "float32";
     case DType::kFloat16: return "float16";
     case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat8E4M3: return "float8_e4m3fn";
   }
   return "unknown";
 }
@@ -74,15 +76,45 @@ std::string check_supported_float32(const FlashFwdParams& p, const std::string& 
   return "";
 }
 
+// fp8 (e4m3) inputs: the Hopper forward only, rows of 16 bytes (the TMA's), no dropout, and the descales given.
+std::string check_supported_fp8(const FlashFwdParams& p, Direction direction) {
+  if (direction != Direction::kForward)
+    return "FP8 (float8_e4m3fn) inputs have a forward only: there is no FP8 gradient (received a backward call)";
+  if (p.head_dim <= 0 || p.head_dim % 16 != 0 || p.head_dim_v <= 0 || p.head_dim_v % 16 != 0)
+    return "FP8 (float8_e4m3fn) inputs need head dims that are positive multiples of 16 (received head_dim=" +
+           std::to_string(p.head_dim) + ", head_dim_v=" + std::to_string(p.head_dim_v) + ")";
+  const int64_t input_strides[] = {p.q_batch_stride, p.q_row_stride, p.q_head_stride, p.k_batch_stride,
+                                   p.k_row_stride,   p.k_head_stride, p.v_batch_stride, p.v_row_stride,
+                                   p.v_head_stride};
+  for (int64_t s : input_strides) {
+    if (s % 16 != 0)
+      return "FP8 (float8_e4m3fn) inputs need q/k/v strides that are multiples of 16 elements (received stride " +
+             std::to_string(s) + ")";
+  }
+  for (int64_t s : {p.o_batch_stride, p.o_row_stride, p.o_head_stride}) {
+    if (s % 8 != 0)
+      return "FP8 (float8_e4m3fn) inputs need output strides that are multiples of 8 elements (received stride " +
+             std::to_string(s) + ")";
+  }
+  if (p.dropout_rate != 0.f)
+    return "FP8 (float8_e4m3fn) inputs take no dropout (received dropout_rate=" + std::to_string(p.dropout_rate) + ")";
+  if (p.q_descale == nullptr || p.k_descale == nullptr || p.v_descale == nullptr)
+    return "FP8 (float8_e4m3fn) inputs need q_descale, k_descale and v_descale";
+  return hopper_fp8_forward_refusal(p);
+}
+
 }  // namespace
 
 std::string check_supported(const FlashFwdParams& p, DType dtype, Direction direction) {
   const std::string kernels = direction == Direction::kForward ? "the CUDA forward" : "the CUDA backward";
-  if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16)
-    return kernels + " supports float32, float16 and bfloat16 inputs only (received dtype=" + dtype_name(dtype) + ")";
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16 &&
+      dtype != DType::kFloat8E4M3)
+    return kernels + " supports float32, float16, bfloat16 and (forward, Hopper) float8_e4m3fn inputs only " +
+           "(received dtype=" + dtype_name(dtype) + ")";
   const std::string reason =
       dtype == DType::kFloat32 ? check_supported_float32(p, kernels, direction)
-                               : check_supported_tensor_core(p, kernels);
+      : dtype == DType::kFloat8E4M3 ? check_supported_fp8(p, direction)
+                                    : check_supported_tensor_core(p, kernels);
   if (!reason.empty()) return reason;
   if (p.num_heads_kv <= 0 || p.num_heads % p.num_heads_kv != 0)
     return "num_heads must be a multiple of num_heads_kv (received num_heads=" + std::to_string(p.num_heads) +

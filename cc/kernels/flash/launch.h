@@ -10,7 +10,8 @@
 
 namespace tf_flash {
 
-enum class DType { kFloat32, kFloat16, kBFloat16 };
+// kFloat8E4M3: the Hopper forward only (FlashFwdParams' descale fields; no CPU kernels, no backward).
+enum class DType { kFloat32, kFloat16, kBFloat16, kFloat8E4M3 };
 
 // ---- CPU (cc/kernels/cpu/) ----
 // Runs work(begin, end) over [0, total) on the caller's thread pool; cost_per_unit is a rough cycle count.
@@ -50,6 +51,9 @@ int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params, DType dtype);
 // Bytes of device memory the forward wants in params.mask_workspace (0: none), for the kernel family that
 // will run it on the current device: the Hopper forward's packed attn_mask (a bit per entry).
 int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& params, DType dtype);
+// Bytes of device memory an fp8 forward wants in params.value_transposed (0 for other dtypes): V^T as
+// [batch, kv heads, head_dim_v, seqlen_k rounded up to 16], keys contiguous (cc/kernels/cuda/fwd_launch_sm90.h).
+int64_t flash_fwd_cuda_value_transpose_bytes(const FlashFwdParams& params, DType dtype);
 // Return a cudaError_t as int (0 = success) so this header needs no CUDA include. float32 runs on the
 // full-float32 kernels (CUDA cores; what params.allow_tf32 false asks for); float16 and bfloat16 on the
 // tensor-core families. TF32-grade float32 is float16 staged by the caller (below).

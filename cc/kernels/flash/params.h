@@ -28,7 +28,7 @@ struct FlashFwdParams {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  void* out = nullptr;  // [B, Sq, H, Dv], dtype of q
+  void* out = nullptr;  // [B, Sq, H, Dv], dtype of q (fp8 inputs: bfloat16 or float16, out_float16)
   float* lse = nullptr;  // [B, H, Sq], natural log; -inf for a row that sees nothing
 
   int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
@@ -103,6 +103,20 @@ struct FlashFwdParams {
   // packs attn_mask there before it runs (cc/kernels/cuda/packed_mask.h). Without it that forward leaves
   // element masks to the sm_80 family.
   void* mask_workspace = nullptr;
+
+  // FP8 (e4m3) inputs, which only the Hopper forward runs (launch.h: DType::kFloat8E4M3). Dequantization
+  // factors, float32 in device memory: the factor of batch entry b and kv head h is
+  // descale[b * descale_batch_stride + h * descale_head_stride] (both strides 0: one factor per tensor). The
+  // kernel folds q_descale * k_descale into the scores' scale (and so into lse) and multiplies O by v_descale,
+  // so that it computes the attention of the dequantized inputs.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t descale_batch_stride = 0, descale_head_stride = 0;
+  bool out_float16 = false;  // an fp8 forward's output dtype: float16, else bfloat16
+  // Device memory of flash_fwd_cuda_value_transpose_bytes (launch.h): an fp8 forward writes V^T there before
+  // it runs (8-bit wgmma operands must be K-major, and V's keys are not contiguous).
+  void* value_transposed = nullptr;
 };
 
 struct FlashBwdParams : FlashFwdParams {
