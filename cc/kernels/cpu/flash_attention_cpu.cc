@@ -1,12 +1,14 @@
 // Tiled FlashAttention on the CPU: the paper's Algorithms 1/2 (forward, online softmax, FA2 loop order)
 // and 4 (backward recomputing the probabilities from lse). Tiles are dense float32 Eigen matrices, so the
-// products run on Eigen's blocked GEMM (the AVX2 path) or on the AVX-512 micro-kernels (cpu_isa.h), chosen
-// once per process; scores exist one [rows x cols] tile at a time per thread.
+// products run on Eigen's blocked GEMM (the AVX2 path), on the AVX-512 micro-kernels, or for bfloat16 inputs
+// on the AVX512_BF16 ones (cpu_isa.h), the path chosen once per process; scores exist one [rows x cols] tile
+// at a time per thread.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cc/kernels/cpu/cpu_isa.h"
@@ -41,26 +43,68 @@ Tiles ChooseTiles(const FlashFwdParams& p) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The AVX-512 path: the same tile loops, the products and the softmax's exp on cpu_avx512's micro-kernels.
-bool Wide() { return cpu_isa() == CpuIsa::kAvx512; }
+// Both AVX-512 paths: the same tile loops, the softmax's exp on cpu_avx512's 16 lanes.
+bool Wide() { return cpu_isa() != CpuIsa::kAvx2; }
 
-// The AVX-512 products of row-major float matrices (cpu_isa.h: each element one FMA chain in order, so the
-// forward's and the backward's equal tiles stay bit-equal): c = alpha * a b^T (c resized), c (+)= alpha * a b
-// into rows of stride ldc, and c += alpha * a^T b.
-void WideProductNT(const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+// Who multiplies the tiles of one call: Eigen (the AVX2 path), cpu_avx512's float32 micro-kernels, or, for
+// bfloat16 inputs on the AVX512_BF16 path, cpu_avx512bf16's (P and dS rounded to bfloat16: cpu_isa.h).
+// One choice per call, so the forward, the row normalizers and the backward multiply alike.
+enum class Products { kEigen, kAvx512, kAvx512Bf16 };
+
+template <typename T>
+Products ProductsFor() {
+  switch (cpu_isa()) {
+    case CpuIsa::kAvx512Bf16:
+      return std::is_same_v<T, Eigen::bfloat16> ? Products::kAvx512Bf16 : Products::kAvx512;
+    case CpuIsa::kAvx512: return Products::kAvx512;
+    case CpuIsa::kAvx2: break;
+  }
+  return Products::kEigen;
+}
+
+// The pairs of bfloat16 one cpu_avx512bf16 product packs (per thread, grown to the largest tile).
+uint32_t* Bf16Scratch(int64_t words) {
+  thread_local std::vector<uint32_t> scratch;
+  if (static_cast<int64_t>(scratch.size()) < words) scratch.resize(words);
+  return scratch.data();
+}
+
+// The AVX-512 products of row-major float matrices, float32 or bfloat16 pairs by `products` (cpu_isa.h: each
+// element one chain in order, so the forward's and the backward's equal tiles stay bit-equal):
+// c = alpha * a b^T (c resized), c (+)= alpha * a b into rows of stride ldc, and c += alpha * a^T b.
+void WideProductNT(Products products, const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+  c->resize(a.rows(), b.rows());
+  if (products == Products::kAvx512Bf16) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.rows(), b.rows(), a.cols()));
+    cpu_avx512bf16::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false,
+                            c->data(), c->cols(), scratch);
+    return;
+  }
   thread_local std::vector<float> pack;
   pack.resize(cpu_avx512::gemm_nt_pack_floats(a.cols()));
-  c->resize(a.rows(), b.rows());
   cpu_avx512::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false, c->data(),
                       c->cols(), pack.data());
 }
 
-void WideProductNN(const Matrix& a, const Matrix& b, float alpha, bool accumulate, float* c, int64_t ldc) {
+void WideProductNN(Products products, const Matrix& a, const Matrix& b, float alpha, bool accumulate, float* c,
+                   int64_t ldc) {
+  if (products == Products::kAvx512Bf16) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.rows(), b.cols(), a.cols()));
+    cpu_avx512bf16::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate,
+                            c, ldc, scratch);
+    return;
+  }
   cpu_avx512::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate, c,
                       ldc);
 }
 
-void WideProductTN(const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+void WideProductTN(Products products, const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+  if (products == Products::kAvx512Bf16) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.cols(), b.cols(), a.rows()));
+    cpu_avx512bf16::gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true,
+                            c->data(), c->cols(), scratch);
+    return;
+  }
   cpu_avx512::gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true, c->data(),
                       c->cols());
 }
@@ -106,8 +150,8 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
 // The score tile S = scale * (Q K^T) (scaled after the product, as dense attention does: no rounding of
 // scale * Q). The forward, RowNormalizers and the backward all call this on identical tiles (same shapes,
 // same data), so the backward's scores are the forward's bit for bit.
-void ScoreTile(const FlashFwdParams& p, const Matrix& q, const Matrix& k, Matrix* scores) {
-  if (Wide()) return WideProductNT(q, k, p.scale, scores);  // the same two roundings: the sum, then * scale
+void ScoreTile(const FlashFwdParams& p, Products products, const Matrix& q, const Matrix& k, Matrix* scores) {
+  if (products != Products::kEigen) return WideProductNT(products, q, k, p.scale, scores);  // the same two roundings: the sum, then * scale
   scores->noalias() = q * k.transpose();
   *scores *= p.scale;
 }
@@ -259,6 +303,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
   const int b = tile.b, h = tile.h, hkv = tile.hkv;
   const int64_t row0 = tile.row0, rows = tile.rows;
   const HeadContext ctx(p, b, h);
+  const Products products = ProductsFor<T>();
 
   T* out = static_cast<T*>(p.out) + b * p.o_batch_stride + row0 * p.o_row_stride + h * p.o_head_stride;
   float* lse = p.lse + (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
@@ -283,7 +328,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
     const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
     if (cover == TileCover::kSkip) continue;  // never loaded
     LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-    ScoreTile(p, q, k, &s);
+    ScoreTile(p, products, q, k, &s);
     SoftcapScores(p.softcap, &s, nullptr);
     if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
@@ -297,7 +342,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
         ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
         s.array() *= keep.array();
       }
-      WideProductNN(s, v, 1.f, true, acc.data(), acc.cols());
+      WideProductNN(products, s, v, 1.f, true, acc.data(), acc.cols());
       continue;
     }
     // Online softmax: rescale what was accumulated by exp(old max - new max).
@@ -391,6 +436,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
   const int b = tile.b, h = tile.h, hkv = tile.hkv;
   const int64_t row0 = tile.row0, rows = tile.rows;
   const HeadContext ctx(p, b, h);
+  const Products products = ProductsFor<T>();
   const int64_t offset = (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
   const float* lse = p.lse + offset;
   float* row_ref = scratch.row_ref + offset;
@@ -418,7 +464,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
           BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
       if (cover == TileCover::kSkip) continue;
       LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-      ScoreTile(p, q, k, &s);
+      ScoreTile(p, products, q, k, &s);
       SoftcapScores(p.softcap, &s, nullptr);
       if (ctx.MaskScores(row0, col0, cover, &s, &col_seen)) body(col0, cols);
     }
@@ -469,7 +515,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
     }
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
     if (Wide()) {
-      WideProductNT(d_out, v, 1.f, &d_p);
+      WideProductNT(products, d_out, v, 1.f, &d_p);
     } else {
       d_p.noalias() = d_out * v.transpose();
     }
@@ -491,6 +537,7 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
                   int64_t unit, std::vector<Matrix>& m, std::vector<uint8_t>& col_seen) {
   Matrix &q = m[0], &k = m[1], &v = m[2], &d_out = m[3], &s = m[4], &d_p = m[5], &keep = m[6], &d_k = m[7],
          &d_v = m[8], &d_q = m[9], &d_tanh = m[10], &k_seen = m[11];
+  const Products products = ProductsFor<T>();
   const int slice = static_cast<int>(unit % slices);
   const int hkv = static_cast<int>((unit / slices) % p.num_heads_kv);
   const int b = static_cast<int>(unit / (int64_t{slices} * p.num_heads_kv));
@@ -534,7 +581,7 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         // The forward's score tile, recomputed with the same operations on the same shapes (ForwardUnit).
         LoadRows(static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride,
                  p.q_row_stride, rows, p.head_dim, 1.f, &q);
-        ScoreTile(p, q, k, &s);
+        ScoreTile(p, products, q, k, &s);
         SoftcapScores(p.softcap, &s, &d_tanh);
         if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
         // P = exp(S - lse): the forward's probabilities, rebuilt; rows with lse = -inf see nothing.
@@ -554,14 +601,14 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
                      h * p.o_head_stride,
                  p.o_row_stride, rows, p.head_dim_v, 1.f, &d_out);
         if (Wide()) {
-          WideProductNT(d_out, v, 1.f, &d_p);
+          WideProductNT(products, d_out, v, 1.f, &d_p);
           if (ctx.has_dropout()) {  // the forward's mask, regenerated; keep becomes P * keep for dV
             ctx.DropoutScales(row0, col0, rows, valid_cols, &keep);
             d_p.array() *= keep.array();
             keep.array() *= s.array();
-            WideProductTN(keep, d_out, 1.f, &d_v);
+            WideProductTN(products, keep, d_out, 1.f, &d_v);
           } else {
-            WideProductTN(s, d_out, 1.f, &d_v);
+            WideProductTN(products, s, d_out, 1.f, &d_v);
           }
         } else {
           d_p.noalias() = d_out * v.transpose();
@@ -579,7 +626,7 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
         if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
         if (Wide()) {
-          WideProductTN(d_p, q, p.scale, &d_k);
+          WideProductTN(products, d_p, q, p.scale, &d_k);
         } else {
           d_k.noalias() += p.scale * (d_p.transpose() * q);
         }
@@ -591,7 +638,7 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         }
         float* d_q_rows = d_q_batch + row0 * dq_row_stride + int64_t{h} * p.head_dim;
         if (Wide()) {  // straight into the partial sums: d_q_rows += scale * dS K
-          WideProductNN(d_p, *k_used, p.scale, true, d_q_rows, dq_row_stride);
+          WideProductNN(products, d_p, *k_used, p.scale, true, d_q_rows, dq_row_stride);
           continue;
         }
         d_q.noalias() = p.scale * (d_p * *k_used);
