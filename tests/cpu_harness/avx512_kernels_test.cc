@@ -5,7 +5,8 @@
 // then alpha * acc (or fmaf(alpha, acc, c) when accumulating): the contract the forward and the backward
 // rely on for equal tiles. Shapes cover every micro-kernel (1..12 rows, 1..4 vectors) and their tails, with
 // strides wider than the rows; guard values around C must survive. exp: within 2 ulp of the double exp over
-// [-110, 1], exp(-inf) = 0, NaN stays NaN; max and sums against double.
+// [-110, 1], exp(-inf) = 0, NaN stays NaN; max and sums against double. The elementwise steps (multiply,
+// softmax_grad) bit for bit against their scalar formulas, NaN in dP where P is 0 included.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -137,6 +138,41 @@ void CheckExp() {
   }
 }
 
+void CheckElementwise(std::mt19937& gen) {
+  std::normal_distribution<float> normal;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (long rows : {1L, 3L, 8L}) {
+    for (long cols : {1L, 15L, 16L, 17L, 64L, 100L, 257L}) {
+      const long n = rows * cols;
+      std::vector<float> p(n), dp(n + 1, kGuard), d_tanh(n), delta(rows), x(n + 1, kGuard), y(n);
+      for (long i = 0; i < n; ++i) {
+        p[i] = i % 5 == 0 ? 0.f : std::fabs(normal(gen));
+        dp[i] = i % 7 == 0 && p[i] == 0.f ? nan : normal(gen);  // NaN only where P is 0
+        d_tanh[i] = 1.f - normal(gen) * normal(gen);
+        x[i] = normal(gen);
+        y[i] = i % 3 == 0 ? 0.f : 1.25f;
+      }
+      for (float& d : delta) d = normal(gen);
+      for (bool with_tanh : {false, true}) {
+        std::vector<float> got = dp;
+        avx::softmax_grad(got.data(), p.data(), with_tanh ? d_tanh.data() : nullptr, delta.data(), rows, cols);
+        for (long i = 0; i < n; ++i) {
+          float want = p[i] == 0.f ? 0.f : p[i] * (dp[i] - delta[i / cols]);
+          if (with_tanh) want *= d_tanh[i];
+          if (!SameBits(got[i], want)) Fail("softmax_grad", rows, cols, with_tanh, i / cols, i % cols, got[i], want);
+        }
+        if (got[n] != kGuard) Fail("softmax_grad guard", rows, cols, with_tanh, rows, 0, got[n], kGuard);
+      }
+      std::vector<float> got = x;
+      avx::multiply(got.data(), y.data(), n);
+      for (long i = 0; i < n; ++i) {
+        if (!SameBits(got[i], x[i] * y[i])) Fail("multiply", rows, cols, 0, i / cols, i % cols, got[i], x[i] * y[i]);
+      }
+      if (got[n] != kGuard) Fail("multiply guard", rows, cols, 0, rows, 0, got[n], kGuard);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -163,6 +199,7 @@ int main() {
   }
   std::printf("products: %ld cases\n", cases);
   CheckExp();
+  CheckElementwise(gen);
   std::printf(failures ? "FAILED: %d mismatches\n" : "OK\n", failures);
   return failures ? 1 : 0;
 }

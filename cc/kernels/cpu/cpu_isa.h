@@ -59,6 +59,13 @@ float exp_shifted_sum(float* x, int64_t n, float shift);
 // x[i] = exp(x[i] - shift) * scale in place.
 void exp_shifted_scaled(float* x, int64_t n, float shift, float scale);
 
+// Elementwise steps of the tiles at 16 lanes, each element the same float32 operations as the scalar formula
+// (so bit-equal with Eigen's): x[i] *= y[i] (dropout's scales), and dS in place of dP over rows x cols
+// (row-major, stride cols): dS = 0 where P is 0 (an invisible value row may have made dP NaN there), else
+// P * (dP - delta[r]); then dS *= d_tanh (the soft-cap's 1 - tanh^2) where d_tanh is not null.
+void multiply(float* x, const float* y, int64_t n);
+void softmax_grad(float* dp, const float* p, const float* d_tanh, const float* delta, int64_t rows, int64_t cols);
+
 }  // namespace cpu_avx512
 
 namespace cpu_avx512bf16 {

@@ -225,5 +225,30 @@ void exp_shifted_scaled(float* x, int64_t n, float shift, float scale) {
   }
 }
 
+void multiply(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = LaneMask(n - i);
+    const __m512 product = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, y + i));
+    _mm512_mask_storeu_ps(x + i, mask, product);
+  }
+}
+
+void softmax_grad(float* dp, const float* p, const float* d_tanh, const float* delta, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dp_row = dp + r * cols;
+    const float* p_row = p + r * cols;
+    const __m512 d = _mm512_set1_ps(delta[r]);
+    for (int64_t i = 0; i < cols; i += kLanes) {
+      const __mmask16 mask = LaneMask(cols - i);
+      const __m512 p_vec = _mm512_maskz_loadu_ps(mask, p_row + i);
+      // 0 where P is 0, whatever dP holds there (NaN included); P * (dP - D) elsewhere, NaN P included.
+      const __mmask16 nonzero = _mm512_cmp_ps_mask(p_vec, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      __m512 ds = _mm512_maskz_mul_ps(nonzero, p_vec, _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, dp_row + i), d));
+      if (d_tanh) ds = _mm512_mul_ps(ds, _mm512_maskz_loadu_ps(mask, d_tanh + r * cols + i));
+      _mm512_mask_storeu_ps(dp_row + i, mask, ds);
+    }
+  }
+}
+
 }  // namespace cpu_avx512
 }  // namespace tf_flash

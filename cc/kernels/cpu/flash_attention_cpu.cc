@@ -340,7 +340,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
       }
       if (ctx.has_dropout()) {
         ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
-        s.array() *= keep.array();
+        cpu_avx512::multiply(s.data(), keep.data(), s.size());
       }
       WideProductNN(products, s, v, 1.f, true, acc.data(), acc.cols());
       continue;
@@ -604,12 +604,16 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
           WideProductNT(products, d_out, v, 1.f, &d_p);
           if (ctx.has_dropout()) {  // the forward's mask, regenerated; keep becomes P * keep for dV
             ctx.DropoutScales(row0, col0, rows, valid_cols, &keep);
-            d_p.array() *= keep.array();
-            keep.array() *= s.array();
+            cpu_avx512::multiply(d_p.data(), keep.data(), d_p.size());
+            cpu_avx512::multiply(keep.data(), s.data(), keep.size());
             WideProductTN(products, keep, d_out, 1.f, &d_v);
           } else {
             WideProductTN(products, s, d_out, 1.f, &d_v);
           }
+          // dS = P * (dP - D) in place of dP, through the soft-cap's 1 - tanh^2 (the formula below, 16 lanes).
+          cpu_avx512::softmax_grad(d_p.data(), s.data(), p.softcap > 0.f ? d_tanh.data() : nullptr, delta + row0,
+                                   rows, valid_cols);
+          WideProductTN(products, d_p, q, p.scale, &d_k);
         } else {
           d_p.noalias() = d_out * v.transpose();
           if (ctx.has_dropout()) {  // the forward's mask, regenerated
@@ -619,15 +623,11 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
           } else {
             d_v.noalias() += s.transpose() * d_out;
           }
-        }
-        // dS = P * (dP - D), overwriting dP; exactly 0 where P is (an invisible value row may have made
-        // dP NaN there). Through the soft-cap: dS *= 1 - tanh^2.
-        for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
-        d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
-        if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
-        if (Wide()) {
-          WideProductTN(products, d_p, q, p.scale, &d_k);
-        } else {
+          // dS = P * (dP - D), overwriting dP; exactly 0 where P is (an invisible value row may have made
+          // dP NaN there). Through the soft-cap: dS *= 1 - tanh^2.
+          for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
+          d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
+          if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
           d_k.noalias() += p.scale * (d_p.transpose() * q);
         }
         const Matrix* k_used = &k;
