@@ -133,17 +133,51 @@ void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
   }
 }
 
-// pack[kk * kBlockCols + j] = b[j * ldb + kk] for j < cols (<= kBlockCols), kk < k: a block of B^T, by
-// gathers of 16 rows of B (L1-resident lines across consecutive kk).
+// Transposes the 16 x 16 matrix of 32-bit elements in v[0..15] (row r in v[r]) in place: unpacks within
+// 128-bit lanes make 4 x 4 blocks, two shuffles of whole lanes place them. 64 shuffles for 256 elements,
+// where gathers would take 16 loads per row of the result.
+void Transpose16(__m512 v[16]) {
+  __m512 b[16];
+  for (int i = 0; i < 16; i += 2) {
+    b[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+    b[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+  }
+  // c[4g + m]: in 128-bit lane L, rows 4g..4g+3 of column 4L + m.
+  __m512 c[16];
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d b0 = _mm512_castps_pd(b[g]), b1 = _mm512_castps_pd(b[g + 1]);
+    const __m512d b2 = _mm512_castps_pd(b[g + 2]), b3 = _mm512_castps_pd(b[g + 3]);
+    c[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(b0, b2));
+    c[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(b0, b2));
+    c[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b1, b3));
+    c[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b1, b3));
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512 d0 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0xEE);
+    const __m512 d2 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0x44);
+    const __m512 d3 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0xEE);
+    v[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
+    v[m + 4] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
+    v[m + 8] = _mm512_shuffle_f32x4(d1, d3, 0x88);
+    v[m + 12] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
+  }
+}
+
+// pack[kk * kBlockCols + j] = b[j * ldb + kk] for j < cols (<= kBlockCols), kk < k, and 0 for the other j
+// of each 16: a block of B^T, 16 x 16 squares at a time (rows of B loaded whole, then transposed in
+// registers).
 void PackTransposed(const float* b, int64_t ldb, int64_t cols, int64_t k, float* pack) {
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i index = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ldb)));
   for (int64_t j0 = 0; j0 < cols; j0 += kLanes) {
-    const __mmask16 mask = LaneMask(cols - j0);
-    const float* column = b + j0 * ldb;
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, column + kk, 4);
-      _mm512_storeu_ps(pack + kk * kBlockCols + j0, v);
+    const int64_t rows = Min(kLanes, cols - j0);
+    for (int64_t k0 = 0; k0 < k; k0 += kLanes) {
+      const __mmask16 mask = LaneMask(k - k0);
+      __m512 v[kLanes];
+      for (int r = 0; r < kLanes; ++r) {
+        v[r] = r < rows ? _mm512_maskz_loadu_ps(mask, b + (j0 + r) * ldb + k0) : _mm512_setzero_ps();
+      }
+      Transpose16(v);
+      const int64_t count = Min(kLanes, k - k0);
+      for (int64_t t = 0; t < count; ++t) _mm512_storeu_ps(pack + (k0 + t) * kBlockCols + j0, v[t]);
     }
   }
 }

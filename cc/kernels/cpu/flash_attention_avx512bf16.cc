@@ -90,20 +90,61 @@ void PackInterleavedRows(const float* src, int64_t lds, int64_t rows, int64_t co
   }
 }
 
-// dst[t * ldd + j] = Pairs(src[j][2t], src[j][2t + 1]) for j < rows, t < ceil(cols / 2): src^T as pairs of
-// rows, by gathers of 16 rows of src (L1-resident lines across consecutive t).
+// Transposes the 16 x 16 matrix of 32-bit elements in v[0..15] (row r in v[r]) in place: unpacks within
+// 128-bit lanes make 4 x 4 blocks, two shuffles of whole lanes place them. 64 shuffles for 256 elements,
+// where gathers would take 16 loads per row of the result.
+void Transpose16(__m512 v[16]) {
+  __m512 b[16];
+  for (int i = 0; i < 16; i += 2) {
+    b[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+    b[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+  }
+  // c[4g + m]: in 128-bit lane L, rows 4g..4g+3 of column 4L + m.
+  __m512 c[16];
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d b0 = _mm512_castps_pd(b[g]), b1 = _mm512_castps_pd(b[g + 1]);
+    const __m512d b2 = _mm512_castps_pd(b[g + 2]), b3 = _mm512_castps_pd(b[g + 3]);
+    c[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(b0, b2));
+    c[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(b0, b2));
+    c[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b1, b3));
+    c[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b1, b3));
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512 d0 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0xEE);
+    const __m512 d2 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0x44);
+    const __m512 d3 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0xEE);
+    v[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
+    v[m + 4] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
+    v[m + 8] = _mm512_shuffle_f32x4(d1, d3, 0x88);
+    v[m + 12] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
+  }
+}
+
+// dst[t * ldd + j] = Pairs(src[j][2t], src[j][2t + 1]) for j < rows, t < ceil(cols / 2), and 0 for the other
+// j of each 16: src^T as pairs of rows, from 16 rows x 16 pairs at a time (PackRowPairs' pairs of each row,
+// then transposed in registers).
 void PackTransposedPairs(const float* src, int64_t lds, int64_t rows, int64_t cols, uint32_t* dst, int64_t ldd) {
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i index = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(lds)));
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   for (int64_t j0 = 0; j0 < rows; j0 += kLanes) {
-    const __mmask16 mask = LaneMask(rows - j0);
-    const float* column = src + j0 * lds;
-    for (int64_t t = 0; 2 * t < cols; ++t) {
-      const __m512 lo = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, column + 2 * t, 4);
-      const __m512 hi = 2 * t + 1 < cols
-                            ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, column + 2 * t + 1, 4)
-                            : _mm512_setzero_ps();
-      _mm512_mask_storeu_epi32(dst + t * ldd + j0, mask, Pairs(lo, hi));
+    const int64_t block_rows = Min(kLanes, rows - j0);
+    for (int64_t c0 = 0; c0 < cols; c0 += 2 * kLanes) {
+      const __mmask16 first = LaneMask(cols - c0), second = LaneMask(cols - c0 - kLanes);
+      __m512 v[kLanes];
+      for (int r = 0; r < kLanes; ++r) {
+        if (r >= block_rows) {
+          v[r] = _mm512_setzero_ps();
+          continue;
+        }
+        const float* s = src + (j0 + r) * lds + c0;
+        const __m512 x = _mm512_maskz_loadu_ps(first, s), y = _mm512_maskz_loadu_ps(second, s + kLanes);
+        v[r] = _mm512_castsi512_ps(Pairs(_mm512_permutex2var_ps(x, even, y), _mm512_permutex2var_ps(x, odd, y)));
+      }
+      Transpose16(v);
+      const int64_t count = PairsOf(Min(2 * kLanes, cols - c0));
+      for (int64_t t = 0; t < count; ++t) {
+        _mm512_storeu_si512(dst + (c0 / 2 + t) * ldd + j0, _mm512_castps_si512(v[t]));
+      }
     }
   }
 }
