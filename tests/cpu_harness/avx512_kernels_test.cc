@@ -6,7 +6,8 @@
 // rely on for equal tiles. Shapes cover every micro-kernel (1..12 rows, 1..4 vectors) and their tails, with
 // strides wider than the rows; guard values around C must survive. exp: within 2 ulp of the double exp over
 // [-110, 1], exp(-inf) = 0, NaN stays NaN; max and sums against double. The elementwise steps (multiply,
-// softmax_grad) bit for bit against their scalar formulas, NaN in dP where P is 0 included.
+// softmax_grad) bit for bit against their scalar formulas, NaN in dP where P is 0 included; softcap's tanh
+// within 3 ulp of the double tanh over [-60, 60], its d_tanh and cap scaling bit for bit from that tanh.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -173,6 +174,45 @@ void CheckElementwise(std::mt19937& gen) {
   }
 }
 
+void CheckSoftcap() {
+  std::vector<float> x;
+  for (double v = -60.0; v <= 60.0; v += 0.000917) x.push_back(static_cast<float>(v));
+  for (double v = -1.0; v <= 1.0; v += 0.0000137) x.push_back(static_cast<float>(v));
+  const float specials[] = {0.f, -0.f, 1e-30f, -1e-30f, 1e-6f, 0.625f, -0.625f, 0.62499997f, 1e30f, -1e30f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (float v : specials) x.push_back(v);
+  const long n = static_cast<long>(x.size());
+  // cap 1: x becomes tanh(x) itself.
+  std::vector<float> t = x, d_tanh(n + 1, kGuard);
+  t.push_back(kGuard);
+  avx::softcap(t.data(), n, 1.f, d_tanh.data());
+  double worst = 0;
+  for (long i = 0; i < n; ++i) {
+    const double want = std::tanh(static_cast<double>(x[i]));
+    const double off = want == 0.0 ? (t[i] == 0.f ? 0.0 : 1e9) : UlpsOff(t[i], want);
+    worst = std::max(worst, off);
+    if (off > 3.0) Fail("tanh", 0, 0, 0, i, 0, t[i], want);
+    const float want_d = std::fmaf(-t[i], t[i], 1.f);
+    if (!SameBits(d_tanh[i], want_d)) Fail("d_tanh", 0, 0, 0, i, 0, d_tanh[i], want_d);
+  }
+  if (t[n] != kGuard || d_tanh[n] != kGuard) Fail("softcap guard", n, 0, 0, n, 0, t[n], kGuard);
+  std::printf("tanh: worst %.2f ulp over %ld points\n", worst, n);
+  float nan_in[2] = {std::numeric_limits<float>::quiet_NaN(), 0.5f};
+  avx::softcap(nan_in, 2, 1.f, nullptr);
+  if (!std::isnan(nan_in[0])) Fail("tanh(NaN)", 0, 0, 0, 0, 0, nan_in[0], NAN);
+  // cap 5: x * (1 / 5) through the same tanh, then * 5.
+  const float cap = 5.f;
+  std::vector<float> scaled(n), arg(n);
+  for (long i = 0; i < n; ++i) arg[i] = x[i] * (1.f / cap);
+  std::vector<float> t_arg = arg;
+  avx::softcap(t_arg.data(), n, 1.f, nullptr);
+  scaled = x;
+  avx::softcap(scaled.data(), n, cap, nullptr);
+  for (long i = 0; i < n; ++i) {
+    if (!SameBits(scaled[i], t_arg[i] * cap)) Fail("softcap scaling", 0, 0, 0, i, 0, scaled[i], t_arg[i] * cap);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -200,6 +240,7 @@ int main() {
   std::printf("products: %ld cases\n", cases);
   CheckExp();
   CheckElementwise(gen);
+  CheckSoftcap();
   std::printf(failures ? "FAILED: %d mismatches\n" : "OK\n", failures);
   return failures ? 1 : 0;
 }

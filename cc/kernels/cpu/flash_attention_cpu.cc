@@ -161,6 +161,11 @@ void ScoreTile(const FlashFwdParams& p, Products products, const Matrix& q, cons
 // d_tanh, also returns d(capped)/d(s) = 1 - tanh^2 for the backward.
 void SoftcapScores(float softcap, Matrix* scores, Matrix* d_tanh) {
   if (!(softcap > 0.f)) return;
+  if (Wide()) {  // 16 lanes, the same three steps
+    if (d_tanh) d_tanh->resize(scores->rows(), scores->cols());
+    cpu_avx512::softcap(scores->data(), scores->size(), softcap, d_tanh ? d_tanh->data() : nullptr);
+    return;
+  }
   scores->array() = (scores->array() * (1.f / softcap)).tanh();
   if (d_tanh) *d_tanh = 1.f - scores->array().square();
   scores->array() *= softcap;
