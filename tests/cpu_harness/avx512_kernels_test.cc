@@ -7,7 +7,8 @@
 // strides wider than the rows; guard values around C must survive. exp: within 2 ulp of the double exp over
 // [-110, 1], exp(-inf) = 0, NaN stays NaN; max and sums against double. The elementwise steps (multiply,
 // softmax_grad) bit for bit against their scalar formulas, NaN in dP where P is 0 included; softcap's tanh
-// within 3 ulp of the double tanh over [-60, 60], its d_tanh and cap scaling bit for bit from that tanh.
+// within 3 ulp of the double tanh over [-60, 60], its d_tanh and cap scaling bit for bit from that tanh;
+// mask_row against the per-entry rule (NaN scores of masked columns replaced, columns outside [lo, hi) kept).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -174,6 +175,39 @@ void CheckElementwise(std::mt19937& gen) {
   }
 }
 
+void CheckMaskRow(std::mt19937& gen) {
+  std::normal_distribution<float> normal;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (long cols : {1L, 15L, 16L, 17L, 40L, 256L}) {
+    for (long lo = 0; lo <= cols; lo += 1 + cols / 5) {
+      for (long hi = lo; hi <= cols; hi += 1 + cols / 4) {
+        for (int density : {0, 3, 10}) {  // visible fraction density / 10
+          std::vector<float> s(cols);
+          std::vector<uint8_t> mask(cols), seen(cols);
+          for (long c = 0; c < cols; ++c) {
+            s[c] = c % 9 == 4 ? nan : normal(gen);
+            mask[c] = static_cast<uint8_t>(static_cast<int>(gen() % 10) < density);
+            seen[c] = static_cast<uint8_t>(gen() % 4 == 0);
+          }
+          std::vector<float> got = s;
+          std::vector<uint8_t> got_seen = seen;
+          const bool any = avx::mask_row(got.data(), mask.data(), got_seen.data(), lo, hi);
+          bool want_any = false;
+          for (long c = 0; c < cols; ++c) {
+            const bool inside = c >= lo && c < hi, visible = mask[c] != 0;
+            const float want = inside && !visible ? -std::numeric_limits<float>::infinity() : s[c];
+            const uint8_t want_seen = static_cast<uint8_t>(seen[c] | (inside && visible));
+            want_any |= inside && visible;
+            if (!SameBits(got[c], want)) Fail("mask_row", cols, lo, hi, 0, c, got[c], want);
+            if (got_seen[c] != want_seen) Fail("mask_row seen", cols, lo, hi, 0, c, got_seen[c], want_seen);
+          }
+          if (any != want_any) Fail("mask_row any", cols, lo, hi, 0, 0, any, want_any);
+        }
+      }
+    }
+  }
+}
+
 void CheckSoftcap() {
   std::vector<float> x;
   for (double v = -60.0; v <= 60.0; v += 0.000917) x.push_back(static_cast<float>(v));
@@ -241,6 +275,7 @@ int main() {
   CheckExp();
   CheckElementwise(gen);
   CheckSoftcap();
+  CheckMaskRow(gen);
   std::printf(failures ? "FAILED: %d mismatches\n" : "OK\n", failures);
   return failures ? 1 : 0;
 }

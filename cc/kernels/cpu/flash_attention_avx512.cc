@@ -296,6 +296,29 @@ void softcap(float* x, int64_t n, float cap, float* d_tanh) {
   }
 }
 
+bool mask_row(float* s, const uint8_t* mask, uint8_t* seen, int64_t lo, int64_t hi) {
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  const __m128i one = _mm_set1_epi8(1);
+  __mmask16 any = 0;
+  int64_t c = lo;
+  for (; c + kLanes <= hi; c += kLanes) {
+    const __m128i bytes = _mm_min_epu8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + c)), one);
+    const __mmask16 visible = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(1));
+    _mm512_mask_storeu_ps(s + c, static_cast<__mmask16>(~visible), neg_inf);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(seen + c),
+                     _mm_or_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(seen + c)), bytes));
+    any |= visible;
+  }
+  bool tail_any = false;
+  for (; c < hi; ++c) {  // the last columns one by one: no load past the row's mask
+    const bool visible = mask[c] != 0;
+    if (!visible) s[c] = -__builtin_inff();
+    seen[c] |= static_cast<uint8_t>(visible);
+    tail_any |= visible;
+  }
+  return any != 0 || tail_any;
+}
+
 void multiply(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 mask = LaneMask(n - i);

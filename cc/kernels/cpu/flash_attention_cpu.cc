@@ -240,6 +240,8 @@ struct HeadContext {
     const bool entry_blocks = partial && p.block_mask.data, entry_segments = partial && has_segments(p) && !kv_ids_sorted;
     const bool segment_runs = partial && has_segments(p) && kv_ids_sorted;
     const bool per_entry = entry_blocks || entry_segments || p.attn_mask.data;
+    const bool row_mask_alone = Wide() && p.attn_mask.data && p.attn_mask.col_stride == 1 && !entry_blocks &&
+                                !entry_segments;
     const int32_t* tile_ids = segment_runs ? p.kv_segment_ids + int64_t{b} * p.seqlen_k + col0 : nullptr;
     bool any_visible = false;
     for (int64_t r = 0; r < rows; ++r) {
@@ -257,6 +259,12 @@ struct HeadContext {
       if (!per_entry) {
         std::fill(col_seen->begin() + lo, col_seen->begin() + hi, uint8_t{1});
         any_visible |= lo < hi;
+        continue;
+      }
+      if (row_mask_alone) {  // attn_mask alone, its columns contiguous: 16 at a time (the loop below's rule)
+        const bool* mask = p.attn_mask.data + b * p.attn_mask.batch_stride + h * p.attn_mask.head_stride +
+                           row * p.attn_mask.row_stride + col0;
+        any_visible |= cpu_avx512::mask_row(s, reinterpret_cast<const uint8_t*>(mask), col_seen->data(), lo, hi);
         continue;
       }
       for (int64_t c = lo; c < hi; ++c) {
