@@ -26,8 +26,9 @@ keeps what it measured; the run's log in results/cpu.log.
                                               #   the AVX-512 one (forced by TF_FLASH_CPU_ISA per process),
                                               #   beside TF's float32 attention and the machine's peaks
                                               #   (float32 FMAs, vdpbf16ps), non-causal: B1 H8 D64 at S
-                                              #   2048/4096 and the example's B16 H2 S2048 D32 (~7 min on
-                                              #   16 cores): results/cpu_isa.json, .png and .log
+                                              #   2048/4096 and the example's B16 H2 S2048 D32; bfloat16 on
+                                              #   the opt-in AMX path too (~8 min on 16 cores):
+                                              #   results/cpu_isa.json, .png and .log
 """
 import argparse
 import json
@@ -359,8 +360,9 @@ ISA_SHAPES = [(1, 2048, 8, 64), (1, 4096, 8, 64), (16, 2048, 2, 32)]
 # The CPU kernel's runs, each path forced per process by TF_FLASH_CPU_ISA (a path the CPU lacks runs the
 # widest below it, and the result says which ran): (path, input dtype). bfloat16 on avx512_bf16 is the
 # vdpbf16ps path the issue measures against float32 on avx512; bfloat16 on avx512 multiplies the same inputs
-# in float32.
-ISA_RUNS = [("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16")]
+# in float32; avx512_amx (opt-in) runs the bfloat16 products on AMX tiles where the CPU has them.
+ISA_RUNS = [("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16"),
+            ("avx512_amx", "bfloat16")]
 # The peaks: float32 FMAs at 8 and 16 lanes, vdpbf16ps where the CPU has AVX512_BF16.
 ISA_PEAKS = ["avx512", "avx2", "avx512_bf16"]
 

@@ -676,7 +676,8 @@ def _determinism_tables(payload):
 # ---------------------------------------------------------------------------------------------------------
 
 # (path forced by TF_FLASH_CPU_ISA, input dtype) of each tf_flash run; results without a dtype are float32.
-ISA_RUNS = (("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16"))
+ISA_RUNS = (("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16"),
+            ("avx512_amx", "bfloat16"))
 
 
 def _run_name(isa, dtype):

@@ -1,17 +1,19 @@
 """The CPU kernel's instruction-set paths (cc/kernels/cpu/cpu_isa.h): AVX512_BF16 (bfloat16 products through
 vdpbf16ps) where the CPU has AVX512F/BW/VL and AVX512_BF16, AVX-512 where it has AVX512F, AVX2 otherwise; each
-forced by TF_FLASH_CPU_ISA=avx2 / avx512 / avx512_bf16 up to what the CPU has.
+forced by TF_FLASH_CPU_ISA=avx2 / avx512 / avx512_bf16 up to what the CPU has; avx512_amx (the same bfloat16
+products on AMX tiles) only when asked for.
 
 - build_info() names the path taken;
 - each AVX-512 object exports only its plain functions (no COMDAT the linker could hand an AVX2 caller), and
   in the library no function outside tf_flash::cpu_avx512 / cpu_avx512bf16 touches a zmm register (runs on
-  any machine), and none outside cpu_avx512bf16 holds vdpbf16ps (runs without AVX512_BF16);
+  any machine), none outside cpu_avx512bf16 holds vdpbf16ps (runs without AVX512_BF16), and none but its AMX
+  functions an AMX instruction;
 - the micro-kernels against scalar references (tests/cpu_harness/avx512_kernels_test.cc and
   avx512bf16_kernels_test.cc, compiled here);
 - the op on the path this process runs against the float64 reference: head dims 32/64/128, lengths off the
   tiles, causal, masks, GQA, dropout, softcap, float32/float16/bfloat16, forward and gradients; the backward's
-  determinism; and this path against each narrower one run in a child process (the bfloat16 products
-  against the float32 ones, and both against AVX2).
+  determinism; this path against each narrower one run in a child process (the bfloat16 products against the
+  float32 ones, and both against AVX2); and the AMX path, in a child process, against the reference.
 The cases that need a feature the CPU lacks skip, saying which.
 """
 import json
@@ -37,12 +39,12 @@ AVX512BF16_SOURCE = os.path.join(REPO, "cc", "kernels", "cpu", "flash_attention_
 # no TF header).
 AVX512_FLAGS = ["-std=c++17", "-O3", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-Wno-uninitialized",
                 "-Wno-maybe-uninitialized"]
-AVX512BF16_FLAGS = AVX512_FLAGS + ["-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+AVX512BF16_FLAGS = AVX512_FLAGS + ["-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"]
 # Each AVX-512 file by the namespace of the only functions it may export: (source, flags, namespace).
 AVX512_OBJECTS = {"avx512": (AVX512_SOURCE, AVX512_FLAGS, "tf_flash::cpu_avx512::"),
                   "avx512bf16": (AVX512BF16_SOURCE, AVX512BF16_FLAGS, "tf_flash::cpu_avx512bf16::")}
-# The paths, narrowest first (cpu_isa.h: CpuIsa).
-PATHS = ["avx2", "avx512", "avx512_bf16"]
+# The paths, narrowest first (cpu_isa.h: CpuIsa); the last only when TF_FLASH_CPU_ISA asks for it.
+PATHS = ["avx2", "avx512", "avx512_bf16", "avx512_amx"]
 
 
 def _cpu_flags():
@@ -60,8 +62,11 @@ _FLAGS = _cpu_flags()
 HAS_AVX512 = "avx512f" in _FLAGS
 HAS_AVX512_BF16 = HAS_AVX512 and {"avx512bw", "avx512vl", "avx512_bf16"} <= _FLAGS
 needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="the CPU has no AVX512F: only the AVX2 path runs here")
+HAS_AMX_BF16 = HAS_AVX512_BF16 and {"amx_tile", "amx_bf16"} <= _FLAGS
 needs_avx512_bf16 = pytest.mark.skipif(
     not HAS_AVX512_BF16, reason="the CPU lacks AVX512_BF16 (or AVX512BW/VL): the bfloat16 dot products cannot run here")
+needs_amx_bf16 = pytest.mark.skipif(not HAS_AMX_BF16, reason="the CPU lacks AMX-TILE / AMX-BF16: the AMX path cannot "
+                                                             "run here")
 
 
 def _widest_path():
@@ -72,7 +77,9 @@ def test_build_info_names_the_path_taken():
     widest = _widest_path()
     forced = os.environ.get("TF_FLASH_CPU_ISA")
     expected = widest
-    if forced in PATHS and PATHS.index(forced) < PATHS.index(widest):
+    if forced == "avx512_amx":
+        expected = "avx512_amx" if HAS_AMX_BF16 else widest  # (Linux may refuse the tile state: then widest)
+    elif forced in PATHS and PATHS.index(forced) < PATHS.index(widest):
         expected = forced
     assert tf_flash.build_info()["cpu_isa"] == expected
 
@@ -118,7 +125,7 @@ def test_library_touches_zmm_only_in_the_avx512_functions():
     library = tf_flash.build_info()["library"]
     listing = subprocess.run([_tool("objdump"), "-d", "--no-show-raw-insn", "-C", library], check=True,
                              capture_output=True, text=True).stdout
-    users, bf16_users, function = set(), set(), None
+    users, bf16_users, amx_users, function = set(), set(), set(), None
     for line in listing.splitlines():
         header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
         if header:
@@ -128,10 +135,16 @@ def test_library_touches_zmm_only_in_the_avx512_functions():
                 users.add(function)
             if re.search(r"\bv(dpbf16ps|cvtne2?ps2bf16)\b", line):
                 bf16_users.add(function)
+            if re.search(r"\b(ldtilecfg|sttilecfg|tileloadd|tileloaddt1|tilestored|tilezero|tilerelease|tdp\w+)\b",
+                         line):
+                amx_users.add(function)
     for namespace in ("tf_flash::cpu_avx512::", "tf_flash::cpu_avx512bf16::"):
         assert any(namespace in name for name in users), f"no {namespace} code found in the library"
     # The bfloat16 instructions only where the AVX512_BF16 path alone calls (AVX512F machines lack them).
     assert bf16_users and all("tf_flash::cpu_avx512bf16::" in name for name in bf16_users), sorted(bf16_users)[:20]
+    # AMX only in the AMX functions, which the opt-in AMX path alone calls.
+    assert amx_users and all("tf_flash::cpu_avx512bf16::" in name and "mx" in name.lower() for name in amx_users), \
+        sorted(amx_users)[:20]
     outside = sorted(name for name in users if not re.search(r"tf_flash::cpu_avx512(bf16)?::", name))
     # The CUDA build links cudart statically: report its functions, fail on any of ours, Eigen's or std's.
     ours = [name for name in outside if re.search(r"tf_flash|Eigen|std::|tensorflow|tsl::|absl", name)]
@@ -234,7 +247,12 @@ def _run_case(name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_float64_reference(name):
-    (q, k, v, dout), ref_kwargs, (out, lse, dq, dk, dv) = _run_case(name)
+    inputs, ref_kwargs, results = _run_case(name)
+    _check_against_reference(inputs, ref_kwargs, results)
+
+
+def _check_against_reference(inputs, ref_kwargs, results):
+    (q, k, v, dout), (out, lse, dq, dk, dv) = inputs, [np.asarray(x) for x in results]
     dtype = q.dtype
     ref_out, ref_lse = reference_attention(q, k, v, **ref_kwargs)
     out_tol = tolerance("max_output", dtype)
@@ -268,20 +286,42 @@ json.dump(dict(isa=tf_flash.build_info()["cpu_isa"], results=results), open({pat
 """
 
 
-@needs_avx512
-@pytest.mark.parametrize("narrower", ["avx2", "avx512"])
-def test_this_path_and_a_narrower_one_agree(tmp_path, narrower):
-    mine = tf_flash.build_info()["cpu_isa"]
-    if PATHS.index(mine) <= PATHS.index(narrower):
-        pytest.skip(f"this process runs the {mine} path (TF_FLASH_CPU_ISA or the CPU), not wider than {narrower}")
-    path = tmp_path / f"{narrower}.json"
+def _child_results(tmp_path, isa, run=0):
+    """CASES' results from a child process forced to the path `isa`, which it must have run."""
+    path = tmp_path / f"{isa}_{run}.json"
     # The child computes on the CPU only (CUDA_VISIBLE_DEVICES: it takes no GPU memory beside this process).
-    env = dict(os.environ, TF_FLASH_CPU_ISA=narrower, CUDA_VISIBLE_DEVICES="",
+    env = dict(os.environ, TF_FLASH_CPU_ISA=isa, CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-c", _CHILD.format(tests=os.path.dirname(__file__), path=str(path))], env=env,
                    check=True, timeout=600)
     child = json.load(open(path))
-    assert child["isa"] == narrower
+    assert child["isa"] == isa, f"the child ran {child['isa']}, not {isa}"
+    return child
+
+
+@needs_amx_bf16
+def test_amx_path_matches_reference(tmp_path):
+    """The opt-in AMX path (never this process's unless TF_FLASH_CPU_ISA asks) against the float64 reference,
+    bfloat16 cases, in a child process forced to it; a second child's results are bit-equal (determinism)."""
+    child = _child_results(tmp_path, "avx512_amx")
+    again = _child_results(tmp_path, "avx512_amx", run=1)
+    for name in CASES:
+        if CASES[name][6] != "bfloat16":
+            continue
+        inputs, ref_kwargs, _ = _run_case(name)
+        results = [np.asarray(x, np.float32) for x in child["results"][name]]
+        _check_against_reference(inputs, ref_kwargs, results)
+        for first, second in zip(results, again["results"][name]):
+            np.testing.assert_array_equal(first, np.asarray(second, np.float32))
+
+
+@needs_avx512
+@pytest.mark.parametrize("narrower", ["avx2", "avx512", "avx512_bf16"])
+def test_this_path_and_a_narrower_one_agree(tmp_path, narrower):
+    mine = tf_flash.build_info()["cpu_isa"]
+    if PATHS.index(mine) <= PATHS.index(narrower):
+        pytest.skip(f"this process runs the {mine} path (TF_FLASH_CPU_ISA or the CPU), not wider than {narrower}")
+    child = _child_results(tmp_path, narrower)
     for name in CASES:
         dtype = CASES[name][6]
         wide = _run_case(name)[2]

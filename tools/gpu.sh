@@ -81,7 +81,8 @@ print(" ".join(tf.sysconfig.get_compile_flags())); print(tf.sysconfig.get_includ
     local isa=()  # _AVX512_COPTS and _AVX512BF16_COPTS)
     [[ $1 == *_avx512.cc ]] && isa=(-mavx512f -Wno-uninitialized -Wno-maybe-uninitialized)
     [[ $1 == *_avx512bf16.cc ]] &&
-      isa=(-mavx512f -mavx512bw -mavx512vl -mavx512bf16 -Wno-uninitialized -Wno-maybe-uninitialized)
+      isa=(-mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16 -Wno-uninitialized
+           -Wno-maybe-uninitialized)
     "${cxx[@]}" -c -fPIC -O3 -mavx2 -mfma -mf16c "${isa[@]}" -Wno-deprecated-declarations $flags -I. \
       -I"$tf_include/external/highwayhash" -I"$tf_include/external/farmhash_archive/src" \
       -I"$tf_include/third_party/gpus/cuda/include" -DTF_FLASH_WITH_CUDA=1 -DGOOGLE_CUDA=1 \

@@ -10,7 +10,11 @@
 // strides around it) equals the same elements of the whole product, the property that keeps the forward's
 // and the backward's tiles equal and the backward deterministic. Operands include exact ties of the
 // rounding, odd k (the last pair takes a 0) and every micro-kernel's rows and column tails; guard values
-// around C must survive.
+// around C must survive. Where the CPU has AMX-BF16 and Linux grants the tile state, the amx_* products
+// pass the same checks.
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +30,7 @@ namespace bf16 = tf_flash::cpu_avx512bf16;
 namespace {
 
 int failures = 0;
+bool amx = false;  // the products under test: amx_gemm_* when set
 long bit_equal = 0, elements = 0;
 constexpr float kGuard = -12345.f;
 
@@ -57,7 +62,10 @@ float RoundBf16(float x) {
 
 enum class Form { kNN, kTN, kNT };
 
-const char* Name(Form form) { return form == Form::kNN ? "gemm_nn" : form == Form::kTN ? "gemm_tn" : "gemm_nt"; }
+const char* Name(Form form) {
+  if (amx) return form == Form::kNN ? "amx_gemm_nn" : form == Form::kTN ? "amx_gemm_tn" : "amx_gemm_nt";
+  return form == Form::kNN ? "gemm_nn" : form == Form::kTN ? "gemm_tn" : "gemm_nt";
+}
 
 // A random float32 operand: mostly arbitrary values (rounded by the kernel), some exact ties of the rounding
 // (low 16 bits 0x8000, half of them on an odd bfloat16), some already bfloat16.
@@ -74,12 +82,21 @@ float Operand(std::mt19937& gen) {
 
 void Call(Form form, long m, long n, long k, const float* a, long lda, const float* b, long ldb, float alpha,
           bool accumulate, float* c, long ldc) {
-  std::vector<uint32_t> scratch(bf16::scratch_words(m, n, k) + 1, 0xDEADBEEFu);
+  std::vector<uint32_t> scratch((amx ? bf16::amx_scratch_words(m, n, k) : bf16::scratch_words(m, n, k)) + 1,
+                                0xDEADBEEFu);
   uint32_t* s = scratch.data();
-  switch (form) {
-    case Form::kNN: bf16::gemm_nn(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
-    case Form::kTN: bf16::gemm_tn(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
-    case Form::kNT: bf16::gemm_nt(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
+  if (amx) {
+    switch (form) {
+      case Form::kNN: bf16::amx_gemm_nn(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
+      case Form::kTN: bf16::amx_gemm_tn(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
+      case Form::kNT: bf16::amx_gemm_nt(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
+    }
+  } else {
+    switch (form) {
+      case Form::kNN: bf16::gemm_nn(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
+      case Form::kTN: bf16::gemm_tn(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
+      case Form::kNT: bf16::gemm_nt(m, n, k, a, lda, b, ldb, alpha, accumulate, c, ldc, s); break;
+    }
   }
   if (scratch.back() != 0xDEADBEEFu) Fail("scratch overrun", m, n, k, 0, 0, scratch.back(), 0xDEADBEEFu);
 }
@@ -172,25 +189,38 @@ int main() {
     std::printf("SKIP: no AVX512_BF16 on this CPU\n");
     return 77;
   }
-  std::mt19937 gen(4321);
-  const long ms[] = {1, 2, 3, 5, 6, 7, 8, 11, 12, 13, 25, 128};
-  const long ns[] = {1, 3, 15, 16, 17, 32, 33, 48, 63, 64, 65, 100, 129, 256};
-  const long ks[] = {0, 1, 2, 3, 7, 32, 33, 64, 77, 128};
-  long cases = 0;
-  for (Form form : {Form::kNN, Form::kTN, Form::kNT}) {
-    for (long m : ms) {
-      for (long n : ns) {
-        for (long k : ks) {
-          const bool accumulate = (m + n + k) % 2 == 0;
-          const float alpha = (m + k) % 3 == 0 ? 1.f : 0.125f * static_cast<float>(1 + (n % 5));
-          CheckProduct(form, m, n, k, alpha, accumulate, gen);
-          ++cases;
+  // AMX where the CPU has it and the OS grants the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM,
+  // XFEATURE_XTILEDATA), as cpu_isa.cc asks before the AMX path.
+  const bool with_amx = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+                        syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  for (bool use_amx : {false, true}) {
+    if (use_amx && !with_amx) {
+      std::printf("amx: not run (no AMX-BF16 on this CPU, or the OS refused the tile state)\n");
+      continue;
+    }
+    amx = use_amx;
+    bit_equal = elements = 0;
+    std::mt19937 gen(4321);
+    const long ms[] = {1, 2, 3, 5, 6, 7, 8, 11, 12, 13, 25, 128};
+    const long ns[] = {1, 3, 15, 16, 17, 32, 33, 48, 63, 64, 65, 100, 129, 256};
+    const long ks[] = {0, 1, 2, 3, 7, 32, 33, 64, 77, 128};
+    long cases = 0;
+    for (Form form : {Form::kNN, Form::kTN, Form::kNT}) {
+      for (long m : ms) {
+        for (long n : ns) {
+          for (long k : ks) {
+            const bool accumulate = (m + n + k) % 2 == 0;
+            const float alpha = (m + k) % 3 == 0 ? 1.f : 0.125f * static_cast<float>(1 + (n % 5));
+            CheckProduct(form, m, n, k, alpha, accumulate, gen);
+            ++cases;
+          }
         }
       }
     }
+    CheckSpecials();
+    std::printf("%s products: %ld cases, %ld of %ld elements bit-equal to the scalar chain\n",
+                amx ? "amx" : "vdpbf16ps", cases, bit_equal, elements);
   }
-  CheckSpecials();
-  std::printf("products: %ld cases, %ld of %ld elements bit-equal to the scalar chain\n", cases, bit_equal, elements);
   std::printf(failures ? "FAILED: %d mismatches\n" : "OK\n", failures);
   return failures ? 1 : 0;
 }

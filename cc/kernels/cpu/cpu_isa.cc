@@ -2,6 +2,9 @@
 // only the *_avx512*.cc files hold AVX-512 code, and they run only where this says so.
 #include "cc/kernels/cpu/cpu_isa.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -25,6 +28,8 @@ CpuIsa ChooseIsa() {
   if (std::strcmp(forced, "avx2") == 0) asked = CpuIsa::kAvx2;
   if (std::strcmp(forced, "avx512") == 0) asked = CpuIsa::kAvx512;
   if (std::strcmp(forced, "avx512_bf16") == 0) asked = CpuIsa::kAvx512Bf16;
+  // The AMX path only when asked for and granted (cpu_isa.h: opt-in).
+  if (std::strcmp(forced, "avx512_amx") == 0) return cpu_has_amx_bf16() ? CpuIsa::kAvx512Amx : widest;
   return static_cast<int>(asked) < static_cast<int>(widest) ? asked : widest;
 }
 
@@ -45,6 +50,14 @@ bool cpu_has_avx512_bf16() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
 }
 
+// Linux hands the AMX tile data state (8 KiB per thread) only to processes that ask: ARCH_REQ_XCOMP_PERM
+// (0x1023) for XFEATURE_XTILEDATA (18); without it the first tile instruction faults.
+bool cpu_has_amx_bf16() {
+  static const bool granted = cpu_has_avx512_bf16() && __builtin_cpu_supports("amx-tile") &&
+                              __builtin_cpu_supports("amx-bf16") && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+
 CpuIsa cpu_isa() {
   static const CpuIsa isa = ChooseIsa();
   return isa;
@@ -52,6 +65,7 @@ CpuIsa cpu_isa() {
 
 const char* flash_cpu_isa_name() {
   switch (cpu_isa()) {
+    case CpuIsa::kAvx512Amx: return "avx512_amx";
     case CpuIsa::kAvx512Bf16: return "avx512_bf16";
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx2: break;

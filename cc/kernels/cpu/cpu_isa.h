@@ -20,12 +20,14 @@ namespace tf_flash {
 //   kAvx512:     tf_flash::cpu_avx512's float32 micro-kernels and exp, for every input dtype.
 //   kAvx512Bf16: kAvx512, except that the products of bfloat16 inputs run tf_flash::cpu_avx512bf16's
 //                vdpbf16ps kernels (float32 and float16 inputs run exactly as under kAvx512).
-enum class CpuIsa { kAvx2, kAvx512, kAvx512Bf16 };
+//   kAvx512Amx:  kAvx512Bf16 with those products on AMX tiles (cpu_avx512bf16::amx_*). Opt-in only
+//                (TF_FLASH_CPU_ISA=avx512_amx): never the default until measured and tested on AMX hardware.
+enum class CpuIsa { kAvx2, kAvx512, kAvx512Bf16, kAvx512Amx };
 
-// The path this process runs, chosen once, at the first call: the widest the CPU and the OS have (the zmm
-// state saved by the OS for both AVX-512 paths), or, with TF_FLASH_CPU_ISA=avx2 / avx512 / avx512_bf16 in
-// the environment, that path where the CPU has it (else the widest it has below it), so that every path is
-// testable on one machine.
+// The path this process runs, chosen once, at the first call: the widest of avx2, avx512 and avx512_bf16
+// the CPU and the OS have (the zmm state saved by the OS for the AVX-512 paths), or, with TF_FLASH_CPU_ISA=
+// avx2 / avx512 / avx512_bf16 / avx512_amx in the environment, that path where the CPU has it (else the
+// widest it has below it), so that every path is testable on one machine.
 CpuIsa cpu_isa();
 
 // Whether the CPU could run the AVX-512 path: AVX512F (whatever TF_FLASH_CPU_ISA says).
@@ -33,6 +35,9 @@ bool cpu_has_avx512();
 // Whether the CPU could run the AVX512_BF16 path: AVX512F, AVX512BW, AVX512VL and AVX512_BF16, the set
 // every CPU with AVX512_BF16 has and the compiler may use once given -mavx512bf16.
 bool cpu_has_avx512_bf16();
+// Whether the CPU could run the AMX path: cpu_has_avx512_bf16, AMX-TILE and AMX-BF16, and Linux granted this
+// process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM; asked once, by this call).
+bool cpu_has_amx_bf16();
 
 namespace cpu_avx512 {
 
@@ -96,6 +101,19 @@ void gemm_tn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const
              bool accumulate, float* c, int64_t ldc, uint32_t* scratch);
 void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float alpha,
              bool accumulate, float* c, int64_t ldc, uint32_t* scratch);
+
+// The same products on AMX tiles (tdpbf16ps; the AMX path only, after cpu_has_amx_bf16): the operands packed
+// alike, zero-padded to 32 rows and columns of C and 16 pairs of k, C in 32 x 32 blocks of four float32 tiles.
+// Each element is one accumulator over the pairs of k in order, wherever its tile lies (the properties the
+// forward and the backward rely on); the order of the two products within a pair is the hardware's.
+// scratch holds amx_scratch_words(m, n, k) words. Each call loads the tile configuration and releases it.
+int64_t amx_scratch_words(int64_t m, int64_t n, int64_t k);
+void amx_gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float alpha, bool accumulate, float* c, int64_t ldc, uint32_t* scratch);
+void amx_gemm_tn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float alpha, bool accumulate, float* c, int64_t ldc, uint32_t* scratch);
+void amx_gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float alpha, bool accumulate, float* c, int64_t ldc, uint32_t* scratch);
 
 }  // namespace cpu_avx512bf16
 }  // namespace tf_flash

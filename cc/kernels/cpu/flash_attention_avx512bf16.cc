@@ -5,14 +5,16 @@
 // anonymous namespace and exports only the plain functions of tf_flash::cpu_avx512bf16, so no COMDAT the
 // linker may hand an AVX2 caller is compiled here. vdpbf16ps is its only AVX512_BF16 instruction: the
 // rounding to bfloat16 is integer AVX512F code, so that it is exactly round-to-nearest-even whatever the
-// conversion instructions do with subnormals.
+// conversion instructions do with subnormals. The amx_* products run the same packed pairs through AMX tiles
+// (tdpbf16ps); the AMX instructions appear only in them (intrinsics only: the compiler never emits AMX on its
+// own), and they run only on the opt-in AMX path.
 #include <immintrin.h>
 #include <stdint.h>
 
 #include "cc/kernels/cpu/cpu_isa.h"
 
-#if !defined(__AVX512F__) || !defined(__AVX512BF16__)
-#error "flash_attention_avx512bf16.cc needs -mavx512f -mavx512bf16 (cc/BUILD: _AVX512BF16_COPTS)"
+#if !defined(__AVX512F__) || !defined(__AVX512BF16__) || !defined(__AMX_TILE__) || !defined(__AMX_BF16__)
+#error "flash_attention_avx512bf16.cc needs -mavx512f -mavx512bf16 -mamx-tile -mamx-bf16 (cc/BUILD: _AVX512BF16_COPTS)"
 #endif
 
 namespace tf_flash {
@@ -253,6 +255,111 @@ void Gemm(int64_t m, int64_t n, int64_t pairs, const uint32_t* a, int64_t lda, c
   }
 }
 
+// ---- AMX: tiles of 16 rows x 64 bytes, C in float32 tiles of 16 x 16 ----
+
+// The tile registers' shapes (ldtilecfg's 64-byte layout, palette 1): tmm0-3 hold a 32 x 32 block of C, tmm4-5
+// two 16-row slices of A (16 pairs each), tmm6-7 two 16-column slices of B (16 pairs).
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void ZeroWords(uint32_t* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += kLanes) _mm512_mask_storeu_epi32(p + i, LaneMask(n - i), _mm512_setzero_si512());
+}
+
+// dst[j * ldd + i] = src[i * lds + j] for i < rows, j < cols (both multiples of 16), 16 x 16 squares in
+// registers.
+void TransposeWords(const uint32_t* src, int64_t lds, int64_t rows, int64_t cols, uint32_t* dst, int64_t ldd) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kLanes) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kLanes) {
+      __m512 v[kLanes];
+      for (int r = 0; r < kLanes; ++r) v[r] = _mm512_castsi512_ps(_mm512_loadu_si512(src + (i0 + r) * lds + j0));
+      Transpose16(v);
+      for (int r = 0; r < kLanes; ++r) _mm512_storeu_si512(dst + (j0 + r) * ldd + i0, _mm512_castps_si512(v[r]));
+    }
+  }
+}
+
+// The padded shapes of one AMX product: rows and columns of C to 32, pairs of k to 16, all padding zero.
+struct AmxShape {
+  int64_t rows, cols, pairs;  // M32, N32, P16
+  AmxShape(int64_t m, int64_t n, int64_t k) : rows(RoundUp(m, 32)), cols(RoundUp(n, 32)), pairs(RoundUp(PairsOf(k), kLanes)) {}
+  int64_t a_words() const { return rows * pairs; }
+  int64_t b_words() const { return pairs * cols; }
+  int64_t c_floats() const { return rows * cols; }
+};
+
+// C[m x n] (+)= alpha * A B with A as [shape.rows x shape.pairs] pairs and B as [shape.pairs x shape.cols]
+// pairs, both zero-padded: 32 x 32 blocks of C in four tiles, summed over k 16 pairs at a time (padding
+// pairs add exact zeros), stored to `out`, then scaled into C as the vdpbf16ps kernels do. Each element of C
+// is one accumulator lane over the same k steps in order wherever its tile lies.
+void AmxGemm(const AmxShape& shape, int64_t m, int64_t n, const uint32_t* a, const uint32_t* b, float alpha,
+             bool accumulate, float* out, float* c, int64_t ldc) {
+  TileConfig config = {};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+  const int64_t a_stride = shape.pairs * 4, b_stride = shape.cols * 4, out_stride = shape.cols * 4;
+  for (int64_t i0 = 0; i0 < shape.rows; i0 += 32) {
+    for (int64_t j0 = 0; j0 < shape.cols; j0 += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t t0 = 0; t0 < shape.pairs; t0 += kLanes) {
+        _tile_loadd(4, a + i0 * shape.pairs + t0, a_stride);
+        _tile_loadd(5, a + (i0 + 16) * shape.pairs + t0, a_stride);
+        _tile_loadd(6, b + t0 * shape.cols + j0, b_stride);
+        _tile_loadd(7, b + t0 * shape.cols + j0 + 16, b_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      float* block = out + i0 * shape.cols + j0;
+      _tile_stored(0, block, out_stride);
+      _tile_stored(1, block + 16, out_stride);
+      _tile_stored(2, block + 16 * shape.cols, out_stride);
+      _tile_stored(3, block + 16 * shape.cols + 16, out_stride);
+    }
+  }
+  _tile_release();
+  const __m512 scale = _mm512_set1_ps(alpha);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const __mmask16 mask = LaneMask(n - j);
+      const __m512 sum = _mm512_maskz_loadu_ps(mask, out + i * shape.cols + j);
+      float* c_ptr = c + i * ldc + j;
+      const __m512 result = accumulate ? _mm512_fmadd_ps(scale, sum, _mm512_maskz_loadu_ps(mask, c_ptr))
+                                       : _mm512_mul_ps(scale, sum);
+      _mm512_mask_storeu_ps(c_ptr, mask, result);
+    }
+  }
+}
+
+// The AMX scratch: A's pairs, B's pairs, C's float32 block, and for TN the interleaved A before its transpose.
+struct AmxScratch {
+  uint32_t* a;
+  uint32_t* b;
+  float* out;
+  uint32_t* a_interleaved;
+  AmxScratch(const AmxShape& shape, uint32_t* scratch) {
+    a = scratch;
+    b = a + shape.a_words();
+    out = reinterpret_cast<float*>(b + shape.b_words());
+    a_interleaved = reinterpret_cast<uint32_t*>(out + shape.c_floats());
+    ZeroWords(a, shape.a_words());
+    ZeroWords(b, shape.b_words());
+  }
+};
+
 // The scratch of one product: A's pairs first, then B's, each starting on a 64-byte line when the scratch
 // does (the caller's vector: at least 16 bytes; loads are unaligned anyway).
 struct Packs {
@@ -295,6 +402,42 @@ void gemm_tn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const
   PackInterleavedRows(a, lda, k, m, packs.a, ldap);
   PackInterleavedRows(b, ldb, k, n, packs.b, ldbp);
   Gemm<true>(m, n, pairs, packs.a, ldap, packs.b, ldbp, alpha, accumulate, c, ldc);
+}
+
+int64_t amx_scratch_words(int64_t m, int64_t n, int64_t k) {
+  const AmxShape shape(m, n, k);
+  return 2 * shape.a_words() + shape.b_words() + shape.c_floats();
+}
+
+void amx_gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float alpha, bool accumulate, float* c, int64_t ldc, uint32_t* scratch) {
+  const AmxShape shape(m, n, k);
+  const AmxScratch packs(shape, scratch);
+  PackRowPairs(a, lda, m, k, packs.a, shape.pairs);
+  PackTransposedPairs(b, ldb, n, k, packs.b, shape.cols);
+  AmxGemm(shape, m, n, packs.a, packs.b, alpha, accumulate, packs.out, c, ldc);
+}
+
+void amx_gemm_nn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float alpha, bool accumulate, float* c, int64_t ldc, uint32_t* scratch) {
+  const AmxShape shape(m, n, k);
+  const AmxScratch packs(shape, scratch);
+  PackRowPairs(a, lda, m, k, packs.a, shape.pairs);
+  PackInterleavedRows(b, ldb, k, n, packs.b, shape.cols);
+  AmxGemm(shape, m, n, packs.a, packs.b, alpha, accumulate, packs.out, c, ldc);
+}
+
+void amx_gemm_tn(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                 float alpha, bool accumulate, float* c, int64_t ldc, uint32_t* scratch) {
+  const AmxShape shape(m, n, k);
+  const AmxScratch packs(shape, scratch);
+  // A^T's pairs along k: rows 2t and 2t + 1 of A interleaved ([pairs x rows]), then transposed to
+  // [rows x pairs], the layout of an A tile.
+  ZeroWords(packs.a_interleaved, shape.a_words());
+  PackInterleavedRows(a, lda, k, m, packs.a_interleaved, shape.rows);
+  TransposeWords(packs.a_interleaved, shape.rows, shape.pairs, shape.rows, packs.a, shape.pairs);
+  PackInterleavedRows(b, ldb, k, n, packs.b, shape.cols);
+  AmxGemm(shape, m, n, packs.a, packs.b, alpha, accumulate, packs.out, c, ldc);
 }
 
 }  // namespace cpu_avx512bf16

@@ -47,13 +47,16 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool Wide() { return cpu_isa() != CpuIsa::kAvx2; }
 
 // Who multiplies the tiles of one call: Eigen (the AVX2 path), cpu_avx512's float32 micro-kernels, or, for
-// bfloat16 inputs on the AVX512_BF16 path, cpu_avx512bf16's (P and dS rounded to bfloat16: cpu_isa.h).
+// bfloat16 inputs on the AVX512_BF16 path, cpu_avx512bf16's (P and dS rounded to bfloat16: cpu_isa.h), on
+// AMX tiles on the opt-in AMX path.
 // One choice per call, so the forward, the row normalizers and the backward multiply alike.
-enum class Products { kEigen, kAvx512, kAvx512Bf16 };
+enum class Products { kEigen, kAvx512, kAvx512Bf16, kAmx };
 
 template <typename T>
 Products ProductsFor() {
   switch (cpu_isa()) {
+    case CpuIsa::kAvx512Amx:
+      return std::is_same_v<T, Eigen::bfloat16> ? Products::kAmx : Products::kAvx512;
     case CpuIsa::kAvx512Bf16:
       return std::is_same_v<T, Eigen::bfloat16> ? Products::kAvx512Bf16 : Products::kAvx512;
     case CpuIsa::kAvx512: return Products::kAvx512;
@@ -80,6 +83,12 @@ void WideProductNT(Products products, const Matrix& a, const Matrix& b, float al
                             c->data(), c->cols(), scratch);
     return;
   }
+  if (products == Products::kAmx) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.rows(), b.rows(), a.cols()));
+    cpu_avx512bf16::amx_gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false,
+                                c->data(), c->cols(), scratch);
+    return;
+  }
   thread_local std::vector<float> pack;
   pack.resize(cpu_avx512::gemm_nt_pack_floats(a.cols()));
   cpu_avx512::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false, c->data(),
@@ -94,6 +103,12 @@ void WideProductNN(Products products, const Matrix& a, const Matrix& b, float al
                             c, ldc, scratch);
     return;
   }
+  if (products == Products::kAmx) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.rows(), b.cols(), a.cols()));
+    cpu_avx512bf16::amx_gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha,
+                                accumulate, c, ldc, scratch);
+    return;
+  }
   cpu_avx512::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate, c,
                       ldc);
 }
@@ -103,6 +118,12 @@ void WideProductTN(Products products, const Matrix& a, const Matrix& b, float al
     uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.cols(), b.cols(), a.rows()));
     cpu_avx512bf16::gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true,
                             c->data(), c->cols(), scratch);
+    return;
+  }
+  if (products == Products::kAmx) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.cols(), b.cols(), a.rows()));
+    cpu_avx512bf16::amx_gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true,
+                                c->data(), c->cols(), scratch);
     return;
   }
   cpu_avx512::gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true, c->data(),
