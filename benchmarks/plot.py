@@ -740,7 +740,7 @@ def _cpu_isa_tables(payload):
            + " GFLOP/s (avx2, avx512: float32 FMAs; avx512_bf16: vdpbf16ps); TF's float32 matmul (2048^3): "
            + (", ".join(f"{r:.0f}" for r in rates) or "-")
            + " GFLOP/s. ms (GFLOP/s, share of the path's peak); [ran X]: the process ran another path. "
-           "bf16 / f32: the float32 AVX-512 time over the bfloat16 AVX512_BF16 time.", ""]
+           "bf16 / f32 (amx bf16 / f32): the float32 AVX-512 time over the bfloat16 AVX512_BF16 (AMX) time.", ""]
     runs = _isa_runs_present(payload)
     rows = []
     for shape in _isa_shapes(payload):
@@ -763,10 +763,14 @@ def _cpu_isa_tables(payload):
             extra = [ratio(f32_avx2, f32)]
             if ("avx512_bf16", "bfloat16") in results:
                 extra.append(ratio(f32, ms.get(("avx512_bf16", "bfloat16"))))
+            if ("avx512_amx", "bfloat16") in results:
+                extra.append(ratio(f32, ms.get(("avx512_amx", "bfloat16"))))
             rows.append([_isa_label(shape), mode, *cells, *extra, fmt(dense_ms), ratio(dense_ms, f32)])
     headers = ["shape", "mode", *[f"{_run_name(isa, dtype)} ms" for isa, dtype in runs], "avx512 / avx2"]
     if ("avx512_bf16", "bfloat16") in runs:
         headers.append("bf16 / f32")
+    if ("avx512_amx", "bfloat16") in runs:
+        headers.append("amx bf16 / f32")
     return "\n".join(out) + markdown_table(headers + ["TF attention ms", "TF / avx512"], rows) + "\n"
 
 
