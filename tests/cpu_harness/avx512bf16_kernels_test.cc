@@ -162,7 +162,8 @@ void CheckProduct(Form form, long m, long n, long k, float alpha, bool accumulat
   Call(form, m - i0, n - j0, k, a_sub, lda, b_sub, ldb, alpha, accumulate, part.data() + i0 * ldc + j0, ldc);
   for (long i = i0; i < m; ++i) {
     for (long j = j0; j < n; ++j) {
-      if (Bits(part[i * ldc + j]) != Bits(c[i * ldc + j])) Fail("sub-block", m, n, k, i, j, part[i * ldc + j], c[i * ldc + j]);
+      const float whole = c[i * ldc + j], alone = part[i * ldc + j];
+      if (Bits(alone) != Bits(whole)) Fail("sub-block", m, n, k, i, j, alone, whole);
     }
   }
 }
@@ -177,8 +178,9 @@ void CheckSpecials() {
   Call(Form::kNT, m, n, k, a.data(), k, b.data(), k, 1.f, false, c.data(), n);
   for (long j = 0; j < n; ++j) {
     if (!std::isnan(c[0 * n + j])) Fail("NaN operand", m, n, k, 0, j, c[0 * n + j], NAN);
-    if (!(c[1 * n + j] == std::numeric_limits<float>::infinity())) Fail("inf operand", m, n, k, 1, j, c[1 * n + j], INFINITY);
-    if (!(c[2 * n + j] == std::numeric_limits<float>::infinity())) Fail("max rounds to inf", m, n, k, 2, j, c[2 * n + j], INFINITY);
+    const float inf = std::numeric_limits<float>::infinity();
+    if (!(c[1 * n + j] == inf)) Fail("inf operand", m, n, k, 1, j, c[1 * n + j], inf);
+    if (!(c[2 * n + j] == inf)) Fail("max rounds to inf", m, n, k, 2, j, c[2 * n + j], inf);
   }
 }
 

@@ -69,14 +69,15 @@ void exp_shifted_scaled(float* x, int64_t n, float shift, float scale);
 // (row-major, stride cols): dS = 0 where P is 0 (an invisible value row may have made dP NaN there), else
 // P * (dP - delta[r]); then dS *= d_tanh (the soft-cap's 1 - tanh^2) where d_tanh is not null.
 void multiply(float* x, const float* y, int64_t n);
+void softmax_grad(float* dp, const float* p, const float* d_tanh, const float* delta, int64_t rows, int64_t cols);
 // One row of an attention mask read contiguously (bytes, nonzero = visible) over the columns [lo, hi) of a
 // score row: s[c] = -inf where mask[c] is 0 (by replacement: a NaN score of an invisible key never
 // survives), seen[c] |= 1 where it is not; returns whether any column in [lo, hi) is visible.
 bool mask_row(float* s, const uint8_t* mask, uint8_t* seen, int64_t lo, int64_t hi);
 // Logit soft-capping in place: t = tanh(x[i] * (1 / cap)), x[i] = t * cap, and d_tanh[i] = 1 - t * t (one FMA,
-// fmaf(-t, t, 1): no contraction left to the compiler) where d_tanh is not null. tanh within 3 ulp of float32's (a Taylor series below 0.625, exp above), NaN stays NaN.
+// fmaf(-t, t, 1): no contraction left to the compiler) where d_tanh is not null. tanh within 3 ulp of
+// float32's (a Taylor series below 0.625, exp above), NaN stays NaN.
 void softcap(float* x, int64_t n, float cap, float* d_tanh);
-void softmax_grad(float* dp, const float* p, const float* d_tanh, const float* delta, int64_t rows, int64_t cols);
 
 }  // namespace cpu_avx512
 

@@ -287,7 +287,8 @@ void TransposeWords(const uint32_t* src, int64_t lds, int64_t rows, int64_t cols
 // The padded shapes of one AMX product: rows and columns of C to 32, pairs of k to 16, all padding zero.
 struct AmxShape {
   int64_t rows, cols, pairs;  // M32, N32, P16
-  AmxShape(int64_t m, int64_t n, int64_t k) : rows(RoundUp(m, 32)), cols(RoundUp(n, 32)), pairs(RoundUp(PairsOf(k), kLanes)) {}
+  AmxShape(int64_t m, int64_t n, int64_t k)
+      : rows(RoundUp(m, 32)), cols(RoundUp(n, 32)), pairs(RoundUp(PairsOf(k), kLanes)) {}
   int64_t a_words() const { return rows * pairs; }
   int64_t b_words() const { return pairs * cols; }
   int64_t c_floats() const { return rows * cols; }

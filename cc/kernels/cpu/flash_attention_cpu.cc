@@ -172,7 +172,8 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
 // scale * Q). The forward, RowNormalizers and the backward all call this on identical tiles (same shapes,
 // same data), so the backward's scores are the forward's bit for bit.
 void ScoreTile(const FlashFwdParams& p, Products products, const Matrix& q, const Matrix& k, Matrix* scores) {
-  if (products != Products::kEigen) return WideProductNT(products, q, k, p.scale, scores);  // the same two roundings: the sum, then * scale
+  // The AVX-512 kernels round alike: the sum, then * scale.
+  if (products != Products::kEigen) return WideProductNT(products, q, k, p.scale, scores);
   scores->noalias() = q * k.transpose();
   *scores *= p.scale;
 }
