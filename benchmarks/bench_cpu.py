@@ -21,11 +21,14 @@ keeps what it measured; the run's log in results/cpu.log.
     python benchmarks/bench_cpu.py --long     # + tf_flash at 16k, 32k, 64k (~30 min more; shorten with
                                               #   --long-seqlens 16384 32768 or --long-modes fwd)
     python benchmarks/bench_cpu.py --quick    # smoke run (a few minutes), results/quick/ (git-ignored)
-    python benchmarks/bench_cpu.py --isa-compare   # the CPU kernel's AVX-512 and AVX2 paths (forced by
-                                              #   TF_FLASH_CPU_ISA per process) beside TF's attention and the
-                                              #   machine's float32 FMA peak, float32, non-causal:
-                                              #   B1 H8 D64 at S 2048/4096 and the example's B16 H2 S2048 D32
-                                              #   (~4 min on 16 cores): results/cpu_isa.json, .png and .log
+    python benchmarks/bench_cpu.py --isa-compare   # the CPU kernel's AVX-512 and AVX2 paths on float32, and
+                                              #   bfloat16 inputs on the AVX512_BF16 path (vdpbf16ps) and on
+                                              #   the AVX-512 one (forced by TF_FLASH_CPU_ISA per process),
+                                              #   beside TF's float32 attention and the machine's peaks
+                                              #   (float32 FMAs, vdpbf16ps), non-causal: B1 H8 D64 at S
+                                              #   2048/4096 and the example's B16 H2 S2048 D32; bfloat16 on
+                                              #   the opt-in AMX path too (~8 min on 16 cores):
+                                              #   results/cpu_isa.json, .png and .log
 """
 import argparse
 import json
@@ -95,7 +98,8 @@ def _worker_attention(task):
     batch, heads, dim = task.get("batch", BATCH), task.get("heads", HEADS), task.get("dim", DIM)
     rng = np.random.default_rng(0)
     shape = (batch, seqlen, heads, dim)
-    q, k, v, dout = (tf.constant(rng.standard_normal(shape, dtype=np.float32)) for _ in range(4))
+    dtype = tf.as_dtype(task.get("dtype", "float32"))
+    q, k, v, dout = (tf.cast(rng.standard_normal(shape, dtype=np.float32), dtype) for _ in range(4))
     fwd, fwd_bwd = common.make_fns(impl, causal, extra)
     result = {"rss_base_mb": _rss_mb(), "rss_base_current_mb": _current_rss_mb()}
     if impl == "tf_flash":
@@ -126,7 +130,8 @@ def _worker_attention(task):
 
 
 # The float32 FMA peak: every core runs 12 independent chains of vector FMAs (more than latency x ports on
-# current x86 cores), 16 lanes (zmm) or 8 (ymm); flops = 2 x lanes per FMA, wall time over all threads.
+# current x86 cores), 16 lanes (zmm) or 8 (ymm); flops = 2 x lanes per FMA, wall time over all threads. The
+# avx512_bf16 peak: the same with vdpbf16ps, 4 flops per float32 lane (two products, two additions).
 _FMA_PEAK_SOURCE = r"""
 #include <immintrin.h>
 #include <pthread.h>
@@ -135,11 +140,23 @@ _FMA_PEAK_SOURCE = r"""
 #include <string.h>
 #include <time.h>
 static long iters;
-static int wide;
+static int wide;  /* 0: ymm FMAs, 1: zmm FMAs, 2: zmm vdpbf16ps */
 static volatile float sink[1024];  /* read by nothing: volatile keeps the loops */
 static void* run(void* arg) {
   long id = (long)arg;
   float total = 0.f;
+#ifdef __AVX512BF16__
+  if (wide == 2) {
+    __m512 a[12];
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * (float)(i + id));
+    const __m512bh m = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+    for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], m, m);
+    }
+    for (int i = 0; i < 12; ++i) total += _mm512_reduce_add_ps(a[i]);
+  } else
+#endif
   if (wide) {
     __m512 a[12];
     for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * (float)(i + id));
@@ -165,7 +182,7 @@ static void* run(void* arg) {
 }
 int main(int argc, char** argv) {
   int threads = atoi(argv[1]);
-  wide = strcmp(argv[2], "avx512") == 0;
+  wide = strcmp(argv[2], "avx512_bf16") == 0 ? 2 : strcmp(argv[2], "avx512") == 0;
   iters = atol(argv[3]);
   pthread_t t[1024];
   struct timespec t0, t1;
@@ -174,7 +191,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < threads; ++i) pthread_join(t[i], NULL);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-  printf("%.6f %.3f\n", s, 2.0 * (wide ? 16 : 8) * 12.0 * iters * threads / s / 1e9);
+  printf("%.6f %.3f\n", s, (wide == 2 ? 4.0 : 2.0) * (wide ? 16 : 8) * 12.0 * iters * threads / s / 1e9);
   return 0;
 }
 """
@@ -191,8 +208,9 @@ def _worker_fma_peak(task):
         src, exe = os.path.join(tmp, "fma.c"), os.path.join(tmp, "fma")
         with open(src, "w") as f:
             f.write(_FMA_PEAK_SOURCE)
-        subprocess.run([compiler, "-x", "c", "-O3", "-mavx2", "-mfma", "-mavx512f", src, "-o", exe, "-pthread"],
-                       check=True, capture_output=True)
+        bf16 = ["-mavx512bw", "-mavx512vl", "-mavx512bf16"] if task["isa"] == "avx512_bf16" else []
+        subprocess.run([compiler, "-x", "c", "-O3", "-mavx2", "-mfma", "-mavx512f", *bf16, src, "-o", exe,
+                        "-pthread"], check=True, capture_output=True)
         threads = os.cpu_count()
         runs = [subprocess.run([exe, str(threads), task["isa"], str(task.get("iters", 200_000_000))], check=True,
                                capture_output=True, text=True).stdout.split() for _ in range(3)]
@@ -337,23 +355,29 @@ def build_tasks(args):
     return tasks
 
 
-# --isa-compare: (batch, seqlen, heads, dim), float32, non-causal; the last is the example's shape.
+# --isa-compare: (batch, seqlen, heads, dim), non-causal; the last is the example's shape.
 ISA_SHAPES = [(1, 2048, 8, 64), (1, 4096, 8, 64), (16, 2048, 2, 32)]
-# The CPU kernel's paths, each forced per process: TF_FLASH_CPU_ISA=avx2, or unset (the widest the CPU has).
-ISA_PATHS = {"avx512": {"TF_FLASH_CPU_ISA": ""}, "avx2": {"TF_FLASH_CPU_ISA": "avx2"}}
+# The CPU kernel's runs, each path forced per process by TF_FLASH_CPU_ISA (a path the CPU lacks runs the
+# widest below it, and the result says which ran): (path, input dtype). bfloat16 on avx512_bf16 is the
+# vdpbf16ps path the issue measures against float32 on avx512; bfloat16 on avx512 multiplies the same inputs
+# in float32; avx512_amx (opt-in) runs the bfloat16 products on AMX tiles where the CPU has them.
+ISA_RUNS = [("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16"),
+            ("avx512_amx", "bfloat16")]
+# The peaks: float32 FMAs at 8 and 16 lanes, vdpbf16ps where the CPU has AVX512_BF16.
+ISA_PEAKS = ["avx512", "avx2", "avx512_bf16"]
 
 
 def build_isa_tasks(args):
-    tasks = [{"kind": "fma_peak", "section": "peak", "isa": isa, "label": f"{isa} float32 FMA peak"}
-             for isa in ISA_PATHS]
+    tasks = [{"kind": "fma_peak", "section": "peak", "isa": isa,
+              "label": f"{isa} {'vdpbf16ps' if isa == 'avx512_bf16' else 'float32 FMA'} peak"} for isa in ISA_PEAKS]
     tasks.append({"kind": "matmul", "label": "TF matmul 2048^3", "section": "matmul", "n": 2048, "repeats": 10})
     for batch, seqlen, heads, dim in ISA_SHAPES:
         shape = {"batch": batch, "seqlen": seqlen, "heads": heads, "dim": dim, "causal": False,
                  "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget, "min_repeats": 3}
         name = f"b{batch} s{seqlen} h{heads} d{dim}"
-        for isa, env in ISA_PATHS.items():
-            tasks.append(dict(shape, kind="attention", section="isa", impl="tf_flash", isa=isa, env=env,
-                              label=f"tf_flash {isa} {name}"))
+        for isa, dtype in ISA_RUNS:
+            tasks.append(dict(shape, kind="attention", section="isa", impl="tf_flash", isa=isa, dtype=dtype,
+                              env={"TF_FLASH_CPU_ISA": isa}, label=f"tf_flash {isa} {dtype} {name}"))
         tasks.append(dict(shape, kind="attention", section="isa", impl="tf_standard", label=f"tf_standard {name}"))
     return tasks
 
@@ -388,8 +412,8 @@ def main():
     parser.add_argument("--out-dir", default=None, help="default results/ (results/quick/ with --quick, git-ignored)")
     parser.add_argument("--tag", default=None, help="file stem (default cpu, or cpu_isa with --isa-compare)")
     parser.add_argument("--isa-compare", action="store_true",
-                        help="only the CPU kernel's AVX-512 and AVX2 paths at ISA_SHAPES, TF's attention and the "
-                             "FMA peaks (~4 min on 16 cores)")
+                        help="only the CPU kernel's paths at ISA_SHAPES (float32 on AVX-512 and AVX2, bfloat16 on "
+                             "AVX512_BF16 and AVX-512), TF's attention and the peaks (~7 min on 16 cores)")
     args = parser.parse_args()
     args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:

@@ -671,10 +671,17 @@ def _determinism_tables(payload):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The CPU kernel's instruction-set paths (bench_cpu.py --isa-compare): AVX-512 against AVX2 and TF's attention
+# The CPU kernel's instruction-set paths (bench_cpu.py --isa-compare): AVX-512 against AVX2 and TF's attention,
+# and bfloat16 inputs on the AVX512_BF16 path (vdpbf16ps) against float32 on the AVX-512 path
 # ---------------------------------------------------------------------------------------------------------
 
-ISA_PATHS = ("avx512", "avx2")
+# (path forced by TF_FLASH_CPU_ISA, input dtype) of each tf_flash run; results without a dtype are float32.
+ISA_RUNS = (("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16"),
+            ("avx512_amx", "bfloat16"))
+
+
+def _run_name(isa, dtype):
+    return isa if dtype == "float32" else f"{isa} {dtype}"
 
 
 def _isa_shapes(payload):
@@ -682,21 +689,28 @@ def _isa_shapes(payload):
     return list(dict.fromkeys(tuple(e[k] for k in keys) for e in payload["entries"] if e["section"] == "isa"))
 
 
-def _isa_find(payload, shape, impl, isa=None):
+def _isa_find(payload, shape, impl, isa=None, dtype="float32"):
     for e in payload["entries"]:
-        if (e["section"] == "isa" and e["impl"] == impl and e.get("isa") == isa and e["result"].get("ok")
+        if (e["section"] == "isa" and e["impl"] == impl and e.get("isa") == isa
+                and e.get("dtype", "float32") == dtype and e["result"].get("ok")
                 and (e["batch"], e["seqlen"], e["heads"], e["dim"]) == shape):
             return e
     return None
 
 
 def _isa_peaks(payload):
+    """GFLOP/s peaks by path: avx2 / avx512 of float32 FMAs, avx512_bf16 of vdpbf16ps."""
     return {e["isa"]: e["result"]["gflops"] for e in payload["entries"]
             if e["section"] == "peak" and e["result"].get("ok")}
 
 
 def _isa_label(shape):
     return "b{} s{} h{} d{}".format(*shape)
+
+
+def _isa_runs_present(payload):
+    return [(isa, dtype) for isa, dtype in ISA_RUNS
+            if any(_isa_find(payload, shape, "tf_flash", isa, dtype) for shape in _isa_shapes(payload))]
 
 
 def _cpu_isa_figure(plt, payload):
@@ -706,14 +720,15 @@ def _cpu_isa_figure(plt, payload):
     peaks = _isa_peaks(payload)
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for ax, mode in zip(axes, MODES):
-        series = [(f"tf_flash {isa}" + (f" (peak {peaks[isa]:.0f})" if isa in peaks else ""),
-                   [_cpu_get(_isa_find(payload, shape, "tf_flash", isa), mode, "gflops") or 0 for shape in shapes])
-                  for isa in ISA_PATHS]
+        series = [(f"tf_flash {_run_name(isa, dtype)}" + (f" (peak {peaks[isa]:.0f})" if isa in peaks else ""),
+                   [_cpu_get(_isa_find(payload, shape, "tf_flash", isa, dtype), mode, "gflops") or 0
+                    for shape in shapes])
+                  for isa, dtype in _isa_runs_present(payload)]
         series.append(("TF attention", [_cpu_get(_isa_find(payload, shape, "tf_standard"), mode, "gflops") or 0
                                         for shape in shapes]))
         _bars(ax, [_isa_label(shape) for shape in shapes], series, "GFLOP/s")
         ax.set_title(MODES[mode], fontsize=10)
-    fig.suptitle(f"CPU kernel paths, float32, all cores - {measured_on(payload['info'])}", fontsize=11)
+    fig.suptitle(f"CPU kernel paths, all cores - {measured_on(payload['info'])}", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -721,30 +736,42 @@ def _cpu_isa_figure(plt, payload):
 def _cpu_isa_tables(payload):
     peaks = _isa_peaks(payload)
     rates = [e["result"]["gflops"] for e in payload["entries"] if e["section"] == "matmul" and e["result"].get("ok")]
-    out = ["float32 FMA peak of all cores, measured: " + (", ".join(f"{k} {v:.0f}" for k, v in peaks.items()) or "-")
-           + " GFLOP/s; TF's float32 matmul (2048^3): " + (", ".join(f"{r:.0f}" for r in rates) or "-")
-           + " GFLOP/s. ms (GFLOP/s, share of the path's peak); [ran X]: the process ran another path.", ""]
+    out = ["Peaks of all cores, measured: " + (", ".join(f"{k} {v:.0f}" for k, v in peaks.items()) or "-")
+           + " GFLOP/s (avx2, avx512: float32 FMAs; avx512_bf16: vdpbf16ps); TF's float32 matmul (2048^3): "
+           + (", ".join(f"{r:.0f}" for r in rates) or "-")
+           + " GFLOP/s. ms (GFLOP/s, share of the path's peak); [ran X]: the process ran another path. "
+           "bf16 / f32 (amx bf16 / f32): the float32 AVX-512 time over the bfloat16 AVX512_BF16 (AMX) time.", ""]
+    runs = _isa_runs_present(payload)
     rows = []
     for shape in _isa_shapes(payload):
-        paths = {isa: _isa_find(payload, shape, "tf_flash", isa) for isa in ISA_PATHS}
-        paths = {isa: e and e["result"] for isa, e in paths.items()}
+        results = {(isa, dtype): _isa_find(payload, shape, "tf_flash", isa, dtype) for isa, dtype in runs}
+        results = {key: e and e["result"] for key, e in results.items()}
         dense = _isa_find(payload, shape, "tf_standard")
         dense = dense and dense["result"]
         for mode in MODES:
             cells, ms = [], {}
-            for isa, r in paths.items():
+            for (isa, dtype), r in results.items():
                 if r and mode in r:
-                    ms[isa] = r[mode]["median_s"] * 1e3
+                    ms[(isa, dtype)] = r[mode]["median_s"] * 1e3
                     share = f", {100 * r[mode]['gflops'] / peaks[isa]:.0f}%" if peaks.get(isa) else ""
                     ran = "" if r.get("cpu_isa") == isa else f" [ran {r.get('cpu_isa')}]"
-                    cells.append(f"{ms[isa]:.1f} ({r[mode]['gflops']:.0f}{share}){ran}")
+                    cells.append(f"{ms[(isa, dtype)]:.1f} ({r[mode]['gflops']:.0f}{share}){ran}")
                 else:
                     cells.append("-")
             dense_ms = dense[mode]["median_s"] * 1e3 if dense and mode in dense else None
-            rows.append([_isa_label(shape), mode, *cells, ratio(ms.get("avx2"), ms.get("avx512")),
-                         fmt(dense_ms), ratio(dense_ms, ms.get("avx512"))])
-    return "\n".join(out) + markdown_table(["shape", "mode", "avx512 ms", "avx2 ms", "avx512 / avx2", "TF attention ms",
-                                            "TF / avx512"], rows) + "\n"
+            f32, f32_avx2 = ms.get(("avx512", "float32")), ms.get(("avx2", "float32"))
+            extra = [ratio(f32_avx2, f32)]
+            if ("avx512_bf16", "bfloat16") in results:
+                extra.append(ratio(f32, ms.get(("avx512_bf16", "bfloat16"))))
+            if ("avx512_amx", "bfloat16") in results:
+                extra.append(ratio(f32, ms.get(("avx512_amx", "bfloat16"))))
+            rows.append([_isa_label(shape), mode, *cells, *extra, fmt(dense_ms), ratio(dense_ms, f32)])
+    headers = ["shape", "mode", *[f"{_run_name(isa, dtype)} ms" for isa, dtype in runs], "avx512 / avx2"]
+    if ("avx512_bf16", "bfloat16") in runs:
+        headers.append("bf16 / f32")
+    if ("avx512_amx", "bfloat16") in runs:
+        headers.append("amx bf16 / f32")
+    return "\n".join(out) + markdown_table(headers + ["TF attention ms", "TF / avx512"], rows) + "\n"
 
 
 FIGURES = {"gpu": _gpu_figure, "model": _model_figure, "cpu": _cpu_figure, "cpu_isa": _cpu_isa_figure,

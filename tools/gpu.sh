@@ -78,9 +78,12 @@ print(" ".join(tf.sysconfig.get_compile_flags())); print(tf.sysconfig.get_includ
   info="cuda=1;cuda_archs=$(echo $archs | tr ' ' ,);tf=$(sed -n 3p <<<"$tf")"
   # Every host source of the library (cc/BUILD's globs), the XLA lowering and its CUDA FFI handler included.
   # XLA's headers include highwayhash and farmhash by their own roots (as @local_tf//:tensorflow_cc).
-  compile() {  # compile SOURCE; the CPU kernels' *_avx512.cc alone get AVX-512 (cc/BUILD's _AVX512_COPTS)
-    local isa=()
+  compile() {  # compile SOURCE; the CPU kernels' *_avx512.cc and *_avx512bf16.cc alone get AVX-512 (cc/BUILD's
+    local isa=()  # _AVX512_COPTS and _AVX512BF16_COPTS)
     [[ $1 == *_avx512.cc ]] && isa=(-mavx512f -Wno-uninitialized -Wno-maybe-uninitialized)
+    [[ $1 == *_avx512bf16.cc ]] &&
+      isa=(-mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16 -Wno-uninitialized
+           -Wno-maybe-uninitialized)
     "${cxx[@]}" -c -fPIC -O3 -mavx2 -mfma -mf16c "${isa[@]}" -Wno-deprecated-declarations $flags -I. \
       -I"$tf_include/external/highwayhash" -I"$tf_include/external/farmhash_archive/src" \
       -I"$tf_include/third_party/gpus/cuda/include" -DTF_FLASH_WITH_CUDA=1 -DGOOGLE_CUDA=1 \

@@ -5,7 +5,10 @@
 // then alpha * acc (or fmaf(alpha, acc, c) when accumulating): the contract the forward and the backward
 // rely on for equal tiles. Shapes cover every micro-kernel (1..12 rows, 1..4 vectors) and their tails, with
 // strides wider than the rows; guard values around C must survive. exp: within 2 ulp of the double exp over
-// [-110, 1], exp(-inf) = 0, NaN stays NaN; max and sums against double.
+// [-110, 1], exp(-inf) = 0, NaN stays NaN; max and sums against double. The elementwise steps (multiply,
+// softmax_grad) bit for bit against their scalar formulas, NaN in dP where P is 0 included; softcap's tanh
+// within 3 ulp of the double tanh over [-60, 60], its d_tanh and cap scaling bit for bit from that tanh;
+// mask_row against the per-entry rule (NaN scores of masked columns replaced, columns outside [lo, hi) kept).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -137,6 +140,113 @@ void CheckExp() {
   }
 }
 
+void CheckElementwise(std::mt19937& gen) {
+  std::normal_distribution<float> normal;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (long rows : {1L, 3L, 8L}) {
+    for (long cols : {1L, 15L, 16L, 17L, 64L, 100L, 257L}) {
+      const long n = rows * cols;
+      std::vector<float> p(n), dp(n + 1, kGuard), d_tanh(n), delta(rows), x(n + 1, kGuard), y(n);
+      for (long i = 0; i < n; ++i) {
+        p[i] = i % 5 == 0 ? 0.f : std::fabs(normal(gen));
+        dp[i] = i % 7 == 0 && p[i] == 0.f ? nan : normal(gen);  // NaN only where P is 0
+        d_tanh[i] = 1.f - normal(gen) * normal(gen);
+        x[i] = normal(gen);
+        y[i] = i % 3 == 0 ? 0.f : 1.25f;
+      }
+      for (float& d : delta) d = normal(gen);
+      for (bool with_tanh : {false, true}) {
+        std::vector<float> got = dp;
+        avx::softmax_grad(got.data(), p.data(), with_tanh ? d_tanh.data() : nullptr, delta.data(), rows, cols);
+        for (long i = 0; i < n; ++i) {
+          float want = p[i] == 0.f ? 0.f : p[i] * (dp[i] - delta[i / cols]);
+          if (with_tanh) want *= d_tanh[i];
+          if (!SameBits(got[i], want)) Fail("softmax_grad", rows, cols, with_tanh, i / cols, i % cols, got[i], want);
+        }
+        if (got[n] != kGuard) Fail("softmax_grad guard", rows, cols, with_tanh, rows, 0, got[n], kGuard);
+      }
+      std::vector<float> got = x;
+      avx::multiply(got.data(), y.data(), n);
+      for (long i = 0; i < n; ++i) {
+        if (!SameBits(got[i], x[i] * y[i])) Fail("multiply", rows, cols, 0, i / cols, i % cols, got[i], x[i] * y[i]);
+      }
+      if (got[n] != kGuard) Fail("multiply guard", rows, cols, 0, rows, 0, got[n], kGuard);
+    }
+  }
+}
+
+void CheckMaskRow(std::mt19937& gen) {
+  std::normal_distribution<float> normal;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (long cols : {1L, 15L, 16L, 17L, 40L, 256L}) {
+    for (long lo = 0; lo <= cols; lo += 1 + cols / 5) {
+      for (long hi = lo; hi <= cols; hi += 1 + cols / 4) {
+        for (int density : {0, 3, 10}) {  // visible fraction density / 10
+          std::vector<float> s(cols);
+          std::vector<uint8_t> mask(cols), seen(cols);
+          for (long c = 0; c < cols; ++c) {
+            s[c] = c % 9 == 4 ? nan : normal(gen);
+            mask[c] = static_cast<uint8_t>(static_cast<int>(gen() % 10) < density);
+            seen[c] = static_cast<uint8_t>(gen() % 4 == 0);
+          }
+          std::vector<float> got = s;
+          std::vector<uint8_t> got_seen = seen;
+          const bool any = avx::mask_row(got.data(), mask.data(), got_seen.data(), lo, hi);
+          bool want_any = false;
+          for (long c = 0; c < cols; ++c) {
+            const bool inside = c >= lo && c < hi, visible = mask[c] != 0;
+            const float want = inside && !visible ? -std::numeric_limits<float>::infinity() : s[c];
+            const uint8_t want_seen = static_cast<uint8_t>(seen[c] | (inside && visible));
+            want_any |= inside && visible;
+            if (!SameBits(got[c], want)) Fail("mask_row", cols, lo, hi, 0, c, got[c], want);
+            if (got_seen[c] != want_seen) Fail("mask_row seen", cols, lo, hi, 0, c, got_seen[c], want_seen);
+          }
+          if (any != want_any) Fail("mask_row any", cols, lo, hi, 0, 0, any, want_any);
+        }
+      }
+    }
+  }
+}
+
+void CheckSoftcap() {
+  std::vector<float> x;
+  for (double v = -60.0; v <= 60.0; v += 0.000917) x.push_back(static_cast<float>(v));
+  for (double v = -1.0; v <= 1.0; v += 0.0000137) x.push_back(static_cast<float>(v));
+  const float specials[] = {0.f, -0.f, 1e-30f, -1e-30f, 1e-6f, 0.625f, -0.625f, 0.62499997f, 1e30f, -1e30f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (float v : specials) x.push_back(v);
+  const long n = static_cast<long>(x.size());
+  // cap 1: x becomes tanh(x) itself.
+  std::vector<float> t = x, d_tanh(n + 1, kGuard);
+  t.push_back(kGuard);
+  avx::softcap(t.data(), n, 1.f, d_tanh.data());
+  double worst = 0;
+  for (long i = 0; i < n; ++i) {
+    const double want = std::tanh(static_cast<double>(x[i]));
+    const double off = want == 0.0 ? (t[i] == 0.f ? 0.0 : 1e9) : UlpsOff(t[i], want);
+    worst = std::max(worst, off);
+    if (off > 3.0) Fail("tanh", 0, 0, 0, i, 0, t[i], want);
+    const float want_d = std::fmaf(-t[i], t[i], 1.f);
+    if (!SameBits(d_tanh[i], want_d)) Fail("d_tanh", 0, 0, 0, i, 0, d_tanh[i], want_d);
+  }
+  if (t[n] != kGuard || d_tanh[n] != kGuard) Fail("softcap guard", n, 0, 0, n, 0, t[n], kGuard);
+  std::printf("tanh: worst %.2f ulp over %ld points\n", worst, n);
+  float nan_in[2] = {std::numeric_limits<float>::quiet_NaN(), 0.5f};
+  avx::softcap(nan_in, 2, 1.f, nullptr);
+  if (!std::isnan(nan_in[0])) Fail("tanh(NaN)", 0, 0, 0, 0, 0, nan_in[0], NAN);
+  // cap 5: x * (1 / 5) through the same tanh, then * 5.
+  const float cap = 5.f;
+  std::vector<float> scaled(n), arg(n);
+  for (long i = 0; i < n; ++i) arg[i] = x[i] * (1.f / cap);
+  std::vector<float> t_arg = arg;
+  avx::softcap(t_arg.data(), n, 1.f, nullptr);
+  scaled = x;
+  avx::softcap(scaled.data(), n, cap, nullptr);
+  for (long i = 0; i < n; ++i) {
+    if (!SameBits(scaled[i], t_arg[i] * cap)) Fail("softcap scaling", 0, 0, 0, i, 0, scaled[i], t_arg[i] * cap);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -163,6 +273,9 @@ int main() {
   }
   std::printf("products: %ld cases\n", cases);
   CheckExp();
+  CheckElementwise(gen);
+  CheckSoftcap();
+  CheckMaskRow(gen);
   std::printf(failures ? "FAILED: %d mismatches\n" : "OK\n", failures);
   return failures ? 1 : 0;
 }

@@ -1,6 +1,9 @@
 // The CPU kernel's path, chosen once per process (cpu_isa.h). Compiled with the AVX2 flags like the rest:
-// only flash_attention_avx512.cc holds AVX-512 code, and it runs only where this says so.
+// only the *_avx512*.cc files hold AVX-512 code, and they run only where this says so.
 #include "cc/kernels/cpu/cpu_isa.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -10,12 +13,24 @@
 namespace tf_flash {
 namespace {
 
-CpuIsa ChooseIsa() {
-  // TF_FLASH_CPU_ISA=avx2 runs the AVX2 path on an AVX-512 machine (both paths testable on one host);
-  // any other value, or none, takes the widest path the CPU has.
-  const char* forced = std::getenv("TF_FLASH_CPU_ISA");
-  if (forced != nullptr && std::strcmp(forced, "avx2") == 0) return CpuIsa::kAvx2;
+CpuIsa WidestOfCpu() {
+  if (cpu_has_avx512_bf16()) return CpuIsa::kAvx512Bf16;
   return cpu_has_avx512() ? CpuIsa::kAvx512 : CpuIsa::kAvx2;
+}
+
+CpuIsa ChooseIsa() {
+  // TF_FLASH_CPU_ISA names a path to run where the CPU has it (every path testable on one host, and the
+  // bfloat16 products comparable with the float32 ones); any other value, or none, takes the widest.
+  const CpuIsa widest = WidestOfCpu();
+  const char* forced = std::getenv("TF_FLASH_CPU_ISA");
+  if (forced == nullptr) return widest;
+  CpuIsa asked = widest;
+  if (std::strcmp(forced, "avx2") == 0) asked = CpuIsa::kAvx2;
+  if (std::strcmp(forced, "avx512") == 0) asked = CpuIsa::kAvx512;
+  if (std::strcmp(forced, "avx512_bf16") == 0) asked = CpuIsa::kAvx512Bf16;
+  // The AMX path only when asked for and granted (cpu_isa.h: opt-in).
+  if (std::strcmp(forced, "avx512_amx") == 0) return cpu_has_amx_bf16() ? CpuIsa::kAvx512Amx : widest;
+  return static_cast<int>(asked) < static_cast<int>(widest) ? asked : widest;
 }
 
 }  // namespace
@@ -27,11 +42,35 @@ bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f");
 }
 
+// The same bits (AVX512_BF16 is CPUID leaf 7 subleaf 1, counted by libgcc only with the zmm state); BW and VL
+// too, which -mavx512bf16 lets the compiler use in flash_attention_avx512bf16.cc.
+bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+// Linux hands the AMX tile data state (8 KiB per thread) only to processes that ask: ARCH_REQ_XCOMP_PERM
+// (0x1023) for XFEATURE_XTILEDATA (18); without it the first tile instruction faults.
+bool cpu_has_amx_bf16() {
+  static const bool granted = cpu_has_avx512_bf16() && __builtin_cpu_supports("amx-tile") &&
+                              __builtin_cpu_supports("amx-bf16") && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+
 CpuIsa cpu_isa() {
   static const CpuIsa isa = ChooseIsa();
   return isa;
 }
 
-const char* flash_cpu_isa_name() { return cpu_isa() == CpuIsa::kAvx512 ? "avx512" : "avx2"; }
+const char* flash_cpu_isa_name() {
+  switch (cpu_isa()) {
+    case CpuIsa::kAvx512Amx: return "avx512_amx";
+    case CpuIsa::kAvx512Bf16: return "avx512_bf16";
+    case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx2: break;
+  }
+  return "avx2";
+}
 
 }  // namespace tf_flash

@@ -133,17 +133,51 @@ void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
   }
 }
 
-// pack[kk * kBlockCols + j] = b[j * ldb + kk] for j < cols (<= kBlockCols), kk < k: a block of B^T, by
-// gathers of 16 rows of B (L1-resident lines across consecutive kk).
+// Transposes the 16 x 16 matrix of 32-bit elements in v[0..15] (row r in v[r]) in place: unpacks within
+// 128-bit lanes make 4 x 4 blocks, two shuffles of whole lanes place them. 64 shuffles for 256 elements,
+// where gathers would take 16 loads per row of the result.
+void Transpose16(__m512 v[16]) {
+  __m512 b[16];
+  for (int i = 0; i < 16; i += 2) {
+    b[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+    b[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+  }
+  // c[4g + m]: in 128-bit lane L, rows 4g..4g+3 of column 4L + m.
+  __m512 c[16];
+  for (int g = 0; g < 16; g += 4) {
+    const __m512d b0 = _mm512_castps_pd(b[g]), b1 = _mm512_castps_pd(b[g + 1]);
+    const __m512d b2 = _mm512_castps_pd(b[g + 2]), b3 = _mm512_castps_pd(b[g + 3]);
+    c[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(b0, b2));
+    c[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(b0, b2));
+    c[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b1, b3));
+    c[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b1, b3));
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512 d0 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0xEE);
+    const __m512 d2 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0x44);
+    const __m512 d3 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0xEE);
+    v[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
+    v[m + 4] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
+    v[m + 8] = _mm512_shuffle_f32x4(d1, d3, 0x88);
+    v[m + 12] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
+  }
+}
+
+// pack[kk * kBlockCols + j] = b[j * ldb + kk] for j < cols (<= kBlockCols), kk < k, and 0 for the other j
+// of each 16: a block of B^T, 16 x 16 squares at a time (rows of B loaded whole, then transposed in
+// registers).
 void PackTransposed(const float* b, int64_t ldb, int64_t cols, int64_t k, float* pack) {
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const __m512i index = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ldb)));
   for (int64_t j0 = 0; j0 < cols; j0 += kLanes) {
-    const __mmask16 mask = LaneMask(cols - j0);
-    const float* column = b + j0 * ldb;
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, column + kk, 4);
-      _mm512_storeu_ps(pack + kk * kBlockCols + j0, v);
+    const int64_t rows = Min(kLanes, cols - j0);
+    for (int64_t k0 = 0; k0 < k; k0 += kLanes) {
+      const __mmask16 mask = LaneMask(k - k0);
+      __m512 v[kLanes];
+      for (int r = 0; r < kLanes; ++r) {
+        v[r] = r < rows ? _mm512_maskz_loadu_ps(mask, b + (j0 + r) * ldb + k0) : _mm512_setzero_ps();
+      }
+      Transpose16(v);
+      const int64_t count = Min(kLanes, k - k0);
+      for (int64_t t = 0; t < count; ++t) _mm512_storeu_ps(pack + (k0 + t) * kBlockCols + j0, v[t]);
     }
   }
 }
@@ -169,6 +203,33 @@ __m512 Exp(__m512 x) {
   poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
   poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(poly, n));
+}
+
+// tanh(x) at 16 lanes: below 0.625 in magnitude its Taylor series to x^21 (truncation under 2^-26 relative
+// there), Horner in x^2; above, 1 - 2 / (exp(2|x|) + 1) with the sign of x (the subtraction loses at most a
+// bit from 0.625 up), within 3 ulp. Large |x| give +-1 (exp saturates finite), NaN stays NaN.
+__m512 Tanh(__m512 x) {
+  const __m512 abs_x = _mm512_abs_ps(x);
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  __m512 poly = _mm512_set1_ps(9.691537956929451e-05f);
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(-2.3912911424355248e-04f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(5.90027440945586e-04f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(-1.4558343870513183e-03f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(3.592128036572481e-03f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(-8.863235529902197e-03f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(2.1869488536155203e-02f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(-5.396825396825397e-02f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(1.3333333333333333e-01f));
+  poly = _mm512_fmadd_ps(poly, x2, _mm512_set1_ps(-3.3333333333333333e-01f));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(poly, x2), x, x);
+  const __m512 e = Exp(_mm512_add_ps(abs_x, abs_x));
+  const __m512 large_abs = _mm512_sub_ps(_mm512_set1_ps(1.f), _mm512_div_ps(_mm512_set1_ps(2.f),
+                                                                              _mm512_add_ps(e, _mm512_set1_ps(1.f))));
+  // The sign of x onto |tanh| (NaN keeps its NaN).
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m512 large = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(large_abs), sign));
+  const __mmask16 is_small = _mm512_cmp_ps_mask(abs_x, _mm512_set1_ps(0.625f), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(large, is_small, small);
 }
 
 }  // namespace
@@ -222,6 +283,64 @@ void exp_shifted_scaled(float* x, int64_t n, float shift, float scale) {
     const __mmask16 mask = LaneMask(n - i);
     const __m512 e = Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + i), s));
     _mm512_mask_storeu_ps(x + i, mask, _mm512_mul_ps(e, m));
+  }
+}
+
+void softcap(float* x, int64_t n, float cap, float* d_tanh) {
+  const __m512 inverse = _mm512_set1_ps(1.f / cap), scale = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = LaneMask(n - i);
+    const __m512 t = Tanh(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), inverse));
+    if (d_tanh) _mm512_mask_storeu_ps(d_tanh + i, mask, _mm512_fnmadd_ps(t, t, one));  // one rounding, stated
+    _mm512_mask_storeu_ps(x + i, mask, _mm512_mul_ps(t, scale));
+  }
+}
+
+bool mask_row(float* s, const uint8_t* mask, uint8_t* seen, int64_t lo, int64_t hi) {
+  const __m512 neg_inf = _mm512_set1_ps(-__builtin_inff());
+  const __m128i one = _mm_set1_epi8(1);
+  __mmask16 any = 0;
+  int64_t c = lo;
+  for (; c + kLanes <= hi; c += kLanes) {
+    const __m128i bytes = _mm_min_epu8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + c)), one);
+    const __mmask16 visible = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(1));
+    _mm512_mask_storeu_ps(s + c, static_cast<__mmask16>(~visible), neg_inf);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(seen + c),
+                     _mm_or_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(seen + c)), bytes));
+    any |= visible;
+  }
+  bool tail_any = false;
+  for (; c < hi; ++c) {  // the last columns one by one: no load past the row's mask
+    const bool visible = mask[c] != 0;
+    if (!visible) s[c] = -__builtin_inff();
+    seen[c] |= static_cast<uint8_t>(visible);
+    tail_any |= visible;
+  }
+  return any != 0 || tail_any;
+}
+
+void multiply(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = LaneMask(n - i);
+    const __m512 product = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, y + i));
+    _mm512_mask_storeu_ps(x + i, mask, product);
+  }
+}
+
+void softmax_grad(float* dp, const float* p, const float* d_tanh, const float* delta, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dp_row = dp + r * cols;
+    const float* p_row = p + r * cols;
+    const __m512 d = _mm512_set1_ps(delta[r]);
+    for (int64_t i = 0; i < cols; i += kLanes) {
+      const __mmask16 mask = LaneMask(cols - i);
+      const __m512 p_vec = _mm512_maskz_loadu_ps(mask, p_row + i);
+      // 0 where P is 0, whatever dP holds there (NaN included); P * (dP - D) elsewhere, NaN P included.
+      const __mmask16 nonzero = _mm512_cmp_ps_mask(p_vec, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      __m512 ds = _mm512_maskz_mul_ps(nonzero, p_vec, _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, dp_row + i), d));
+      if (d_tanh) ds = _mm512_mul_ps(ds, _mm512_maskz_loadu_ps(mask, d_tanh + r * cols + i));
+      _mm512_mask_storeu_ps(dp_row + i, mask, ds);
+    }
   }
 }
 

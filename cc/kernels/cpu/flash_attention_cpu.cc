@@ -1,12 +1,14 @@
 // Tiled FlashAttention on the CPU: the paper's Algorithms 1/2 (forward, online softmax, FA2 loop order)
 // and 4 (backward recomputing the probabilities from lse). Tiles are dense float32 Eigen matrices, so the
-// products run on Eigen's blocked GEMM (the AVX2 path) or on the AVX-512 micro-kernels (cpu_isa.h), chosen
-// once per process; scores exist one [rows x cols] tile at a time per thread.
+// products run on Eigen's blocked GEMM (the AVX2 path), on the AVX-512 micro-kernels, or for bfloat16 inputs
+// on the AVX512_BF16 ones (cpu_isa.h), the path chosen once per process; scores exist one [rows x cols] tile
+// at a time per thread.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cc/kernels/cpu/cpu_isa.h"
@@ -41,26 +43,89 @@ Tiles ChooseTiles(const FlashFwdParams& p) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The AVX-512 path: the same tile loops, the products and the softmax's exp on cpu_avx512's micro-kernels.
-bool Wide() { return cpu_isa() == CpuIsa::kAvx512; }
+// Both AVX-512 paths: the same tile loops, the softmax's exp on cpu_avx512's 16 lanes.
+bool Wide() { return cpu_isa() != CpuIsa::kAvx2; }
 
-// The AVX-512 products of row-major float matrices (cpu_isa.h: each element one FMA chain in order, so the
-// forward's and the backward's equal tiles stay bit-equal): c = alpha * a b^T (c resized), c (+)= alpha * a b
-// into rows of stride ldc, and c += alpha * a^T b.
-void WideProductNT(const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+// Who multiplies the tiles of one call: Eigen (the AVX2 path), cpu_avx512's float32 micro-kernels, or, for
+// bfloat16 inputs on the AVX512_BF16 path, cpu_avx512bf16's (P and dS rounded to bfloat16: cpu_isa.h), on
+// AMX tiles on the opt-in AMX path.
+// One choice per call, so the forward, the row normalizers and the backward multiply alike.
+enum class Products { kEigen, kAvx512, kAvx512Bf16, kAmx };
+
+template <typename T>
+Products ProductsFor() {
+  switch (cpu_isa()) {
+    case CpuIsa::kAvx512Amx:
+      return std::is_same_v<T, Eigen::bfloat16> ? Products::kAmx : Products::kAvx512;
+    case CpuIsa::kAvx512Bf16:
+      return std::is_same_v<T, Eigen::bfloat16> ? Products::kAvx512Bf16 : Products::kAvx512;
+    case CpuIsa::kAvx512: return Products::kAvx512;
+    case CpuIsa::kAvx2: break;
+  }
+  return Products::kEigen;
+}
+
+// The pairs of bfloat16 one cpu_avx512bf16 product packs (per thread, grown to the largest tile).
+uint32_t* Bf16Scratch(int64_t words) {
+  thread_local std::vector<uint32_t> scratch;
+  if (static_cast<int64_t>(scratch.size()) < words) scratch.resize(words);
+  return scratch.data();
+}
+
+// The AVX-512 products of row-major float matrices, float32 or bfloat16 pairs by `products` (cpu_isa.h: each
+// element one chain in order, so the forward's and the backward's equal tiles stay bit-equal):
+// c = alpha * a b^T (c resized), c (+)= alpha * a b into rows of stride ldc, and c += alpha * a^T b.
+void WideProductNT(Products products, const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+  c->resize(a.rows(), b.rows());
+  if (products == Products::kAvx512Bf16) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.rows(), b.rows(), a.cols()));
+    cpu_avx512bf16::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false,
+                            c->data(), c->cols(), scratch);
+    return;
+  }
+  if (products == Products::kAmx) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.rows(), b.rows(), a.cols()));
+    cpu_avx512bf16::amx_gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false,
+                                c->data(), c->cols(), scratch);
+    return;
+  }
   thread_local std::vector<float> pack;
   pack.resize(cpu_avx512::gemm_nt_pack_floats(a.cols()));
-  c->resize(a.rows(), b.rows());
   cpu_avx512::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false, c->data(),
                       c->cols(), pack.data());
 }
 
-void WideProductNN(const Matrix& a, const Matrix& b, float alpha, bool accumulate, float* c, int64_t ldc) {
+void WideProductNN(Products products, const Matrix& a, const Matrix& b, float alpha, bool accumulate, float* c,
+                   int64_t ldc) {
+  if (products == Products::kAvx512Bf16) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.rows(), b.cols(), a.cols()));
+    cpu_avx512bf16::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate,
+                            c, ldc, scratch);
+    return;
+  }
+  if (products == Products::kAmx) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.rows(), b.cols(), a.cols()));
+    cpu_avx512bf16::amx_gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha,
+                                accumulate, c, ldc, scratch);
+    return;
+  }
   cpu_avx512::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate, c,
                       ldc);
 }
 
-void WideProductTN(const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+void WideProductTN(Products products, const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+  if (products == Products::kAvx512Bf16) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.cols(), b.cols(), a.rows()));
+    cpu_avx512bf16::gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true,
+                            c->data(), c->cols(), scratch);
+    return;
+  }
+  if (products == Products::kAmx) {
+    uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.cols(), b.cols(), a.rows()));
+    cpu_avx512bf16::amx_gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true,
+                                c->data(), c->cols(), scratch);
+    return;
+  }
   cpu_avx512::gemm_tn(a.cols(), b.cols(), a.rows(), a.data(), a.cols(), b.data(), b.cols(), alpha, true, c->data(),
                       c->cols());
 }
@@ -106,8 +171,9 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
 // The score tile S = scale * (Q K^T) (scaled after the product, as dense attention does: no rounding of
 // scale * Q). The forward, RowNormalizers and the backward all call this on identical tiles (same shapes,
 // same data), so the backward's scores are the forward's bit for bit.
-void ScoreTile(const FlashFwdParams& p, const Matrix& q, const Matrix& k, Matrix* scores) {
-  if (Wide()) return WideProductNT(q, k, p.scale, scores);  // the same two roundings: the sum, then * scale
+void ScoreTile(const FlashFwdParams& p, Products products, const Matrix& q, const Matrix& k, Matrix* scores) {
+  // The AVX-512 kernels round alike: the sum, then * scale.
+  if (products != Products::kEigen) return WideProductNT(products, q, k, p.scale, scores);
   scores->noalias() = q * k.transpose();
   *scores *= p.scale;
 }
@@ -117,6 +183,11 @@ void ScoreTile(const FlashFwdParams& p, const Matrix& q, const Matrix& k, Matrix
 // d_tanh, also returns d(capped)/d(s) = 1 - tanh^2 for the backward.
 void SoftcapScores(float softcap, Matrix* scores, Matrix* d_tanh) {
   if (!(softcap > 0.f)) return;
+  if (Wide()) {  // 16 lanes, the same three steps
+    if (d_tanh) d_tanh->resize(scores->rows(), scores->cols());
+    cpu_avx512::softcap(scores->data(), scores->size(), softcap, d_tanh ? d_tanh->data() : nullptr);
+    return;
+  }
   scores->array() = (scores->array() * (1.f / softcap)).tanh();
   if (d_tanh) *d_tanh = 1.f - scores->array().square();
   scores->array() *= softcap;
@@ -191,6 +262,8 @@ struct HeadContext {
     const bool entry_blocks = partial && p.block_mask.data, entry_segments = partial && has_segments(p) && !kv_ids_sorted;
     const bool segment_runs = partial && has_segments(p) && kv_ids_sorted;
     const bool per_entry = entry_blocks || entry_segments || p.attn_mask.data;
+    const bool row_mask_alone = Wide() && p.attn_mask.data && p.attn_mask.col_stride == 1 && !entry_blocks &&
+                                !entry_segments;
     const int32_t* tile_ids = segment_runs ? p.kv_segment_ids + int64_t{b} * p.seqlen_k + col0 : nullptr;
     bool any_visible = false;
     for (int64_t r = 0; r < rows; ++r) {
@@ -208,6 +281,12 @@ struct HeadContext {
       if (!per_entry) {
         std::fill(col_seen->begin() + lo, col_seen->begin() + hi, uint8_t{1});
         any_visible |= lo < hi;
+        continue;
+      }
+      if (row_mask_alone) {  // attn_mask alone, its columns contiguous: 16 at a time (the loop below's rule)
+        const bool* mask = p.attn_mask.data + b * p.attn_mask.batch_stride + h * p.attn_mask.head_stride +
+                           row * p.attn_mask.row_stride + col0;
+        any_visible |= cpu_avx512::mask_row(s, reinterpret_cast<const uint8_t*>(mask), col_seen->data(), lo, hi);
         continue;
       }
       for (int64_t c = lo; c < hi; ++c) {
@@ -259,6 +338,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
   const int b = tile.b, h = tile.h, hkv = tile.hkv;
   const int64_t row0 = tile.row0, rows = tile.rows;
   const HeadContext ctx(p, b, h);
+  const Products products = ProductsFor<T>();
 
   T* out = static_cast<T*>(p.out) + b * p.o_batch_stride + row0 * p.o_row_stride + h * p.o_head_stride;
   float* lse = p.lse + (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
@@ -283,7 +363,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
     const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
     if (cover == TileCover::kSkip) continue;  // never loaded
     LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-    ScoreTile(p, q, k, &s);
+    ScoreTile(p, products, q, k, &s);
     SoftcapScores(p.softcap, &s, nullptr);
     if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
@@ -295,9 +375,9 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
       }
       if (ctx.has_dropout()) {
         ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
-        s.array() *= keep.array();
+        cpu_avx512::multiply(s.data(), keep.data(), s.size());
       }
-      WideProductNN(s, v, 1.f, true, acc.data(), acc.cols());
+      WideProductNN(products, s, v, 1.f, true, acc.data(), acc.cols());
       continue;
     }
     // Online softmax: rescale what was accumulated by exp(old max - new max).
@@ -391,6 +471,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
   const int b = tile.b, h = tile.h, hkv = tile.hkv;
   const int64_t row0 = tile.row0, rows = tile.rows;
   const HeadContext ctx(p, b, h);
+  const Products products = ProductsFor<T>();
   const int64_t offset = (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
   const float* lse = p.lse + offset;
   float* row_ref = scratch.row_ref + offset;
@@ -418,7 +499,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
           BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
       if (cover == TileCover::kSkip) continue;
       LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-      ScoreTile(p, q, k, &s);
+      ScoreTile(p, products, q, k, &s);
       SoftcapScores(p.softcap, &s, nullptr);
       if (ctx.MaskScores(row0, col0, cover, &s, &col_seen)) body(col0, cols);
     }
@@ -469,7 +550,7 @@ void RowNormalizers(const FlashBwdParams& p, const Tiles& tiles, const BwdScratc
     }
     LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
     if (Wide()) {
-      WideProductNT(d_out, v, 1.f, &d_p);
+      WideProductNT(products, d_out, v, 1.f, &d_p);
     } else {
       d_p.noalias() = d_out * v.transpose();
     }
@@ -491,6 +572,7 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
                   int64_t unit, std::vector<Matrix>& m, std::vector<uint8_t>& col_seen) {
   Matrix &q = m[0], &k = m[1], &v = m[2], &d_out = m[3], &s = m[4], &d_p = m[5], &keep = m[6], &d_k = m[7],
          &d_v = m[8], &d_q = m[9], &d_tanh = m[10], &k_seen = m[11];
+  const Products products = ProductsFor<T>();
   const int slice = static_cast<int>(unit % slices);
   const int hkv = static_cast<int>((unit / slices) % p.num_heads_kv);
   const int b = static_cast<int>(unit / (int64_t{slices} * p.num_heads_kv));
@@ -534,7 +616,7 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         // The forward's score tile, recomputed with the same operations on the same shapes (ForwardUnit).
         LoadRows(static_cast<const T*>(p.q) + b * p.q_batch_stride + row0 * p.q_row_stride + h * p.q_head_stride,
                  p.q_row_stride, rows, p.head_dim, 1.f, &q);
-        ScoreTile(p, q, k, &s);
+        ScoreTile(p, products, q, k, &s);
         SoftcapScores(p.softcap, &s, &d_tanh);
         if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
         // P = exp(S - lse): the forward's probabilities, rebuilt; rows with lse = -inf see nothing.
@@ -554,15 +636,19 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
                      h * p.o_head_stride,
                  p.o_row_stride, rows, p.head_dim_v, 1.f, &d_out);
         if (Wide()) {
-          WideProductNT(d_out, v, 1.f, &d_p);
+          WideProductNT(products, d_out, v, 1.f, &d_p);
           if (ctx.has_dropout()) {  // the forward's mask, regenerated; keep becomes P * keep for dV
             ctx.DropoutScales(row0, col0, rows, valid_cols, &keep);
-            d_p.array() *= keep.array();
-            keep.array() *= s.array();
-            WideProductTN(keep, d_out, 1.f, &d_v);
+            cpu_avx512::multiply(d_p.data(), keep.data(), d_p.size());
+            cpu_avx512::multiply(keep.data(), s.data(), keep.size());
+            WideProductTN(products, keep, d_out, 1.f, &d_v);
           } else {
-            WideProductTN(s, d_out, 1.f, &d_v);
+            WideProductTN(products, s, d_out, 1.f, &d_v);
           }
+          // dS = P * (dP - D) in place of dP, through the soft-cap's 1 - tanh^2 (the formula below, 16 lanes).
+          cpu_avx512::softmax_grad(d_p.data(), s.data(), p.softcap > 0.f ? d_tanh.data() : nullptr, delta + row0,
+                                   rows, valid_cols);
+          WideProductTN(products, d_p, q, p.scale, &d_k);
         } else {
           d_p.noalias() = d_out * v.transpose();
           if (ctx.has_dropout()) {  // the forward's mask, regenerated
@@ -572,15 +658,11 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
           } else {
             d_v.noalias() += s.transpose() * d_out;
           }
-        }
-        // dS = P * (dP - D), overwriting dP; exactly 0 where P is (an invisible value row may have made
-        // dP NaN there). Through the soft-cap: dS *= 1 - tanh^2.
-        for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
-        d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
-        if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
-        if (Wide()) {
-          WideProductTN(d_p, q, p.scale, &d_k);
-        } else {
+          // dS = P * (dP - D), overwriting dP; exactly 0 where P is (an invisible value row may have made
+          // dP NaN there). Through the soft-cap: dS *= 1 - tanh^2.
+          for (int64_t r = 0; r < rows; ++r) d_p.row(r).array() -= delta[row0 + r];
+          d_p = (s.array() == 0.f).select(0.f, s.array() * d_p.array()).matrix();
+          if (p.softcap > 0.f) d_p.array() *= d_tanh.array();
           d_k.noalias() += p.scale * (d_p.transpose() * q);
         }
         const Matrix* k_used = &k;
@@ -591,7 +673,7 @@ void BackwardUnit(const FlashBwdParams& p, const Tiles& tiles, int slices, const
         }
         float* d_q_rows = d_q_batch + row0 * dq_row_stride + int64_t{h} * p.head_dim;
         if (Wide()) {  // straight into the partial sums: d_q_rows += scale * dS K
-          WideProductNN(d_p, *k_used, p.scale, true, d_q_rows, dq_row_stride);
+          WideProductNN(products, d_p, *k_used, p.scale, true, d_q_rows, dq_row_stride);
           continue;
         }
         d_q.noalias() = p.scale * (d_p * *k_used);

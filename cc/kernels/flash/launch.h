@@ -19,8 +19,8 @@ using ParallelFor = std::function<void(int64_t total, int64_t cost_per_unit,
                                        const std::function<void(int64_t, int64_t)>& work)>;
 
 void flash_fwd_cpu(const FlashFwdParams& params, DType dtype, const ParallelFor& parallel_for);
-// The CPU kernels' path in this process, "avx512" or "avx2" (cc/kernels/cpu/cpu_isa.h: chosen once from the
-// CPU's features; TF_FLASH_CPU_ISA=avx2 forces the AVX2 path): what build_info reports as cpu_isa.
+// The CPU kernels' path in this process, "avx512_bf16", "avx512" or "avx2" (cc/kernels/cpu/cpu_isa.h: chosen
+// once from the CPU's features; TF_FLASH_CPU_ISA names one to force): what build_info reports as cpu_isa.
 const char* flash_cpu_isa_name();
 
 // Bytes of float32 scratch the CPU backward wants in params.scratch (dQ partial sums and D = rowsum(dO*O)).
