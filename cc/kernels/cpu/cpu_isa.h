@@ -19,15 +19,16 @@ namespace tf_flash {
 //   kAvx2:       Eigen's products and exp (every x86-64 machine we target).
 //   kAvx512:     tf_flash::cpu_avx512's float32 micro-kernels and exp, for every input dtype.
 //   kAvx512Bf16: kAvx512, except that the products of bfloat16 inputs run tf_flash::cpu_avx512bf16's
-//                vdpbf16ps kernels (float32 and float16 inputs run exactly as under kAvx512).
+//                vdpbf16ps kernels (float32 and float16 inputs run exactly as under kAvx512). Opt-in only
+//                (TF_FLASH_CPU_ISA=avx512_bf16): slower than kAvx512's float32 products where measured.
 //   kAvx512Amx:  kAvx512Bf16 with those products on AMX tiles (cpu_avx512bf16::amx_*). Opt-in only
-//                (TF_FLASH_CPU_ISA=avx512_amx): never the default until measured and tested on AMX hardware.
+//                (TF_FLASH_CPU_ISA=avx512_amx): faster where measured, not the default until the whole CPU
+//                suite has run on it.
 enum class CpuIsa { kAvx2, kAvx512, kAvx512Bf16, kAvx512Amx };
 
-// The path this process runs, chosen once, at the first call: the widest of avx2, avx512 and avx512_bf16
-// the CPU and the OS have (the zmm state saved by the OS for the AVX-512 paths), or, with TF_FLASH_CPU_ISA=
-// avx2 / avx512 / avx512_bf16 / avx512_amx in the environment, that path where the CPU has it (else the
-// widest it has below it), so that every path is testable on one machine.
+// The path this process runs, chosen once, at the first call: avx512 where the CPU and the OS have it (the zmm
+// state saved by the OS), else avx2; or, with TF_FLASH_CPU_ISA=avx2 / avx512 / avx512_bf16 / avx512_amx in the
+// environment, that path where the CPU has it (else the default), so that every path is testable on one machine.
 CpuIsa cpu_isa();
 
 // Whether the CPU could run the AVX-512 path: AVX512F (whatever TF_FLASH_CPU_ISA says).
