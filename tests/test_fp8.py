@@ -5,9 +5,10 @@ GPU cases (an sm_90 GPU and a library with sm_90a code) hold the output to the f
 dequantized inputs (query * q_descale, ...). The inputs are quantized per tensor or per (batch entry, kv head) so
 that their largest magnitude lands near e4m3's largest (448). Error sources the bounds cover: P rounded to e4m3
 before P V (3 mantissa bits: up to 2^-4 relative per probability, about 3-4% of the output's norm once averaged
-over keys), and the output's rounding to bfloat16 / float16. Q K^T runs on the fp8 tensor cores, whose sums keep
-fewer bits than float32 (about 14): a score's error grows with sum_d |q_d k_d|, so lse's bound does too (on an H200
-the largest lse error was 2^-12.6 to 2^-14 of scale * max_j sum_d |q_d k_d|, the largest such sum of the row). CPU cases check the argument errors and the refusals (no CPU kernels, no gradient, no XLA)."""
+over keys), and the output's rounding to bfloat16 / float16. Q K^T runs on the fp8 tensor cores, whose sums
+keep fewer bits than float32 (about 14): a score's error grows with sum_d |q_d k_d|, so lse's bound does too
+(on an H200 the largest lse error was 2^-12.6 to 2^-14 of scale * max_j sum_d |q_d k_d|, the row's largest).
+CPU cases check the argument errors and the refusals (no CPU kernels, no gradient, no XLA)."""
 import numpy as np
 import pytest
 import tensorflow as tf

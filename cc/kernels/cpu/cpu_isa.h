@@ -2,13 +2,13 @@
 //
 // The AVX2 path is flash_attention_cpu.cc as compiled (-mavx2 -mfma: Eigen's GEMM and exp). The AVX-512
 // path runs the same tile loops and swaps in the functions declared below for the products and the
-// softmax's exp; the AVX512_BF16 path is the AVX-512 path whose products, for bfloat16 inputs only, take
-// bfloat16 operands in pairs through vdpbf16ps (or, opt-in, AMX tiles). Those live in flash_attention_avx512.cc
-// and flash_attention_avx512bf16.cc, the only files compiled with AVX-512 (and AMX) flags (files named
-// *_avx512.cc and *_avx512bf16.cc: cc/BUILD, tools/gpu.sh host). They hold no Eigen, no std and nothing inline or templated
-// with external linkage, so no function the linker may merge across files (a COMDAT) carries AVX-512 code
-// into an AVX2 caller; tests/test_cpu_isa.py checks the objects and the library. This header declares
-// plain functions only, for the same reason.
+// softmax's exp; the opt-in AVX512_BF16 path is the AVX-512 path whose products, for bfloat16 inputs only,
+// take bfloat16 operands in pairs through vdpbf16ps (or, opt-in too, AMX tiles). Those live in
+// flash_attention_avx512.cc and flash_attention_avx512bf16.cc, the only files compiled with AVX-512 (and AMX)
+// flags (files named *_avx512.cc and *_avx512bf16.cc: cc/BUILD, tools/gpu.sh host). They hold no Eigen, no std
+// and nothing inline or templated with external linkage, so no function the linker may merge across files (a
+// COMDAT) carries AVX-512 code into an AVX2 caller; tests/test_cpu_isa.py checks the objects and the library.
+// This header declares plain functions only, for the same reason.
 #pragma once
 
 #include <cstdint>

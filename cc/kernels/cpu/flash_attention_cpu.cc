@@ -259,7 +259,8 @@ struct HeadContext {
     // Per-entry tests where the tile is partly covered: block_mask's blocks, attn_mask, and segment ids
     // unless each row's document is one run of sorted keys (then a range, as the structural masks are).
     const bool partial = block_cover == TileCover::kPartial;
-    const bool entry_blocks = partial && p.block_mask.data, entry_segments = partial && has_segments(p) && !kv_ids_sorted;
+    const bool entry_blocks = partial && p.block_mask.data;
+    const bool entry_segments = partial && has_segments(p) && !kv_ids_sorted;
     const bool segment_runs = partial && has_segments(p) && kv_ids_sorted;
     const bool per_entry = entry_blocks || entry_segments || p.attn_mask.data;
     const bool row_mask_alone = Wide() && p.attn_mask.data && p.attn_mask.col_stride == 1 && !entry_blocks &&
