@@ -358,7 +358,7 @@ def build_tasks(args):
 # --isa-compare: (batch, seqlen, heads, dim), non-causal; the last is the example's shape.
 ISA_SHAPES = [(1, 2048, 8, 64), (1, 4096, 8, 64), (16, 2048, 2, 32)]
 # The CPU kernel's runs, each path forced per process by TF_FLASH_CPU_ISA (a path the CPU lacks runs the
-# widest below it, and the result says which ran): (path, input dtype). bfloat16 on avx512_bf16 is the
+# default path instead, and the result says which ran): (path, input dtype). bfloat16 on avx512_bf16 is the
 # vdpbf16ps path the issue measures against float32 on avx512; bfloat16 on avx512 multiplies the same inputs
 # in float32; avx512_amx (opt-in) runs the bfloat16 products on AMX tiles where the CPU has them.
 ISA_RUNS = [("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16"),

@@ -17,21 +17,21 @@ namespace {
 // run only when asked for: on a Xeon with AVX512_BF16 and AMX the vdpbf16ps path ran bfloat16 at 0.71x (forward)
 // and 0.65x (forward+backward) of the float32 products, and the AMX path, 1.16x and 1.40x, has passed the path
 // tests but not yet the whole CPU suite there.
-CpuIsa WidestOfCpu() { return cpu_has_avx512() ? CpuIsa::kAvx512 : CpuIsa::kAvx2; }
+CpuIsa DefaultIsa() { return cpu_has_avx512() ? CpuIsa::kAvx512 : CpuIsa::kAvx2; }
 
 CpuIsa ChooseIsa() {
   // TF_FLASH_CPU_ISA names a path to run where the CPU has it (every path testable on one host, and the
   // bfloat16 products comparable with the float32 ones); any other value, or none, takes the default.
-  const CpuIsa widest = WidestOfCpu();
+  const CpuIsa default_isa = DefaultIsa();
   const char* forced = std::getenv("TF_FLASH_CPU_ISA");
-  if (forced == nullptr) return widest;
-  CpuIsa asked = widest;
+  if (forced == nullptr) return default_isa;
+  CpuIsa asked = default_isa;
   if (std::strcmp(forced, "avx2") == 0) asked = CpuIsa::kAvx2;
   if (std::strcmp(forced, "avx512") == 0) asked = CpuIsa::kAvx512;
-  if (std::strcmp(forced, "avx512_bf16") == 0) return cpu_has_avx512_bf16() ? CpuIsa::kAvx512Bf16 : widest;
+  if (std::strcmp(forced, "avx512_bf16") == 0) return cpu_has_avx512_bf16() ? CpuIsa::kAvx512Bf16 : default_isa;
   // The AMX path only when asked for and granted (cpu_isa.h: opt-in).
-  if (std::strcmp(forced, "avx512_amx") == 0) return cpu_has_amx_bf16() ? CpuIsa::kAvx512Amx : widest;
-  return static_cast<int>(asked) < static_cast<int>(widest) ? asked : widest;
+  if (std::strcmp(forced, "avx512_amx") == 0) return cpu_has_amx_bf16() ? CpuIsa::kAvx512Amx : default_isa;
+  return static_cast<int>(asked) < static_cast<int>(default_isa) ? asked : default_isa;
 }
 
 }  // namespace
