@@ -113,6 +113,27 @@ template <> struct Launcher<GPUDevice> {
 };
 #endif
 
+// The steps both forward ops take once their params hold the attributes and shapes: the inputs' pointers, the
+// lengths checked where the kernel reads them on the host, the seed, and the three outputs. *empty: the outputs
+// have no elements, so there is nothing to launch.
+tf::Status PrepareForward(tf::OpKernelContext* ctx, const FlashInputShapes& shapes, bool lengths_on_host,
+                          FlashFwdParams* p, bool* empty) {
+  SetInputPointers(shapes, InputData(ctx, kFwdInputs), p);
+  if (lengths_on_host) TF_RETURN_IF_ERROR(CheckLengthValues(*p));
+  const tf::Tensor& seed = ctx->input(kFwdInputs[kSeedInput]);
+  p->seed = static_cast<uint64_t>(seed.flat<int64_t>()(0));
+  p->seed_offset = static_cast<uint64_t>(seed.flat<int64_t>()(1));
+  tf::Tensor* out = nullptr;
+  tf::Tensor* lse = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, OutputShape(shapes), &out));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(1, LseShape(shapes), &lse));
+  ctx->set_output(2, seed);  // the RNG state is the seed itself: the mask is philox(seed, position)
+  *empty = out->NumElements() == 0 && lse->NumElements() == 0;
+  p->out = out->data();
+  p->lse = lse->flat<float>().data();
+  return tf::Status();
+}
+
 template <typename Device, typename T>
 class FlashAttentionOp : public tf::OpKernel {
  public:
@@ -124,19 +145,9 @@ class FlashAttentionOp : public tf::OpKernel {
     const FlashInputShapes shapes = InputShapes(ctx, kFwdInputs);
     FlashFwdParams p;
     OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
-    SetInputPointers(shapes, InputData(ctx, kFwdInputs), &p);
-    if (Launcher<Device>::kLengthsOnHost) OP_REQUIRES_OK(ctx, CheckLengthValues(p));
-    const tf::Tensor& seed = ctx->input(kFwdInputs[kSeedInput]);
-    p.seed = static_cast<uint64_t>(seed.flat<int64_t>()(0));
-    p.seed_offset = static_cast<uint64_t>(seed.flat<int64_t>()(1));
-    tf::Tensor* out = nullptr;
-    tf::Tensor* lse = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, OutputShape(shapes), &out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, LseShape(shapes), &lse));
-    ctx->set_output(2, seed);  // the RNG state is the seed itself: the mask is philox(seed, position)
-    if (out->NumElements() == 0 && lse->NumElements() == 0) return;
-    p.out = out->data();
-    p.lse = lse->flat<float>().data();
+    bool empty = false;
+    OP_REQUIRES_OK(ctx, PrepareForward(ctx, shapes, Launcher<Device>::kLengthsOnHost, &p, &empty));
+    if (empty) return;
     OP_REQUIRES_OK(ctx, Launcher<Device>::Forward(ctx, p, DTypeOf<T>::value));
   }
 
@@ -209,22 +220,13 @@ class FlashAttentionFp8Op : public tf::OpKernel {
           ctx->device()->name(), ")"));
       return;
     }
-    SetInputPointers(shapes, InputData(ctx, kFwdInputs), &p);
     p.q_descale = q_descale.flat<float>().data();
     p.k_descale = k_descale.flat<float>().data();
     p.v_descale = v_descale.flat<float>().data();
     p.out_float16 = std::is_same_v<OutT, Eigen::half>;
-    const tf::Tensor& seed = ctx->input(kFwdInputs[kSeedInput]);
-    p.seed = static_cast<uint64_t>(seed.flat<int64_t>()(0));
-    p.seed_offset = static_cast<uint64_t>(seed.flat<int64_t>()(1));
-    tf::Tensor* out = nullptr;
-    tf::Tensor* lse = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, OutputShape(shapes), &out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, LseShape(shapes), &lse));
-    ctx->set_output(2, seed);
-    if (out->NumElements() == 0 && lse->NumElements() == 0) return;
-    p.out = out->data();
-    p.lse = lse->flat<float>().data();
+    bool empty = false;
+    OP_REQUIRES_OK(ctx, PrepareForward(ctx, shapes, /*lengths_on_host=*/false, &p, &empty));
+    if (empty) return;
     OP_REQUIRES_OK(ctx, Launcher<Device>::ForwardFp8(ctx, p));
   }
 
