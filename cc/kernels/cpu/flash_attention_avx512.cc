@@ -1,11 +1,13 @@
 // The AVX-512 path's micro-kernels (cpu_isa.h): register-blocked float32 products and the softmax's exp,
 // 16 lanes. The only file compiled with AVX-512 flags. It includes nothing but the intrinsics (always
-// inlined, never emitted) and cpu_isa.h, and keeps every helper in an anonymous namespace: all it exports
+// inlined, never emitted), cpu_isa.h and avx512_transpose.h (internal linkage), and keeps every helper in an
+// anonymous namespace: all it exports
 // are the plain functions of tf_flash::cpu_avx512, so no inline or template function with external
 // linkage (a COMDAT the linker may pick from this file for an AVX2 caller) is compiled here.
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cc/kernels/cpu/avx512_transpose.h"
 #include "cc/kernels/cpu/cpu_isa.h"
 
 #if !defined(__AVX512F__) || !defined(__FMA__)
@@ -130,36 +132,6 @@ void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
       const float* a_block = kATransposed ? a + i0 : a + i0 * lda;
       kernel(k, a_block, lda, b + j0, ldb, last, alpha, accumulate, c + i0 * ldc + j0, ldc);
     }
-  }
-}
-
-// Transposes the 16 x 16 matrix of 32-bit elements in v[0..15] (row r in v[r]) in place: unpacks within
-// 128-bit lanes make 4 x 4 blocks, two shuffles of whole lanes place them. 64 shuffles for 256 elements,
-// where gathers would take 16 loads per row of the result.
-void Transpose16(__m512 v[16]) {
-  __m512 b[16];
-  for (int i = 0; i < 16; i += 2) {
-    b[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
-    b[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
-  }
-  // c[4g + m]: in 128-bit lane L, rows 4g..4g+3 of column 4L + m.
-  __m512 c[16];
-  for (int g = 0; g < 16; g += 4) {
-    const __m512d b0 = _mm512_castps_pd(b[g]), b1 = _mm512_castps_pd(b[g + 1]);
-    const __m512d b2 = _mm512_castps_pd(b[g + 2]), b3 = _mm512_castps_pd(b[g + 3]);
-    c[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(b0, b2));
-    c[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(b0, b2));
-    c[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b1, b3));
-    c[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b1, b3));
-  }
-  for (int m = 0; m < 4; ++m) {
-    const __m512 d0 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0xEE);
-    const __m512 d2 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0x44);
-    const __m512 d3 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0xEE);
-    v[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
-    v[m + 4] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
-    v[m + 8] = _mm512_shuffle_f32x4(d1, d3, 0x88);
-    v[m + 12] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
   }
 }
 

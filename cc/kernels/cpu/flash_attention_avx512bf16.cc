@@ -1,16 +1,17 @@
-// The AVX512_BF16 path's products (cpu_isa.h, tf_flash::cpu_avx512bf16): float32 operands rounded to
-// bfloat16 and packed in pairs for vdpbf16ps, float32 accumulation, 16 lanes. The only file compiled with
-// -mavx512bf16 (files named *_avx512bf16.cc: cc/BUILD, tools/gpu.sh host), under the same discipline as
-// flash_attention_avx512.cc: it includes nothing but the intrinsics and cpu_isa.h, keeps every helper in an
-// anonymous namespace and exports only the plain functions of tf_flash::cpu_avx512bf16, so no COMDAT the
-// linker may hand an AVX2 caller is compiled here. vdpbf16ps is its only AVX512_BF16 instruction: the
-// rounding to bfloat16 is integer AVX512F code, so that it is exactly round-to-nearest-even whatever the
-// conversion instructions do with subnormals. The amx_* products run the same packed pairs through AMX tiles
-// (tdpbf16ps); the AMX instructions appear only in them (intrinsics only: the compiler never emits AMX on its
-// own), and they run only on the opt-in AMX path.
+// The AVX512_BF16 path's products (cpu_isa.h, tf_flash::cpu_avx512bf16): float32 operands rounded to bfloat16 and
+// packed in pairs for vdpbf16ps, float32 accumulation, 16 lanes. The only file compiled with -mavx512bf16 (files
+// named *_avx512bf16.cc: cc/BUILD, tools/gpu.sh host), under the same discipline as flash_attention_avx512.cc: it
+// includes nothing but the intrinsics, cpu_isa.h and avx512_transpose.h, keeps every helper in an anonymous
+// namespace and exports only the plain functions of tf_flash::cpu_avx512bf16, so no COMDAT the linker may hand an
+// AVX2 caller is compiled here. vdpbf16ps is its only AVX512_BF16 instruction: the rounding to bfloat16 is integer
+// AVX512F code, so that it is exactly round-to-nearest-even whatever the conversion instructions do with
+// subnormals. The amx_* products run the same packed pairs through AMX tiles (tdpbf16ps); the AMX instructions
+// appear only in them (intrinsics only: the compiler never emits AMX on its own), and they run only on the AMX path
+// (the default where the CPU has AMX-BF16).
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cc/kernels/cpu/avx512_transpose.h"
 #include "cc/kernels/cpu/cpu_isa.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BF16__) || !defined(__AMX_TILE__) || !defined(__AMX_BF16__)
@@ -92,36 +93,6 @@ void PackInterleavedRows(const float* src, int64_t lds, int64_t rows, int64_t co
   }
 }
 
-// Transposes the 16 x 16 matrix of 32-bit elements in v[0..15] (row r in v[r]) in place: unpacks within
-// 128-bit lanes make 4 x 4 blocks, two shuffles of whole lanes place them. 64 shuffles for 256 elements,
-// where gathers would take 16 loads per row of the result.
-void Transpose16(__m512 v[16]) {
-  __m512 b[16];
-  for (int i = 0; i < 16; i += 2) {
-    b[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
-    b[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
-  }
-  // c[4g + m]: in 128-bit lane L, rows 4g..4g+3 of column 4L + m.
-  __m512 c[16];
-  for (int g = 0; g < 16; g += 4) {
-    const __m512d b0 = _mm512_castps_pd(b[g]), b1 = _mm512_castps_pd(b[g + 1]);
-    const __m512d b2 = _mm512_castps_pd(b[g + 2]), b3 = _mm512_castps_pd(b[g + 3]);
-    c[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(b0, b2));
-    c[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(b0, b2));
-    c[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b1, b3));
-    c[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b1, b3));
-  }
-  for (int m = 0; m < 4; ++m) {
-    const __m512 d0 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0x44), d1 = _mm512_shuffle_f32x4(c[m], c[4 + m], 0xEE);
-    const __m512 d2 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0x44);
-    const __m512 d3 = _mm512_shuffle_f32x4(c[8 + m], c[12 + m], 0xEE);
-    v[m] = _mm512_shuffle_f32x4(d0, d2, 0x88);
-    v[m + 4] = _mm512_shuffle_f32x4(d0, d2, 0xDD);
-    v[m + 8] = _mm512_shuffle_f32x4(d1, d3, 0x88);
-    v[m + 12] = _mm512_shuffle_f32x4(d1, d3, 0xDD);
-  }
-}
-
 // dst[t * ldd + j] = Pairs(src[j][2t], src[j][2t + 1]) for j < rows, t < ceil(cols / 2), and 0 for the other
 // j of each 16: src^T as pairs of rows, from 16 rows x 16 pairs at a time (PackRowPairs' pairs of each row,
 // then transposed in registers).
@@ -142,7 +113,7 @@ void PackTransposedPairs(const float* src, int64_t lds, int64_t rows, int64_t co
         const __m512 x = _mm512_maskz_loadu_ps(first, s), y = _mm512_maskz_loadu_ps(second, s + kLanes);
         v[r] = _mm512_castsi512_ps(Pairs(_mm512_permutex2var_ps(x, even, y), _mm512_permutex2var_ps(x, odd, y)));
       }
-      Transpose16(v);
+      cpu_avx512::Transpose16(v);
       const int64_t count = PairsOf(Min(2 * kLanes, cols - c0));
       for (int64_t t = 0; t < count; ++t) {
         _mm512_storeu_si512(dst + (c0 / 2 + t) * ldd + j0, _mm512_castps_si512(v[t]));
@@ -278,7 +249,7 @@ void TransposeWords(const uint32_t* src, int64_t lds, int64_t rows, int64_t cols
     for (int64_t j0 = 0; j0 < cols; j0 += kLanes) {
       __m512 v[kLanes];
       for (int r = 0; r < kLanes; ++r) v[r] = _mm512_castsi512_ps(_mm512_loadu_si512(src + (i0 + r) * lds + j0));
-      Transpose16(v);
+      cpu_avx512::Transpose16(v);
       for (int r = 0; r < kLanes; ++r) _mm512_storeu_si512(dst + (j0 + r) * ldd + i0, _mm512_castps_si512(v[r]));
     }
   }
