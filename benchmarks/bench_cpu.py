@@ -360,7 +360,7 @@ ISA_SHAPES = [(1, 2048, 8, 64), (1, 4096, 8, 64), (16, 2048, 2, 32)]
 # The CPU kernel's runs, each path forced per process by TF_FLASH_CPU_ISA (a path the CPU lacks runs the
 # default path instead, and the result says which ran): (path, input dtype). bfloat16 on avx512_bf16 is the
 # vdpbf16ps path the issue measures against float32 on avx512; bfloat16 on avx512 multiplies the same inputs
-# in float32; avx512_amx (opt-in) runs the bfloat16 products on AMX tiles where the CPU has them.
+# in float32; avx512_amx (the default where the CPU has AMX) runs the bfloat16 products on AMX tiles.
 ISA_RUNS = [("avx512", "float32"), ("avx2", "float32"), ("avx512_bf16", "bfloat16"), ("avx512", "bfloat16"),
             ("avx512_amx", "bfloat16")]
 # The peaks: float32 FMAs at 8 and 16 lanes, vdpbf16ps where the CPU has AVX512_BF16.

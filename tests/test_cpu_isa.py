@@ -1,7 +1,8 @@
-"""The CPU kernel's instruction-set paths (cc/kernels/cpu/cpu_isa.h): AVX-512 where the CPU has AVX512F, AVX2
-otherwise; TF_FLASH_CPU_ISA=avx2 / avx512 forces one up to what the CPU has, and avx512_bf16 (bfloat16 products
-through vdpbf16ps, with AVX512F/BW/VL and AVX512_BF16) and avx512_amx (the same products on AMX tiles) run only
-when asked for. Run the file again under TF_FLASH_CPU_ISA=avx512_bf16 to hold that path's in-process cases.
+"""The CPU kernel's instruction-set paths (cc/kernels/cpu/cpu_isa.h): avx512_amx (bfloat16 products on AMX tiles)
+where the CPU has AMX-BF16, AVX-512 where it has AVX512F, AVX2 otherwise; TF_FLASH_CPU_ISA=avx2 / avx512 /
+avx512_amx forces one up to what the CPU has, and avx512_bf16 (bfloat16 products through vdpbf16ps, with
+AVX512F/BW/VL and AVX512_BF16) runs only when asked for. Run the file again under TF_FLASH_CPU_ISA=avx512_bf16 to
+hold that path's in-process cases.
 
 - build_info() names the path taken;
 - each AVX-512 object exports only its plain functions (no COMDAT the linker could hand an AVX2 caller), and
@@ -43,7 +44,7 @@ AVX512BF16_FLAGS = AVX512_FLAGS + ["-mavx512bw", "-mavx512vl", "-mavx512bf16", "
 # Each AVX-512 file by the namespace of the only functions it may export: (source, flags, namespace).
 AVX512_OBJECTS = {"avx512": (AVX512_SOURCE, AVX512_FLAGS, "tf_flash::cpu_avx512::"),
                   "avx512bf16": (AVX512BF16_SOURCE, AVX512BF16_FLAGS, "tf_flash::cpu_avx512bf16::")}
-# The paths, narrowest first (cpu_isa.h: CpuIsa); the last only when TF_FLASH_CPU_ISA asks for it.
+# The paths, narrowest first (cpu_isa.h: CpuIsa); avx512_bf16 only when TF_FLASH_CPU_ISA asks for it.
 PATHS = ["avx2", "avx512", "avx512_bf16", "avx512_amx"]
 
 
@@ -70,6 +71,8 @@ needs_amx_bf16 = pytest.mark.skipif(not HAS_AMX_BF16, reason="the CPU lacks AMX-
 
 
 def _default_path():
+    if HAS_AMX_BF16:
+        return "avx512_amx"  # (where Linux grants the tile state, as every kernel since 5.16 does)
     return "avx512" if HAS_AVX512 else "avx2"
 
 
@@ -144,7 +147,7 @@ def test_library_touches_zmm_only_in_the_avx512_functions():
         assert any(namespace in name for name in users), f"no {namespace} code found in the library"
     # The bfloat16 instructions only where the AVX512_BF16 path alone calls (AVX512F machines lack them).
     assert bf16_users and all("tf_flash::cpu_avx512bf16::" in name for name in bf16_users), sorted(bf16_users)[:20]
-    # AMX only in the AMX functions, which the opt-in AMX path alone calls.
+    # AMX only in the AMX functions, which the AMX path alone calls.
     assert amx_users and all("tf_flash::cpu_avx512bf16::" in name and "mx" in name.lower() for name in amx_users), \
         sorted(amx_users)[:20]
     outside = sorted(name for name in users if not re.search(r"tf_flash::cpu_avx512(bf16)?::", name))
@@ -303,8 +306,8 @@ def _child_results(tmp_path, isa, run=0):
 
 @needs_amx_bf16
 def test_amx_path_matches_reference(tmp_path):
-    """The opt-in AMX path (never this process's unless TF_FLASH_CPU_ISA asks) against the float64 reference,
-    bfloat16 cases, in a child process forced to it; a second child's results are bit-equal (determinism)."""
+    """The AMX path against the float64 reference, bfloat16 cases, in a child process forced to it (whatever
+    TF_FLASH_CPU_ISA this process runs under); a second child's results are bit-equal (determinism)."""
     child = _child_results(tmp_path, "avx512_amx")
     again = _child_results(tmp_path, "avx512_amx", run=1)
     for name in CASES:

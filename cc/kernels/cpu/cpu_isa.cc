@@ -13,11 +13,15 @@
 namespace tf_flash {
 namespace {
 
-// The default: AVX-512 (float32 products, bfloat16 inputs widened) where the CPU has it. The bfloat16 products
-// run only when asked for: on a Xeon with AVX512_BF16 and AMX the vdpbf16ps path ran bfloat16 at 0.71x (forward)
-// and 0.65x (forward+backward) of the float32 products, and the AMX path, 1.16x and 1.40x, has passed the path
-// tests but not yet the whole CPU suite there.
-CpuIsa DefaultIsa() { return cpu_has_avx512() ? CpuIsa::kAvx512 : CpuIsa::kAvx2; }
+// The default: AMX where the CPU has it and Linux grants the tile state (bfloat16 inputs multiplied on AMX
+// tiles, float32 and float16 as on AVX-512), else AVX-512, else AVX2. On a Xeon with AMX the AMX products ran
+// bfloat16 at 1.2-1.4x the float32 products forward and 1.2-1.6x forward+backward; the vdpbf16ps path ran at
+// 0.6-0.75x there and stays opt-in (TF_FLASH_CPU_ISA=avx512_bf16) until a CPU with AVX512_BF16 and no AMX has
+// measured it.
+CpuIsa DefaultIsa() {
+  if (cpu_has_amx_bf16()) return CpuIsa::kAvx512Amx;
+  return cpu_has_avx512() ? CpuIsa::kAvx512 : CpuIsa::kAvx2;
+}
 
 CpuIsa ChooseIsa() {
   // TF_FLASH_CPU_ISA names a path to run where the CPU has it (every path testable on one host, and the
@@ -28,9 +32,8 @@ CpuIsa ChooseIsa() {
   CpuIsa asked = default_isa;
   if (std::strcmp(forced, "avx2") == 0) asked = CpuIsa::kAvx2;
   if (std::strcmp(forced, "avx512") == 0) asked = CpuIsa::kAvx512;
+  // The vdpbf16ps path wherever the CPU has AVX512_BF16, above the default too (cpu_isa.h: opt-in).
   if (std::strcmp(forced, "avx512_bf16") == 0) return cpu_has_avx512_bf16() ? CpuIsa::kAvx512Bf16 : default_isa;
-  // The AMX path only when asked for and granted (cpu_isa.h: opt-in).
-  if (std::strcmp(forced, "avx512_amx") == 0) return cpu_has_amx_bf16() ? CpuIsa::kAvx512Amx : default_isa;
   return static_cast<int>(asked) < static_cast<int>(default_isa) ? asked : default_isa;
 }
 

@@ -21,14 +21,15 @@ namespace tf_flash {
 //   kAvx512Bf16: kAvx512, except that the products of bfloat16 inputs run tf_flash::cpu_avx512bf16's
 //                vdpbf16ps kernels (float32 and float16 inputs run exactly as under kAvx512). Opt-in only
 //                (TF_FLASH_CPU_ISA=avx512_bf16): slower than kAvx512's float32 products where measured.
-//   kAvx512Amx:  kAvx512Bf16 with those products on AMX tiles (cpu_avx512bf16::amx_*). Opt-in only
-//                (TF_FLASH_CPU_ISA=avx512_amx): faster where measured, not the default until the whole CPU
-//                suite has run on it.
+//   kAvx512Amx:  kAvx512Bf16 with those products on AMX tiles (cpu_avx512bf16::amx_*): the default where the
+//                CPU has AMX-BF16, faster than kAvx512's float32 products where measured.
+// The bfloat16 products round P and dS to bfloat16 before multiplying, as the GPU kernels do.
 enum class CpuIsa { kAvx2, kAvx512, kAvx512Bf16, kAvx512Amx };
 
-// The path this process runs, chosen once, at the first call: avx512 where the CPU and the OS have it (the zmm
-// state saved by the OS), else avx2; or, with TF_FLASH_CPU_ISA=avx2 / avx512 / avx512_bf16 / avx512_amx in the
-// environment, that path where the CPU has it (else the default), so that every path is testable on one machine.
+// The path this process runs, chosen once, at the first call: avx512_amx where the CPU has AMX-BF16 and Linux
+// grants the tile state, else avx512 where the CPU and the OS have it (the zmm state saved by the OS), else avx2;
+// or, with TF_FLASH_CPU_ISA=avx2 / avx512 / avx512_bf16 / avx512_amx in the environment, that path where the CPU
+// has it (else the default), so that every path is testable on one machine.
 CpuIsa cpu_isa();
 
 // Whether the CPU could run the AVX-512 path: AVX512F (whatever TF_FLASH_CPU_ISA says).
