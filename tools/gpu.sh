@@ -165,7 +165,7 @@ compile_cuda() {  # compile_cuda DIR LOG [FLAGS]: the .cu paths on stdin into DI
   defines=$(tr ' ' '\n' < "$build/flags" | grep '^-D' | tr '\n' ' ')
   mkdir -p "$1/cuda_obj"
   xargs -P "$(nproc)" -I{} sh -c 'nvcc -std=c++17 -O3 --expt-relaxed-constexpr --expt-extended-lambda \
-    -lineinfo -Xcompiler=-fPIC '"$gc $defines"' -DNDEBUG -DCUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL '"${3:-}"' -I. -I"$CUTLASS_INCLUDE" \
+    -lineinfo -Xcompiler=-fPIC '"$gc $defines"' -DNDEBUG '"${3:-}"' -I. -I"$CUTLASS_INCLUDE" \
     -c {} -o '"$1"'/cuda_obj/$(basename {} .cu).o' > "$2" 2>&1 || { tail -40 "$2"; die "nvcc failed ($2)"; }
 }
 link_library() {  # link_library DIR: DIR/_flash_attention_ops.so from the host objects and DIR's CUDA objects
