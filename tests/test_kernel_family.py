@@ -249,9 +249,9 @@ def _interleaved_ids(rng, b, s):
     return np.stack(rows).astype(np.int32)
 
 
-def _segment_backward(head_dim, deterministic):
-    """The backward family with segment ids: sm_80 for the deterministic dQ at head dim 256 (family.cu)."""
-    return "backward_sm80" if deterministic and head_dim == 256 else "backward_sm90"
+def _segment_backward(deterministic):
+    """The backward family with segment ids: sm_80 for the deterministic dQ (family.cu)."""
+    return "backward_sm80" if deterministic else "backward_sm90"
 
 
 def _assert_families(ran, backward="backward_sm90"):
@@ -281,7 +281,7 @@ def test_segment_ids_family_output_and_gradients(dtype, head_dim, features, rng)
     q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
     (out, lse), grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=tf.constant(ids), return_lse=True,
                                                **features)
-    _assert_families(ran, _segment_backward(head_dim, features.get("deterministic", False)))
+    _assert_families(ran, _segment_backward(features.get("deterministic", False)))
     _assert_matches_float64(q, k, v, dout, out, lse, grads, dtype, dict(features, segment_ids=ids))
 
 
@@ -300,16 +300,15 @@ def test_interleaved_segment_ids_family_output_and_gradients(head_dim, features,
     q, k, v = (tf.cast(x, tf.float64).numpy() for x in (tq, tk, tv))
     (out, lse), grads, ran = _forward_backward(
         [tq, tk, tv], dout, segment_ids=(tf.constant(q_ids), tf.constant(kv_ids)), return_lse=True, **features)
-    _assert_families(ran, _segment_backward(head_dim, features.get("deterministic", False)))
+    _assert_families(ran, _segment_backward(features.get("deterministic", False)))
     _assert_matches_float64(q, k, v, dout, out, lse, grads, tf.bfloat16, dict(features, segment_ids=(q_ids, kv_ids)))
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("ids", ["documents", "interleaved"])
 def test_segment_ids_deterministic_backward_bit_identical(head_dim, ids, rng):
-    """The deterministic dQ where each CTA of the Hopper backward loops over several key tiles (many (batch, kv head)
-    units), refilling its table of query tiles per key tile: bit-identical runs, the gradients of float64
-    attention."""
+    """The deterministic dQ with segment ids (the sm_80 backward on every GPU: family.cu), many (batch, kv head)
+    units: bit-identical runs, the gradients of float64 attention."""
     b, sq, sk, h, hkv = 4, 300, 1100, 32, 16
     q, dout = (rng.standard_normal((b, sq, h, head_dim)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((b, sk, hkv, head_dim)).astype(np.float32) for _ in range(2))
@@ -323,7 +322,7 @@ def test_segment_ids_deterministic_backward_bit_identical(head_dim, ids, rng):
     runs = []
     for _ in range(3):
         _, grads, ran = _forward_backward([tq, tk, tv], dout, segment_ids=seg, causal=True, deterministic=True)
-        _assert_families(ran, _segment_backward(head_dim, True))
+        _assert_families(ran, _segment_backward(True))
         runs.append([tf.cast(g, tf.float32).numpy() for g in grads])
     for other in runs[1:]:
         for a, c in zip(runs[0], other):

@@ -142,10 +142,11 @@ bool hopper_backward_takes(const FlashFwdParams& p) {
     // Segment ids are a variant's element mask (ElementMask), whose table of query tiles holds the documents'
     // coverage only: with attn_mask or a block mask they run in the sm_80 family, which reads them together.
     if (p.attn_mask.data != nullptr || p.block_mask.data != nullptr) return false;
-    // The head-dim-256 kernel (the head dim split over the warpgroups) with segment ids never finishes when its
-    // CTAs run several key tiles in turn (the deterministic dQ) over ids that do not increase along the row;
-    // the cause is not found yet, so those calls run in the sm_80 family.
-    if (p.deterministic && head_dim == 256) return false;
+    // With segment ids that do not increase along the row, the kernel can hang when its CTAs run several key
+    // tiles in turn (the deterministic dQ; seen at head dims 128 and 256); the cause is not found yet, and the
+    // host cannot tell sorted ids from others without a sync, so deterministic calls with segment ids run in the
+    // sm_80 family.
+    if (p.deterministic) return false;
     // The words of a border tile's seen query rows and a byte per query tile, after the shared storage
     // (bwd_launch_sm90.h); at head dim 256 that storage leaves room for about 64k queries.
     const int64_t smem = sm90_backward_smem_bytes(head_dim, /*plain=*/false, 2) +

@@ -24,9 +24,10 @@ struct Sm90ForwardTiles {
 
 // element_bytes: the inputs' (2, or 1 for fp8 e4m3, whose output is 2 bytes).
 constexpr Sm90ForwardTiles sm90_forward_tiles(int head_dim, Sm90ForwardShape shape, int element_bytes = 2) {
-  // fp8: the 16-bit tiles (not yet measured on the GPU), whose key tiles of 64 or 128 are whole rows of V^T's 64-
-  // or 128-byte swizzle (a K-major V^T stage has kBlockN bytes per row); larger fp8 key tiles (FlashAttention-3
-  // takes up to 224 at d128) are for when the GPU measures them. d64: two consumers in both shapes until measured:
+  // fp8: the 16-bit tiles, whose key tiles of 64 or 128 are whole rows of V^T's 64- or 128-byte swizzle (a
+  // K-major V^T stage has kBlockN bytes per row). Larger fp8 key tiles (FlashAttention-3 takes up to 224 at d128)
+  // do not fit here: 256 keys spill and serialize the wgmma instructions, 192 leave the masks' threads a partial
+  // key, and d256 has no shared memory for 128 (EXPERIMENTS.md). d64: two consumers in both shapes until measured:
   // with three (160 registers each) ptxas spills 72 / 48 bytes in the plain / general variants, none with two
   // (the 16-bit d64 spills 228 / 124 with three and still runs faster there: the GPU decides).
   if (element_bytes == 1 && head_dim == 64) return {128, 2, 2};
