@@ -1,9 +1,9 @@
-// The AVX-512 path's micro-kernels (cpu_isa.h): register-blocked float32 products and the softmax's exp,
-// 16 lanes. The only file compiled with AVX-512 flags. It includes nothing but the intrinsics (always
-// inlined, never emitted), cpu_isa.h and avx512_transpose.h (internal linkage), and keeps every helper in an
-// anonymous namespace: all it exports
-// are the plain functions of tf_flash::cpu_avx512, so no inline or template function with external
-// linkage (a COMDAT the linker may pick from this file for an AVX2 caller) is compiled here.
+// The AVX-512 path's micro-kernels (cpu_isa.h): register-blocked float32 products and the softmax's exp, 16 lanes.
+// With flash_attention_avx512bf16.cc, the only files compiled with AVX-512 flags. It includes nothing but the
+// intrinsics (always inlined, never emitted), cpu_isa.h and avx512_transpose.h (internal linkage), and keeps every
+// helper in an anonymous namespace: all it exports are the plain functions of tf_flash::cpu_avx512, so no inline or
+// template function with external linkage (a COMDAT the linker may pick from this file for an AVX2 caller) is
+// compiled here.
 #include <immintrin.h>
 #include <stdint.h>
 
