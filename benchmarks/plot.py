@@ -217,8 +217,10 @@ def _gpu_title(payload):
     return (f"Attention TFLOP/s, {', '.join(DTYPE_NAMES.get(d, d) for d in dtypes)}, hidden "
             f"{args.get('hidden', 2048)} (heads = hidden / d), batch x length = 16k tokens - "
             f"{measured_on(payload['info'])}\n"
-            + (f"TensorFlow rows: {calls} attentions per tf.function call, per attention; " if calls > 1 else "")
-            + "torch rows: one call each, in the same run")
+            + (f"TensorFlow rows: {calls} attentions per tf.function call, per attention; " if calls > 1 else
+               "one attention per tf.function call; ")
+            + ("torch rows: one call each, in the same run" if any(e.get("impl", "").startswith("torch")
+                                                                  for e in payload["entries"]) else "no torch rows"))
 
 
 def _gpu_figure(plt, payload):
@@ -228,9 +230,11 @@ def _gpu_figure(plt, payload):
         return None
     dims = sorted({e["dim"] for e in speed})
     seqlens = sorted({e["seqlen"] for e in speed})
-    cols = [(mode, causal) for mode in MODES for causal in (False, True)]
+    # The modes measured (an fp8 run has no backward): a column pair each.
+    modes = [mode for mode in MODES if any(_gpu_value(e, mode) for e in speed)] or list(MODES)
+    cols = [(mode, causal) for mode in modes for causal in (False, True)]
     rows = len(dims) + (1 if memory else 0)
-    fig, axes = plt.subplots(rows, len(cols), figsize=(16, 3.4 * rows + 1.2), squeeze=False)
+    fig, axes = plt.subplots(rows, len(cols), figsize=(max(4 * len(cols), 12), 3.4 * rows + 1.2), squeeze=False)
     for r, dim in enumerate(dims):
         for c, (mode, causal) in enumerate(cols):
             ax = axes[r][c]
