@@ -81,17 +81,22 @@ Status FlashAttentionGradShape(InferenceContext* c) {
       .Attr("bottom_right: bool = false")                     \
       .Attr("position_shift: int = 0")
 
+// The inputs of the forward ops, in the order the kernels read them (flash_attention_params.h: kFwdInputs), query,
+// key and value of type QKV ("T", or fp8's own).
+#define TF_FLASH_FORWARD_INPUTS(QKV)      \
+  Input("query: " QKV)                    \
+      .Input("key: " QKV)                 \
+      .Input("value: " QKV)               \
+      .Input("q_lengths: int32")          \
+      .Input("kv_lengths: int32")         \
+      .Input("attention_mask: bool")      \
+      .Input("block_mask: bool")          \
+      .Input("q_segment_ids: int32")      \
+      .Input("kv_segment_ids: int32")     \
+      .Input("seed: int64")
+
 REGISTER_OP("TfFlash>FlashAttention")
-    .Input("query: T")
-    .Input("key: T")
-    .Input("value: T")
-    .Input("q_lengths: int32")
-    .Input("kv_lengths: int32")
-    .Input("attention_mask: bool")
-    .Input("block_mask: bool")
-    .Input("q_segment_ids: int32")
-    .Input("kv_segment_ids: int32")
-    .Input("seed: int64")
+    .TF_FLASH_FORWARD_INPUTS("T")
     .Output("output: T")
     .Output("lse: float")
     .Output("rng_state: int64")
@@ -138,18 +143,9 @@ gradient flowing into lse (zeros when lse is unused); it folds into D = rowsum(d
 
 // A separate op rather than float8 in FlashAttention's T: T is also the output's dtype there and the gradient op's,
 // and fp8 inputs give a 16-bit output, take three more inputs (the descales) and have no gradient. Inputs 0-9 are
-// FlashAttention's, in its order (the kernels read them by the same indices).
+// FlashAttention's (TF_FLASH_FORWARD_INPUTS), so the kernels read them by the same indices.
 REGISTER_OP("TfFlash>FlashAttentionFp8")
-    .Input("query: float8_e4m3fn")
-    .Input("key: float8_e4m3fn")
-    .Input("value: float8_e4m3fn")
-    .Input("q_lengths: int32")
-    .Input("kv_lengths: int32")
-    .Input("attention_mask: bool")
-    .Input("block_mask: bool")
-    .Input("q_segment_ids: int32")
-    .Input("kv_segment_ids: int32")
-    .Input("seed: int64")
+    .TF_FLASH_FORWARD_INPUTS("float8_e4m3fn")
     .Input("q_descale: float")
     .Input("k_descale: float")
     .Input("v_descale: float")
