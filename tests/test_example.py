@@ -144,6 +144,19 @@ def _synthetic_tree(root, classes=3, docs_per_class=12, seed=0):
                 f.write(" ".join(words))
 
 
+def _train_tiny(tmp_path, env, *args):
+    """train.py --preset tiny on _synthetic_tree's documents (tmp_path/docs) into tmp_path/out with `args`; it must
+    succeed. Returns (the process, its stdout + stderr, the output folder)."""
+    data, out = tmp_path / "docs", tmp_path / "out"
+    _synthetic_tree(str(data))
+    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir", str(data),
+           "--out", str(out), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    return proc, log, out
+
+
 def test_load_tree_and_stratified_split(tmp_path, example_common):
     common = example_common
 
@@ -160,16 +173,9 @@ def test_load_tree_and_stratified_split(tmp_path, example_common):
 
 
 def test_end_to_end_tiny(tmp_path, example_env):
-    data = tmp_path / "docs"
-    out = tmp_path / "out"
-    _synthetic_tree(str(data))
-    env = example_env
-    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir",
-           str(data), "--out", str(out), "--contexts", "32,128", "--keras-contexts", "128",
-           "--verbose", "2", "--in-process"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
+    data, env = tmp_path / "docs", example_env
+    proc, log, out = _train_tiny(tmp_path, env, "--contexts", "32,128", "--keras-contexts", "128", "--verbose", "2",
+                                 "--in-process")
     assert "reload check: passed" in proc.stdout, log[-4000:]
     assert [n for n in NOISE if n in log] == [], log[-4000:]
     assert "chance level: 0.333" in proc.stdout  # 3 classes, one test document each
@@ -225,15 +231,8 @@ def test_end_to_end_tiny(tmp_path, example_env):
 def test_pack_tiny(tmp_path, example_env):
     """--pack: the flash model on packed rows (one shape, segment_ids, a prediction per document) beside the
     bucketed one, both reported with real tokens per second, padding fraction and accuracy."""
-    data = tmp_path / "docs"
-    out = tmp_path / "out"
-    _synthetic_tree(str(data))
-    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir", str(data),
-           "--out", str(out), "--contexts", "128", "--hub-contexts", "none", "--keras-contexts", "none",
-           "--pack", "--no-save", "--in-process", "--verbose", "0"]
-    proc = subprocess.run(cmd, env=example_env, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
+    _, log, out = _train_tiny(tmp_path, example_env, "--contexts", "128", "--hub-contexts", "none",
+                              "--keras-contexts", "none", "--pack", "--no-save", "--in-process", "--verbose", "0")
     assert [n for n in NOISE if n in log] == [], log[-4000:]
     with open(out / "results.json") as f:
         results = json.load(f)
@@ -254,15 +253,9 @@ def test_pack_tiny(tmp_path, example_env):
 
 def test_pack_only_tiny_xla(tmp_path, example_env):
     """--pack-only under --jit-compile true: the packed run alone, one batch shape (one XLA compilation)."""
-    data = tmp_path / "docs"
-    out = tmp_path / "out"
-    _synthetic_tree(str(data))
-    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir", str(data),
-           "--out", str(out), "--contexts", "128", "--hub-contexts", "none", "--keras-contexts", "none",
-           "--pack-only", "--jit-compile", "true", "--no-save", "--in-process", "--verbose", "0"]
-    proc = subprocess.run(cmd, env=example_env, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
+    _, _, out = _train_tiny(tmp_path, example_env, "--contexts", "128", "--hub-contexts", "none",
+                            "--keras-contexts", "none", "--pack-only", "--jit-compile", "true", "--no-save",
+                            "--in-process", "--verbose", "0")
     with open(out / "results.json") as f:
         runs = json.load(f)["runs"]
     assert [(r["attention"], r["status"], r["train_shapes"]) for r in runs] == [("packed", "ok", 1)], runs
@@ -309,15 +302,9 @@ def test_context_parallel_tiny(tmp_path, example_env):
     """--context-parallel 2 on 2 logical CPU devices: the flash model's documents split along the sequence
     over the replicas of a MirroredStrategy, trained with Keras fit (its worker process makes the devices),
     the test split classified by the same weights on one device."""
-    data = tmp_path / "docs"
-    out = tmp_path / "out"
-    _synthetic_tree(str(data))
-    cmd = [sys.executable, os.path.join(EXAMPLE, "train.py"), "--preset", "tiny", "--data-dir", str(data),
-           "--out", str(out), "--contexts", "128", "--hub-contexts", "none", "--keras-contexts", "none",
-           "--context-parallel", "2", "--epochs", "2", "--no-save", "--verbose", "0"]
-    proc = subprocess.run(cmd, env=example_env, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
+    _, log, out = _train_tiny(tmp_path, example_env, "--contexts", "128", "--hub-contexts", "none",
+                              "--keras-contexts", "none", "--context-parallel", "2", "--epochs", "2", "--no-save",
+                              "--verbose", "0")
     assert [n for n in NOISE if n in log] == [], log[-4000:]
     with open(out / "results.json") as f:
         (run,) = json.load(f)["runs"]
