@@ -1,7 +1,6 @@
 """`tf_flash.flash_attention`: the public op, its argument checks and its registered gradient."""
 import contextlib
 import math
-import numbers
 
 import tensorflow as tf
 
@@ -233,10 +232,10 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
                              f"Received: {name}.dtype={tensor.dtype.name}")
     _check_qkv(query, key, value)
     fp8 = query.dtype == _FP8
-    output_dtype = _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dropout_rate)
     causal, bottom_right = _checks.normalize_causal(causal)
     return_lse = _checks.check_bool(return_lse, "return_lse")
     dropout_rate = _checks.check_rate(dropout_rate, "dropout_rate")
+    output_dtype = _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dropout_rate)
     block_q, block_k = _checks.normalize_block_size(block_size)
     window_left, window_right = (-1 if side is None else side for side in _checks.normalize_window(window))
     head_dim = query.shape[3] if query.shape.rank is not None else None
@@ -314,8 +313,9 @@ _DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 
 
 def _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dropout_rate):
-    """The float8_e4m3fn arguments: descales and output_dtype only with fp8 inputs; fp8 without dropout and outside
-    XLA. Returns the output dtype (tf.bfloat16 by default; None for other inputs)."""
+    """The float8_e4m3fn arguments: descales and output_dtype only with fp8 inputs; fp8 without dropout (the rate
+    check_rate returned) and outside XLA. Returns the output dtype (tf.bfloat16 by default; None for other
+    inputs)."""
     given = {name: value for name, value in zip(_DESCALE_NAMES + ("output_dtype",),
                                                 (q_descale, k_descale, v_descale, output_dtype)) if value is not None}
     if not fp8:
@@ -334,8 +334,7 @@ def _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dro
         if output_dtype not in _FP8_OUTPUT_DTYPES:
             raise ValueError("`output_dtype` must be None, tf.bfloat16 or tf.float16 for float8_e4m3fn inputs. "
                              f"Received: output_dtype={_checks.describe(given['output_dtype'])}")
-    if (not isinstance(dropout_rate, numbers.Real) or _checks.is_bool(dropout_rate)
-            or float(dropout_rate) != 0.0):
+    if dropout_rate != 0.0:
         raise ValueError("FP8 (float8_e4m3fn) attention takes no dropout (a forward for inference). "
                          f"Received: dropout_rate={_checks.describe(dropout_rate)}")
     if not tf.executing_eagerly() and _checks.in_xla_context():
