@@ -26,9 +26,10 @@ keeps what it measured; the run's log in results/cpu.log.
                                               #   the AVX-512 one (forced by TF_FLASH_CPU_ISA per process),
                                               #   beside TF's float32 attention and the machine's peaks
                                               #   (float32 FMAs, vdpbf16ps), non-causal: B1 H8 D64 at S
-                                              #   2048/4096 and the example's B16 H2 S2048 D32; bfloat16 on
-                                              #   the opt-in AMX path too (~8 min on 16 cores):
-                                              #   results/cpu_isa.json, .png and .log
+                                              #   2048/4096/8192 and the example's B16 H2 S2048 D32; bfloat16 on
+                                              #   the AMX path too (the default where the CPU has
+                                              #   AMX); with --torch-python, torch's SDPA beside them
+                                              #   (~8 min on 16 cores): results/cpu_isa.json, .png, .log
 """
 import argparse
 import json
@@ -230,8 +231,9 @@ def _worker_torch(task):
         stats["torch"] = torch.__version__
         return stats
     seqlen, causal = task["seqlen"], task["causal"]
+    batch, heads, dim = task.get("batch", BATCH), task.get("heads", HEADS), task.get("dim", DIM)
     gen = torch.Generator().manual_seed(0)
-    shape = (BATCH, HEADS, seqlen, DIM)  # SDPA layout [B, H, S, D]
+    shape = (batch, heads, seqlen, dim)  # SDPA layout [B, H, S, D]
     q, k, v, dout = (torch.randn(shape, generator=gen) for _ in range(4))
     result = {"rss_base_mb": _rss_mb(), "rss_base_current_mb": _current_rss_mb(), "torch": torch.__version__}
     for x in (q, k, v):
@@ -254,7 +256,7 @@ def _worker_torch(task):
         stats = common.time_calls(fn, warmup=max(0, warmup - 1), repeats=task.get("repeats", 20),
                                   budget_s=task.get("budget_s", 30.0), min_repeats=task.get("min_repeats", 3))
         stats["first_call_s"] = first
-        stats["gflops"] = common.attention_flops(BATCH, seqlen, HEADS, DIM, causal, mode) / stats["median_s"] / 1e9
+        stats["gflops"] = common.attention_flops(batch, seqlen, heads, dim, causal, mode) / stats["median_s"] / 1e9
         stats["peak_rss_mb"] = _rss_mb()
         result[mode] = stats
     return result
@@ -286,8 +288,9 @@ def run_task(task, timeout_s, log):
     t0 = time.perf_counter()
     try:
         python = task.get("python") or sys.executable
+        env = common.torch_env() if task.get("python") else dict(os.environ)  # torch's: without TF's paths
         proc = subprocess.run([python, os.path.abspath(__file__), "--worker", json.dumps(task)],
-                              capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ, **task.get("env", {})))
+                              capture_output=True, text=True, timeout=timeout_s, env=dict(env, **task.get("env", {})))
         lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         if lines:
             result = json.loads(lines[-1][len("RESULT "):])
@@ -356,7 +359,7 @@ def build_tasks(args):
 
 
 # --isa-compare: (batch, seqlen, heads, dim), non-causal; the last is the example's shape.
-ISA_SHAPES = [(1, 2048, 8, 64), (1, 4096, 8, 64), (16, 2048, 2, 32)]
+ISA_SHAPES = [(1, 2048, 8, 64), (1, 4096, 8, 64), (1, 8192, 8, 64), (16, 2048, 2, 32)]
 # The CPU kernel's runs, each path forced per process by TF_FLASH_CPU_ISA (a path the CPU lacks runs the
 # default path instead, and the result says which ran): (path, input dtype). bfloat16 on avx512_bf16 is the
 # vdpbf16ps path the issue measures against float32 on avx512; bfloat16 on avx512 multiplies the same inputs
@@ -371,7 +374,7 @@ def build_isa_tasks(args):
     tasks = [{"kind": "fma_peak", "section": "peak", "isa": isa,
               "label": f"{isa} {'vdpbf16ps' if isa == 'avx512_bf16' else 'float32 FMA'} peak"} for isa in ISA_PEAKS]
     tasks.append({"kind": "matmul", "label": "TF matmul 2048^3", "section": "matmul", "n": 2048, "repeats": 10})
-    for batch, seqlen, heads, dim in ISA_SHAPES:
+    for batch, seqlen, heads, dim in args.isa_shapes:
         shape = {"batch": batch, "seqlen": seqlen, "heads": heads, "dim": dim, "causal": False,
                  "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget, "min_repeats": 3}
         name = f"b{batch} s{seqlen} h{heads} d{dim}"
@@ -379,6 +382,12 @@ def build_isa_tasks(args):
             tasks.append(dict(shape, kind="attention", section="isa", impl="tf_flash", isa=isa, dtype=dtype,
                               env={"TF_FLASH_CPU_ISA": isa}, label=f"tf_flash {isa} {dtype} {name}"))
         tasks.append(dict(shape, kind="attention", section="isa", impl="tf_standard", label=f"tf_standard {name}"))
+        if args.torch_python:
+            tasks.append(dict(shape, kind="attention", section="isa", impl="torch_sdpa", python=args.torch_python,
+                              label=f"torch_sdpa {name}"))
+    if args.torch_python:
+        tasks.append({"kind": "torch_matmul", "label": "torch matmul 2048^3", "section": "torch_matmul",
+                      "python": args.torch_python, "repeats": 10})
     return tasks
 
 
@@ -411,9 +420,13 @@ def main():
                              "as the CPU peer, run in its own processes")
     parser.add_argument("--out-dir", default=None, help="default results/ (results/quick/ with --quick, git-ignored)")
     parser.add_argument("--tag", default=None, help="file stem (default cpu, or cpu_isa with --isa-compare)")
+    parser.add_argument("--isa-shapes", nargs="+", default=ISA_SHAPES,
+                        type=lambda text: tuple(int(x) for x in text.split(",")),
+                        help="--isa-compare's shapes, each B,S,H,D (default: ISA_SHAPES)")
     parser.add_argument("--isa-compare", action="store_true",
                         help="only the CPU kernel's paths at ISA_SHAPES (float32 on AVX-512 and AVX2, bfloat16 on "
-                             "AVX512_BF16 and AVX-512), TF's attention and the peaks (~7 min on 16 cores)")
+                             "AVX512_BF16, AVX-512 and AMX), TF's attention, torch's with --torch-python, and the peaks "
+                             "(~8 min on 16 cores)")
     args = parser.parse_args()
     args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:

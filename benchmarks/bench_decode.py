@@ -168,12 +168,12 @@ def make_fn(impl, chain):
     return tf.function(run, jit_compile=impl in ("xla_dense", "tf_flash_xla"))
 
 
-def decode_plan(row, heads, kv_heads):
+def decode_plan(row, heads, kv_heads, fused):
     """The key chunks tf_flash's decode path picks for the row (None: the plain kernel call), as ops.py asks:
-    bottom-right causal over several new tokens packs the heads and splits nothing."""
+    bottom-right causal over several new tokens packs the heads and splits nothing; fused: under XLA."""
     from tf_flash import _decode
     return _decode.plan(row["batch"], row["new"], row["cache"], heads, kv_heads, plain=True,
-                        causal_rows=row["new"] > 1)
+                        causal_rows=row["new"] > 1, fused=fused)
 
 
 def timed(cfg, row, fill, call, fetch):
@@ -219,7 +219,7 @@ def run_tf_case(tf, cfg, inputs, row, fill, impl):
     with tf.device(cfg["device"]):
         record = timed(cfg, row, fill, lambda: fn(*args), lambda r: r[0, 0, 0, 0].numpy())
     if impl in ("tf_flash", "tf_flash_xla"):
-        record["splits"] = decode_plan(row, cfg["heads"], cfg["kv_heads"])
+        record["splits"] = decode_plan(row, cfg["heads"], cfg["kv_heads"], fused=impl == "tf_flash_xla")
     return record
 
 
@@ -362,25 +362,6 @@ def torch_worker(task, emit):
 # Parent: workers, results, figure, tables
 # ---------------------------------------------------------------------------------------------------------
 
-def torch_env():
-    """This environment as it was before TensorFlow's stash (.gpu/env/env.sh) was sourced: without PYTHONPATH
-    (the worker imports only torch and this folder's modules) and with LD_LIBRARY_PATH cut to what follows
-    the stash's entries, which env.sh puts in front (its CUDA 12 shims and the folders they point into, an
-    older cuDNN among them)."""
-    env = dict(os.environ)
-    for name in ("PYTHONPATH", "XLA_FLAGS", "TF_FLASH_LIBRARY"):
-        env.pop(name, None)
-    paths = env.get("LD_LIBRARY_PATH", "").split(":")
-    stash = [i for i, path in enumerate(paths) if ".tf_flash_gpu" in path]
-    if stash:
-        kept = [path for path in paths[stash[-1] + 1:] if path]
-        if kept:
-            env["LD_LIBRARY_PATH"] = ":".join(kept)
-        else:
-            env.pop("LD_LIBRARY_PATH")
-    return env
-
-
 def run_worker(kind, cfg, todo, payload, on_record, timeout_s, python=None):
     """Runs `todo` [[row index, fill, impl]] in `kind` ("tf" or "torch") worker processes, restarting after a
     crash (the case it was running recorded as the crash); on_record(key, record) per finished case."""
@@ -393,7 +374,7 @@ def run_worker(kind, cfg, todo, payload, on_record, timeout_s, python=None):
             with open(task_path, "w") as f:
                 json.dump({"cfg": cfg, "todo": remaining, "want_info": want_info}, f)
             if kind == "torch":
-                env = torch_env()
+                env = common.torch_env()
             else:
                 env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
             proc = subprocess.Popen([python or sys.executable, os.path.abspath(__file__), "--worker", kind,
@@ -468,6 +449,14 @@ def cell(record):
     return f"{record['median_us']:,.0f} us, {record['tbps']:.3g} TB/s"
 
 
+def plan_text(record):
+    """The decode path's plan recorded with a tf_flash case: its chunks, "not taken" (the plain call), or "-"."""
+    if not record or record.get("status") != "ok" or "splits" not in record:
+        return "-"
+    splits = record["splits"]
+    return "not taken" if splits is None else f"{splits} chunk{'s' if splits != 1 else ''}"
+
+
 def table(payload):
     cfg = payload["config"]
     impls = [i for i in IMPLS if any(r["impl"] == i for r in payload["records"])]
@@ -482,17 +471,15 @@ def table(payload):
         rows = []
         for index, row in enumerate(cfg["rows"]):
             cells = [cell(_find(payload, index, fill, impl)) for impl in impls]
-            flash = _find(payload, index, fill, "tf_flash") or {}
             check = _find(payload, index, fill, "check") or {}
-            splits = flash.get("splits", "?") if flash.get("status") == "ok" else "-"
-            plan = "not taken" if splits is None else f"{splits} chunk{'s' if splits != 1 else ''}"
+            plans = [plan_text(_find(payload, index, fill, impl)) for impl in ("tf_flash", "tf_flash_xla")]
             diff = check.get("max_abs_diff_vs_tf_flash_unsplit")
             diff_dense = check.get("max_abs_diff_vs_xla_dense")
-            rows.append([row_label(row)] + cells + [plan if splits != "-" else "-",
+            rows.append([row_label(row)] + cells + [" / ".join(plans),
                                                     "-" if diff is None else f"{diff:.1e}",
                                                     "-" if diff_dense is None else f"{diff_dense:.1e}"])
         headers = (["batch x new tokens @ cache"] + [LABELS[i] for i in impls]
-                   + ["decode path", "max abs diff vs split_kv=False", "vs dense"])
+                   + ["decode path (tf.function / XLA)", "max abs diff vs split_kv=False", "vs dense"])
         what = ("full cache (kv_lengths = S)" if fill == "full"
                 else "ragged cache (kv_lengths uniform in [S/2, S]; bytes of the valid keys)")
         parts.append(f"{what}:\n\n" + plot.markdown_table(headers, rows))

@@ -285,3 +285,22 @@ class RunLog:
 
     def close(self):
         self.file.close()
+
+
+def torch_env():
+    """The environment of torch's processes (the benchmarks' peers): this one as it was before TensorFlow's stash
+    (.gpu/env/env.sh) was sourced: without PYTHONPATH (the workers import only torch and this folder's
+    modules) and with LD_LIBRARY_PATH cut to what follows the stash's entries, which env.sh puts in front (its
+    CUDA 12 shims and the folders they point into, an older cuDNN among them)."""
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "XLA_FLAGS", "TF_FLASH_LIBRARY"):
+        env.pop(name, None)
+    paths = env.get("LD_LIBRARY_PATH", "").split(":")
+    stash = [i for i, path in enumerate(paths) if ".tf_flash_gpu" in path]
+    if stash:
+        kept = [path for path in paths[stash[-1] + 1:] if path]
+        if kept:
+            env["LD_LIBRARY_PATH"] = ":".join(kept)
+        else:
+            env.pop("LD_LIBRARY_PATH")
+    return env

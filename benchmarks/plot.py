@@ -728,8 +728,10 @@ def _cpu_isa_figure(plt, payload):
                    [_cpu_get(_isa_find(payload, shape, "tf_flash", isa, dtype), mode, "gflops") or 0
                     for shape in shapes])
                   for isa, dtype in _isa_runs_present(payload)]
-        series.append(("TF attention", [_cpu_get(_isa_find(payload, shape, "tf_standard"), mode, "gflops") or 0
-                                        for shape in shapes]))
+        for impl in ("tf_standard", "torch_sdpa"):
+            if any(_isa_find(payload, shape, impl) for shape in shapes):
+                series.append((GPU_LABELS[impl], [_cpu_get(_isa_find(payload, shape, impl), mode, "gflops") or 0
+                                                  for shape in shapes]))
         _bars(ax, [_isa_label(shape) for shape in shapes], series, "GFLOP/s")
         ax.set_title(MODES[mode], fontsize=10)
     fig.suptitle(f"CPU kernel paths, all cores - {measured_on(payload['info'])}", fontsize=11)
@@ -746,12 +748,13 @@ def _cpu_isa_tables(payload):
            + " GFLOP/s. ms (GFLOP/s, share of the path's peak); [ran X]: the process ran another path. "
            "bf16 / f32 (amx bf16 / f32): the float32 AVX-512 time over the bfloat16 AVX512_BF16 (AMX) time.", ""]
     runs = _isa_runs_present(payload)
+    has_peer = any(_isa_find(payload, shape, "torch_sdpa") for shape in _isa_shapes(payload))
     rows = []
     for shape in _isa_shapes(payload):
         results = {(isa, dtype): _isa_find(payload, shape, "tf_flash", isa, dtype) for isa, dtype in runs}
         results = {key: e and e["result"] for key, e in results.items()}
-        dense = _isa_find(payload, shape, "tf_standard")
-        dense = dense and dense["result"]
+        dense, peer = (_isa_find(payload, shape, impl) for impl in ("tf_standard", "torch_sdpa"))
+        dense, peer = dense and dense["result"], peer and peer["result"]
         for mode in MODES:
             cells, ms = [], {}
             for (isa, dtype), r in results.items():
@@ -769,13 +772,18 @@ def _cpu_isa_tables(payload):
                 extra.append(ratio(f32, ms.get(("avx512_bf16", "bfloat16"))))
             if ("avx512_amx", "bfloat16") in results:
                 extra.append(ratio(f32, ms.get(("avx512_amx", "bfloat16"))))
-            rows.append([_isa_label(shape), mode, *cells, *extra, fmt(dense_ms), ratio(dense_ms, f32)])
+            row = [_isa_label(shape), mode, *cells, *extra, fmt(dense_ms), ratio(dense_ms, f32)]
+            if has_peer:
+                peer_ms = peer[mode]["median_s"] * 1e3 if peer and mode in peer else None
+                row += [fmt(peer_ms), ratio(peer_ms, f32)]
+            rows.append(row)
     headers = ["shape", "mode", *[f"{_run_name(isa, dtype)} ms" for isa, dtype in runs], "avx512 / avx2"]
     if ("avx512_bf16", "bfloat16") in runs:
         headers.append("bf16 / f32")
     if ("avx512_amx", "bfloat16") in runs:
         headers.append("amx bf16 / f32")
-    return "\n".join(out) + markdown_table(headers + ["TF attention ms", "TF / avx512"], rows) + "\n"
+    headers += ["TF attention ms", "TF / avx512"] + (["torch SDPA ms", "torch / avx512"] if has_peer else [])
+    return "\n".join(out) + markdown_table(headers, rows) + "\n"
 
 
 FIGURES = {"gpu": _gpu_figure, "model": _model_figure, "cpu": _cpu_figure, "cpu_isa": _cpu_isa_figure,

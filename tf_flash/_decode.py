@@ -22,9 +22,15 @@ import tensorflow as tf
 _MAX_PACKED_ROWS = 128
 # Keys below which the kernels' own grid already fills the machine.
 _MIN_KEYS = 2048
-# Thread blocks to aim for (about two per SM of an H100), and the fewest keys a chunk keeps.
-_TARGET_BLOCKS = 256
+# Thread blocks to aim for, about one wave of an H100's or H200's 132 SMs: one block streams its chunk at about
+# 40 GB/s, so ~100 blocks reach the memory's speed, and more chunks only add merge work. The fewest keys a chunk
+# keeps.
+_TARGET_BLOCKS = 128
 _MIN_CHUNK_KEYS = 1024
+# Outside XLA the split's glue (the rearranging, the chunk lengths, the merge) runs as some 30 separate TF ops,
+# about 250 us on a GPU, which the split repays only where each (batch, KV head) streams at least this many keys
+# (at 40 GB/s, 32k keys of head dim 128 take ~400 us unsplit).
+_MIN_KEYS_UNFUSED = 32768
 
 
 def shares_positions(group):
@@ -32,12 +38,13 @@ def shares_positions(group):
     return group > 1 and group & (group - 1) == 0
 
 
-def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False):
+def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False, fused=True):
     """The number of key chunks for this static shape (1: pack the heads only), or None when the decode path
     does not apply: shapes unknown at trace time, more query rows than a tile, a short cache, or any feature
     beyond kv_lengths, bottom-right causal, scale and softcap (`plain` False). causal_rows: causal over
     several query rows, which packs the heads (where a power of two of them, above one, share a KV head:
-    the kernels find a row's position by a shift) but splits nothing."""
+    the kernels find a row's position by a shift) but splits nothing. fused: the call is traced for XLA,
+    which fuses the glue around the kernel; outside it only long caches are split."""
     if not plain or None in (batch, seqlen_q, seqlen_k, heads, heads_kv) or batch == 0:
         return None
     group = heads // heads_kv
@@ -45,6 +52,8 @@ def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False
         return None
     if causal_rows:
         return 1 if shares_positions(group) else None
+    if not fused and seqlen_k < _MIN_KEYS_UNFUSED:
+        return 1
     wanted = max(1, -(-_TARGET_BLOCKS // (batch * heads_kv)))
     splits = 1
     for candidate in range(2, wanted + 1):  # the largest divisor of seqlen_k up to `wanted`, chunks not too short

@@ -261,7 +261,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     heads_kv = _checks.axis_size(key, 2).static
     splits = (None if split_kv is False or fp8 else split_kv if split_kv else
               _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
-                           causal_rows=causal_rows))
+                           causal_rows=causal_rows, fused=not tf.executing_eagerly() and _checks.in_xla_context()))
     packs_positions = None not in (heads.static, heads_kv) and _decode.shares_positions(heads.static // heads_kv)
     if splits and causal_rows and (splits > 1 or not packs_positions):
         raise ValueError("split_kv: causal rows keep their diagonals only in one chunk of the cache, with a power "
