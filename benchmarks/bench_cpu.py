@@ -29,7 +29,7 @@ keeps what it measured; the run's log in results/cpu.log.
                                               #   2048/4096/8192 and the example's B16 H2 S2048 D32; bfloat16 on
                                               #   the AMX path too (the default where the CPU has
                                               #   AMX); with --torch-python, torch's SDPA beside them
-                                              #   (~8 min on 16 cores): results/cpu_isa.json, .png, .log
+                                              #   (~10 min on 16 cores): results/cpu_isa.json, .png, .log
 """
 import argparse
 import json
@@ -426,7 +426,7 @@ def main():
     parser.add_argument("--isa-compare", action="store_true",
                         help="only the CPU kernel's paths at ISA_SHAPES (float32 on AVX-512 and AVX2, bfloat16 on "
                              "AVX512_BF16, AVX-512 and AMX), TF's attention, torch's with --torch-python, and the peaks "
-                             "(~8 min on 16 cores)")
+                             "(~10 min on 16 cores)")
     args = parser.parse_args()
     args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:
