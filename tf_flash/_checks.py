@@ -138,7 +138,9 @@ def normalize_softcap(softcap):
 
 
 def in_xla_context():
-    """Whether the call is being traced for XLA (tf.function(jit_compile=True), Keras jit_compile)."""
+    """Whether the call is being traced for XLA (tf.function(jit_compile=True), Keras jit_compile); never eagerly."""
+    if tf.executing_eagerly():
+        return False
     try:
         from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
         return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
@@ -150,7 +152,7 @@ def checked(tensor, condition, *message):
     """`tensor`, after a run-time check of `condition` (for what the static shapes cannot decide); the error
     names the argument through `message`. Eager: raises at once. Under XLA, where Assert compiles to
     nothing, the op's XLA kernel checks the shapes itself: nothing is added."""
-    if not tf.executing_eagerly() and in_xla_context():
+    if in_xla_context():
         return tensor
     assertion = tf.debugging.Assert(condition, list(message), summarize=16)
     if tf.executing_eagerly():

@@ -261,7 +261,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     heads_kv = _checks.axis_size(key, 2).static
     splits = (None if split_kv is False or fp8 else split_kv if split_kv else
               _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
-                           causal_rows=causal_rows, fused=not tf.executing_eagerly() and _checks.in_xla_context()))
+                           causal_rows=causal_rows, fused=_checks.in_xla_context()))
     packs_positions = None not in (heads.static, heads_kv) and _decode.shares_positions(heads.static // heads_kv)
     if splits and causal_rows and (splits > 1 or not packs_positions):
         raise ValueError("split_kv: causal rows keep their diagonals only in one chunk of the cache, with a power "
@@ -337,7 +337,7 @@ def _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dro
     if dropout_rate != 0.0:
         raise ValueError("FP8 (float8_e4m3fn) attention takes no dropout (a forward for inference). "
                          f"Received: dropout_rate={_checks.describe(dropout_rate)}")
-    if not tf.executing_eagerly() and _checks.in_xla_context():
+    if _checks.in_xla_context():
         raise ValueError("FP8 (float8_e4m3fn) attention has no XLA lowering: call tf_flash.flash_attention with "
                          "float8_e4m3fn inputs eagerly or in a tf.function without jit_compile. Received: "
                          "float8_e4m3fn inputs under jit_compile=True")
