@@ -182,15 +182,20 @@ tf_env() {  # TensorFlow's environment from the stash, the library built, KerasH
   source .gpu/env/env.sh || die "TensorFlow is not stashed on this machine (stash every .gpu/pN first)"
   set -eo pipefail
   cutlass_headers
-  local t0 stamp
+  local t0 cuda_stamp link_stamp
   t0=$(date +%s)
-  # build/ stays between calls on one machine: rebuild only when a source or a host object changed.
-  stamp=$(sources_stamp cc/kernels/cuda cc/kernels/flash "$build/obj")
-  if [[ "$(cat build/gpu/stamp 2>/dev/null)" != "$stamp" ]]; then
+  # build/ stays between calls on one machine: the .cu files compile again only when a CUDA source or the
+  # flags changed, and the library links again when they did or a host object changed.
+  cuda_stamp=$(sources_stamp cc/kernels/cuda cc/kernels/flash -- "$(cat "$build/flags" "$build/archs")")
+  link_stamp=$(sources_stamp "$build/obj" -- "$cuda_stamp")
+  if [[ "$(cat build/gpu/cuda_stamp 2>/dev/null)" != "$cuda_stamp" ]]; then
     rm -rf build/gpu
     ls cc/kernels/cuda/*.cu | compile_cuda build/gpu "$work/nvcc.log"
+    echo "$cuda_stamp" > build/gpu/cuda_stamp
+  fi
+  if [[ "$(cat build/gpu/link_stamp 2>/dev/null)" != "$link_stamp" ]]; then
     link_library build/gpu
-    echo "$stamp" > build/gpu/stamp
+    echo "$link_stamp" > build/gpu/link_stamp
     say "library built in $(( $(date +%s) - t0 ))s"
   fi
   if [[ -n "${VARIANT_FLAGS:-}" ]]; then  # an A/B through TF: the default library's objects, FILES under FLAGS
