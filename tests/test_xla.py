@@ -206,6 +206,42 @@ def test_hlo_calls_our_kernels_and_never_builds_scores(rng):
     assert " dot(" not in hlo
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case, graph", [
+    ("bfloat16", True), ("float16 decode", True), ("float32", False), ("head dim 20", False),
+    ("segment ids", False), ("attention_mask", False)])
+def test_forward_lowering_marks_calls_without_scratch_for_cuda_graphs(device, case, graph, rng):
+    """The forward of a call that needs no scratch memory lowers to the target whose CUDA handler XLA may record
+    into its CUDA graphs (flash_attention_xla.cc); the others keep the target with the scratch allocator. Both
+    give the eager op's output."""
+    b, sq, sk, h, hkv, d = 2, 37, 300, 4, 2, 64
+    dtype, kwargs = tf.bfloat16, {}
+    if case == "float16 decode":
+        dtype, sq = tf.float16, 1
+        kwargs = {"causal": "bottom_right", "kv_lengths": tf.constant([300, 111])}
+    elif case == "float32":
+        dtype = tf.float32
+    elif case == "head dim 20":
+        d = 20
+    elif case == "segment ids":
+        sq = sk
+        kwargs = {"segment_ids": tf.constant(np.repeat([[0, 1, 2]], b, 0).repeat(100, axis=1).astype(np.int32))}
+    elif case == "attention_mask":
+        kwargs = {"attention_mask": tf.constant(rng.random((b, 1, sq, sk)) > 0.3)}
+    q, k, v = random_qkv(rng, b, sq, sk, h, hkv, d, dtype=dtype)
+
+    def attention(q, k, v):
+        return tf_flash.flash_attention(q, k, v, **kwargs)
+
+    compiled = tf.function(attention, jit_compile=True)
+    with on_device(device):
+        hlo = _hlo(compiled, q, k, v)
+        got, want = compiled(q, k, v), attention(q, k, v)
+    target = "tf_flash_attention_fwd_graph" if graph else "tf_flash_attention_fwd"
+    assert f'custom_call_target="{target}"' in hlo
+    assert relative_error(got, want) < tolerance("output", dtype, device)
+
+
 MEMORY_SCRIPT = textwrap.dedent("""
     import json, resource, sys
     sys.path.insert(0, {repo!r})

@@ -357,6 +357,14 @@ tf::Status CheckDescaleShapes(const FlashFwdParams& p, const tf::TensorShape& q_
 }
 
 // ---- CUDA ----
+bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype) {
+  // RunFlashFwdCuda's allocations: RunStaged's copies (float32; head dims off multiples of 8), the segment
+  // bounds, and the packed attn_mask (flash_fwd_cuda_workspace_bytes, on the Hopper forward only: any mask
+  // counts here, since the family is chosen on the device).
+  return dtype == DType::kFloat32 || s.q.dim_size(3) % 8 != 0 || s.v.dim_size(3) % 8 != 0 ||
+         !IsAbsentMask(s.attn_mask) || !IsAbsentSegmentIds(s.q_segment_ids);
+}
+
 #if TF_FLASH_WITH_CUDA
 namespace {
 // The tensor-core kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are

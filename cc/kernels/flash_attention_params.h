@@ -115,6 +115,10 @@ using FlashAllocate = std::function<::tensorflow::Status(int64_t bytes, void** p
 ::tensorflow::Status RunFlashBwdCpu(const FlashBwdParams& p, DType dtype, int num_threads,
                                     const ParallelFor& parallel_for, const FlashAllocate& allocate);
 
+// Whether RunFlashFwdCuda allocates scratch memory for a call with these (validated) inputs. One that allocates
+// none can be recorded into a CUDA graph, which keeps no allocation made while it records.
+bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype);
+
 #if TF_FLASH_WITH_CUDA
 // On `stream` (a cudaStream_t), no host synchronization. float32 and head dims that are not multiples
 // of 8 are staged through float16 / zero-padded copies (see the .cc).

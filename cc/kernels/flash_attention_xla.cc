@@ -43,6 +43,11 @@ namespace tf = ::tensorflow;
 namespace ffi = ::xla::ffi;
 
 constexpr char kFwdTarget[] = "tf_flash_attention_fwd";
+// The forward of a call that needs no scratch memory (FlashFwdCudaNeedsScratch): its CUDA handler is marked
+// command-buffer compatible, so that XLA records it into its CUDA graphs with the fusions around it. A decode
+// step is one graph launch then, where the handler's own launch would split the graph in three (launches are
+// most of a short cache's step).
+constexpr char kFwdGraphTarget[] = "tf_flash_attention_fwd_graph";
 constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
 
 FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int (&index)[kNumFwdInputs]) {
@@ -113,8 +118,12 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
     const FlashInputShapes shapes = ShapesAt(all, kFwdInputs);
     FlashFwdParams p;
     OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
+    const tf::DataType type = ctx->input_type(0);
+    const DType dtype = type == tf::DT_FLOAT  ? DType::kFloat32
+                        : type == tf::DT_HALF ? DType::kFloat16
+                                              : DType::kBFloat16;  // kFlashTypes
     const xla::XlaOp call = EmitFlashCall(
-        ctx, kFwdTarget, kNumFwdInputs,
+        ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs,
         {RowMajor(ctx->input_xla_type(0), OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))}, attrs_);
     ctx->SetOutput(0, xla::GetTupleElement(call, 0));
     ctx->SetOutput(1, xla::GetTupleElement(call, 1));
@@ -416,6 +425,7 @@ XLA_FFI_DEFINE_HANDLER(kFlashBwdHost, FlashBwdHost,
                            .RemainingRets()
                            .Attrs<ffi::Dictionary>());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "Host", kFlashFwdHost);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdGraphTarget, "Host", kFlashFwdHost);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "Host", kFlashBwdHost);
 
 // ---- CUDA ----
@@ -450,6 +460,22 @@ ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   return ToFfiError(status);
 }
 
+// kFwdGraphTarget's: no scratch allocator, since a CUDA graph would replay its memory after the allocator took
+// it back. The lowering sends only calls that allocate nothing here; one that asks is refused, not run.
+ffi::Error FlashFwdCudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                             ffi::Dictionary attrs) {
+  ForwardCall call;
+  CallBuffers in;
+  tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
+  if (!status.ok() || call.empty) return ToFfiError(status);
+  SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
+  const FlashAllocate no_scratch = [](int64_t bytes, void**) {
+    return tf::errors::Internal("tf_flash: the forward lowered for XLA's CUDA graphs asked for ", bytes,
+                                " bytes of scratch memory (FlashFwdCudaNeedsScratch is out of date)");
+  };
+  return ToFfiError(RunFlashFwdCuda(call.params, call.dtype, stream, no_scratch));
+}
+
 ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
                         ffi::RemainingRets rets, ffi::Dictionary attrs) {
   BackwardCall call;
@@ -468,6 +494,12 @@ XLA_FFI_DEFINE_HANDLER(kFlashFwdCuda, FlashFwdCuda,
                            .RemainingArgs()
                            .RemainingRets()
                            .Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER(kFlashFwdCudaGraph, FlashFwdCudaGraph,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs<ffi::Dictionary>());
 XLA_FFI_DEFINE_HANDLER(kFlashBwdCuda, FlashBwdCuda,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -476,6 +508,8 @@ XLA_FFI_DEFINE_HANDLER(kFlashBwdCuda, FlashBwdCuda,
                            .RemainingRets()
                            .Attrs<ffi::Dictionary>());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "CUDA", kFlashFwdCuda);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdGraphTarget, "CUDA", kFlashFwdCudaGraph,
+                         XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "CUDA", kFlashBwdCuda);
 #endif  // TF_FLASH_WITH_CUDA
 
