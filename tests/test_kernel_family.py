@@ -500,16 +500,16 @@ def test_block_mask_family_output_and_gradients(head_dim, block_size, features, 
 
 
 def test_xla_front_door_reaches_the_same_family(rng):
-    """jit_compile: the XLA custom call launches the kernels through the same entry point."""
+    """jit_compile: the XLA custom call launches the kernels through the same entry point. The first call counts:
+    this forward may be recorded into XLA's CUDA graphs, whose replays launch without the op's host code."""
     q, k, v = (tf.constant(rng.standard_normal((2, 256, 2, 128)), tf.bfloat16) for _ in range(3))
     attend = tf.function(lambda q, k, v: tf_flash.flash_attention(q, k, v, causal=True), jit_compile=True)
+    before = cuda_kernel_counts()
     with tf.device("/GPU:0"):
-        attend(q, k, v)  # compiles
-        before = cuda_kernel_counts()
         attend(q, k, v).numpy()
     after = cuda_kernel_counts()
-    family = "forward_sm90" if _hopper_expected() else "forward_sm80"
-    assert after[family] - before[family] == 1, (before, after)
+    family, other = ("forward_sm90", "forward_sm80") if _hopper_expected() else ("forward_sm80", "forward_sm90")
+    assert after[family] - before[family] >= 1 and after[other] == before[other], (before, after)
 
 
 def test_xla_front_door_packs_attention_masks(rng):

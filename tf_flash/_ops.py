@@ -65,7 +65,8 @@ def cuda_kernel_counts():
     user) sees which kernels ran. The Hopper family (sm_90a: TMA, wgmma) runs on H100/H200 for the inputs it
     supports, the sm_80 family elsewhere; TF_FLASH_CUDA_FAMILY=sm80, set before the first call, keeps every
     GPU on sm_80. float32 with TF's TF32 switch off runs on the full-float32 kernels (CUDA cores). All zeros
-    in a CPU-only library."""
+    in a CPU-only library. Under `jit_compile`, XLA may record a forward into its CUDA graphs and replay it
+    without the op's host code: such launches count when recorded, not when replayed."""
     with tf.init_scope():
         counts = ops.tf_flash_kernel_counts().numpy().tolist()
     names = ("forward_sm80", "forward_sm90", "backward_sm80", "backward_sm90", "forward_float32", "backward_float32")
