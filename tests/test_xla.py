@@ -208,7 +208,8 @@ def test_hlo_calls_our_kernels_and_never_builds_scores(rng):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case, graph", [
-    ("bfloat16", True), ("float16 decode", True), ("float32", False), ("head dim 20", False),
+    ("bfloat16", True), ("float16 decode", True), ("block mask, softcap, dropout", True), ("float32", False),
+    ("head dim 20", False),
     ("segment ids", False), ("attention_mask", False)])
 def test_forward_lowering_marks_calls_without_scratch_for_cuda_graphs(device, case, graph, rng):
     """The forward of a call that needs no scratch memory lowers to the target whose CUDA handler XLA may record
@@ -219,6 +220,9 @@ def test_forward_lowering_marks_calls_without_scratch_for_cuda_graphs(device, ca
     if case == "float16 decode":
         dtype, sq = tf.float16, 1
         kwargs = {"causal": "bottom_right", "kv_lengths": tf.constant([300, 111])}
+    elif case == "block mask, softcap, dropout":  # none of them takes scratch memory
+        kwargs = {"block_mask": tf.constant([[[[True, False, True]]]]), "softcap": 30.0, "dropout_rate": 0.1,
+                  "seed": 7}
     elif case == "float32":
         dtype = tf.float32
     elif case == "head dim 20":
