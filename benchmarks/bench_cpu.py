@@ -371,14 +371,16 @@ ISA_PEAKS = ["avx512", "avx2", "avx512_bf16"]
 
 
 def build_isa_tasks(args):
+    runs = args.isa_runs or ISA_RUNS
+    peaks = [isa for isa in ISA_PEAKS if args.isa_runs is None or any(isa == run[0] for run in runs)]
     tasks = [{"kind": "fma_peak", "section": "peak", "isa": isa,
-              "label": f"{isa} {'vdpbf16ps' if isa == 'avx512_bf16' else 'float32 FMA'} peak"} for isa in ISA_PEAKS]
+              "label": f"{isa} {'vdpbf16ps' if isa == 'avx512_bf16' else 'float32 FMA'} peak"} for isa in peaks]
     tasks.append({"kind": "matmul", "label": "TF matmul 2048^3", "section": "matmul", "n": 2048, "repeats": 10})
     for batch, seqlen, heads, dim in args.isa_shapes:
         shape = {"batch": batch, "seqlen": seqlen, "heads": heads, "dim": dim, "causal": False,
                  "modes": ["fwd", "fwd_bwd"], "budget_s": args.budget, "min_repeats": 3}
         name = f"b{batch} s{seqlen} h{heads} d{dim}"
-        for isa, dtype in ISA_RUNS:
+        for isa, dtype in runs:
             tasks.append(dict(shape, kind="attention", section="isa", impl="tf_flash", isa=isa, dtype=dtype,
                               env={"TF_FLASH_CPU_ISA": isa}, label=f"tf_flash {isa} {dtype} {name}"))
         tasks.append(dict(shape, kind="attention", section="isa", impl="tf_standard", label=f"tf_standard {name}"))
@@ -423,6 +425,10 @@ def main():
     parser.add_argument("--isa-shapes", nargs="+", default=ISA_SHAPES,
                         type=lambda text: tuple(int(x) for x in text.split(",")),
                         help="--isa-compare's shapes, each B,S,H,D (default: ISA_SHAPES)")
+    parser.add_argument("--isa-runs", nargs="+", default=None,
+                        type=lambda text: tuple(text.split(":")), metavar="PATH:DTYPE",
+                        help="--isa-compare's kernel runs, e.g. avx2:float32 on a CPU without AVX-512 "
+                             "(default: ISA_RUNS; when given, only those paths' peaks)")
     parser.add_argument("--isa-compare", action="store_true",
                         help="only the CPU kernel's paths at ISA_SHAPES (float32 on AVX-512 and AVX2, bfloat16 on "
                              "AVX512_BF16, AVX-512 and AMX), TF's attention, torch's with --torch-python, and the peaks "

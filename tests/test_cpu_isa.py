@@ -1,8 +1,8 @@
 """The CPU kernel's instruction-set paths (cc/kernels/cpu/cpu_isa.h): avx512_amx (bfloat16 products on AMX tiles)
-where the CPU has AMX-BF16, AVX-512 where it has AVX512F, AVX2 otherwise; TF_FLASH_CPU_ISA=avx2 / avx512 /
-avx512_amx forces one up to what the CPU has, and avx512_bf16 (bfloat16 products through vdpbf16ps, with
-AVX512F/BW/VL and AVX512_BF16) runs only when asked for. Run the file again under TF_FLASH_CPU_ISA=avx512_bf16 to
-hold that path's in-process cases.
+where the CPU has AMX-BF16, avx512_bf16 (bfloat16 products through vdpbf16ps, with AVX512F/BW/VL and AVX512_BF16)
+where it has AVX512_BF16 and no AMX-BF16, AVX-512 where it has AVX512F, AVX2 otherwise; TF_FLASH_CPU_ISA=avx2 /
+avx512 / avx512_amx forces one up to what the CPU has, avx512_bf16 wherever the CPU has it. Run the file again under
+TF_FLASH_CPU_ISA=avx512_bf16 (or avx512) to hold that path's in-process cases on a CPU whose default is another.
 
 - build_info() names the path taken;
 - each AVX-512 object exports only its plain functions (no COMDAT the linker could hand an AVX2 caller), and
@@ -44,7 +44,7 @@ AVX512BF16_FLAGS = AVX512_FLAGS + ["-mavx512bw", "-mavx512vl", "-mavx512bf16", "
 # Each AVX-512 file by the namespace of the only functions it may export: (source, flags, namespace).
 AVX512_OBJECTS = {"avx512": (AVX512_SOURCE, AVX512_FLAGS, "tf_flash::cpu_avx512::"),
                   "avx512bf16": (AVX512BF16_SOURCE, AVX512BF16_FLAGS, "tf_flash::cpu_avx512bf16::")}
-# The paths, narrowest first (cpu_isa.h: CpuIsa); avx512_bf16 only when TF_FLASH_CPU_ISA asks for it.
+# The paths, narrowest first (cpu_isa.h: CpuIsa).
 PATHS = ["avx2", "avx512", "avx512_bf16", "avx512_amx"]
 
 
@@ -73,6 +73,8 @@ needs_amx_bf16 = pytest.mark.skipif(not HAS_AMX_BF16, reason="the CPU lacks AMX-
 def _default_path():
     if HAS_AMX_BF16:
         return "avx512_amx"  # (where Linux grants the tile state, as every kernel since 5.16 does)
+    if HAS_AVX512_BF16:
+        return "avx512_bf16"
     return "avx512" if HAS_AVX512 else "avx2"
 
 

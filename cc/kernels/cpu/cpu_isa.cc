@@ -14,12 +14,14 @@ namespace tf_flash {
 namespace {
 
 // The default: AMX where the CPU has it and Linux grants the tile state (bfloat16 inputs multiplied on AMX
-// tiles, float32 and float16 as on AVX-512), else AVX-512, else AVX2. On a Xeon with AMX the AMX products ran
-// bfloat16 at 1.2-1.4x the float32 products forward and 1.2-1.6x forward+backward; the vdpbf16ps path ran at
-// 0.6-0.75x there and stays opt-in (TF_FLASH_CPU_ISA=avx512_bf16) until a CPU with AVX512_BF16 and no AMX has
-// measured it.
+// tiles, float32 and float16 as on AVX-512); vdpbf16ps where the CPU has AVX512_BF16 but no AMX; else AVX-512,
+// else AVX2. The bfloat16 products' speed follows vdpbf16ps's rate against the FMAs': on a Xeon with AMX (half
+// the FMA rate) the AMX products ran bfloat16 at 1.2-1.5x the float32 products and vdpbf16ps at 0.6-0.75x, so a
+// CPU with AMX whose Linux refuses the tile state stays on AVX-512; on an AMD EPYC without AMX (twice the FMA
+// rate) vdpbf16ps ran at 1.35-1.65x (docs/performance.md).
 CpuIsa DefaultIsa() {
   if (cpu_has_amx_bf16()) return CpuIsa::kAvx512Amx;
+  if (cpu_has_avx512_bf16() && !__builtin_cpu_supports("amx-bf16")) return CpuIsa::kAvx512Bf16;
   return cpu_has_avx512() ? CpuIsa::kAvx512 : CpuIsa::kAvx2;
 }
 
@@ -32,7 +34,7 @@ CpuIsa ChooseIsa() {
   CpuIsa asked = default_isa;
   if (std::strcmp(forced, "avx2") == 0) asked = CpuIsa::kAvx2;
   if (std::strcmp(forced, "avx512") == 0) asked = CpuIsa::kAvx512;
-  // The vdpbf16ps path wherever the CPU has AVX512_BF16, above the default too (cpu_isa.h: opt-in).
+  // The vdpbf16ps path wherever the CPU has AVX512_BF16, also where the default is AMX or AVX-512.
   if (std::strcmp(forced, "avx512_bf16") == 0) return cpu_has_avx512_bf16() ? CpuIsa::kAvx512Bf16 : default_isa;
   return static_cast<int>(asked) < static_cast<int>(default_isa) ? asked : default_isa;
 }

@@ -2,8 +2,8 @@
 //
 // The AVX2 path is flash_attention_cpu.cc as compiled (-mavx2 -mfma: Eigen's GEMM and exp). The AVX-512
 // path runs the same tile loops and swaps in the functions declared below for the products and the
-// softmax's exp; the opt-in AVX512_BF16 path is the AVX-512 path whose products, for bfloat16 inputs only,
-// take bfloat16 operands in pairs through vdpbf16ps (or, opt-in too, AMX tiles). Those live in
+// softmax's exp; the AVX512_BF16 path is the AVX-512 path whose products, for bfloat16 inputs only, take
+// bfloat16 operands in pairs through vdpbf16ps (or AMX tiles). Those live in
 // flash_attention_avx512.cc and flash_attention_avx512bf16.cc, the only files compiled with AVX-512 (and AMX)
 // flags (files named *_avx512.cc and *_avx512bf16.cc: cc/BUILD, tools/gpu.sh host). They hold no Eigen, no std
 // and nothing inline or templated with external linkage, so no function the linker may merge across files (a
@@ -19,15 +19,18 @@ namespace tf_flash {
 //   kAvx2:       Eigen's products and exp (every x86-64 machine we target).
 //   kAvx512:     tf_flash::cpu_avx512's float32 micro-kernels and exp, for every input dtype.
 //   kAvx512Bf16: kAvx512, except that the products of bfloat16 inputs run tf_flash::cpu_avx512bf16's
-//                vdpbf16ps kernels (float32 and float16 inputs run exactly as under kAvx512). Opt-in only
-//                (TF_FLASH_CPU_ISA=avx512_bf16): slower than kAvx512's float32 products where measured.
+//                vdpbf16ps kernels (float32 and float16 inputs run exactly as under kAvx512). The default
+//                where the CPU has AVX512_BF16 and no AMX (an AMD EPYC: 1.35-1.65x kAvx512's float32 products);
+//                where it has AMX, vdpbf16ps runs at half the FMA rate (a Xeon: 0.6-0.75x), so that Xeon stays on
+//                kAvx512 even when Linux refuses the tile state.
 //   kAvx512Amx:  kAvx512Bf16 with those products on AMX tiles (cpu_avx512bf16::amx_*): the default where the
 //                CPU has AMX-BF16, faster than kAvx512's float32 products where measured.
 // The bfloat16 products round P and dS to bfloat16 before multiplying, as the GPU kernels do.
 enum class CpuIsa { kAvx2, kAvx512, kAvx512Bf16, kAvx512Amx };
 
 // The path this process runs, chosen once, at the first call: avx512_amx where the CPU has AMX-BF16 and Linux
-// grants the tile state, else avx512 where the CPU and the OS have it (the zmm state saved by the OS), else avx2;
+// grants the tile state, avx512_bf16 where it has AVX512_BF16 and no AMX-BF16, else avx512 where the CPU and the
+// OS have it (the zmm state saved by the OS), else avx2;
 // or, with TF_FLASH_CPU_ISA=avx2 / avx512 / avx512_bf16 / avx512_amx in the environment, that path where the CPU
 // has it (else the default), so that every path is testable on one machine.
 CpuIsa cpu_isa();

@@ -48,7 +48,7 @@ bool Wide() { return cpu_isa() != CpuIsa::kAvx2; }
 
 // Who multiplies the tiles of one call: Eigen (the AVX2 path), cpu_avx512's float32 micro-kernels, or, for
 // bfloat16 inputs on the AVX512_BF16 path, cpu_avx512bf16's (P and dS rounded to bfloat16: cpu_isa.h), on
-// AMX tiles on the opt-in AMX path.
+// AMX tiles on the AMX path.
 // One choice per call, so the forward, the row normalizers and the backward multiply alike.
 enum class Products { kEigen, kAvx512, kAvx512Bf16, kAmx };
 
