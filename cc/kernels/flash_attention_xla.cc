@@ -449,31 +449,31 @@ FlashAllocate XlaScratch(ffi::ScratchAllocator* scratch) {
 // call never waits for the stream.
 void SetDeviceSeed(const void* seed, FlashFwdParams* p) { p->seed_device = static_cast<const int64_t*>(seed); }
 
-ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
-                        ffi::RemainingRets rets, ffi::Dictionary attrs) {
+// Both forward targets' handlers: the call on `stream`, its memory from `allocate`.
+ffi::Error RunForwardOnStream(cudaStream_t stream, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
+                              const ffi::Dictionary& attrs, const FlashAllocate& allocate) {
   ForwardCall call;
   CallBuffers in;
   tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
   if (!status.ok() || call.empty) return ToFfiError(status);
   SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
-  status = RunFlashFwdCuda(call.params, call.dtype, stream, XlaScratch(&scratch));
-  return ToFfiError(status);
+  return ToFfiError(RunFlashFwdCuda(call.params, call.dtype, stream, allocate));
+}
+
+ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return RunForwardOnStream(stream, args, rets, attrs, XlaScratch(&scratch));
 }
 
 // kFwdGraphTarget's: no scratch allocator, since a CUDA graph would replay its memory after the allocator took
 // it back. The lowering sends only calls that allocate nothing here; one that asks is refused, not run.
 ffi::Error FlashFwdCudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                              ffi::Dictionary attrs) {
-  ForwardCall call;
-  CallBuffers in;
-  tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
-  if (!status.ok() || call.empty) return ToFfiError(status);
-  SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
   const FlashAllocate no_scratch = [](int64_t bytes, void**) {
     return tf::errors::Internal("tf_flash: the forward lowered for XLA's CUDA graphs asked for ", bytes,
                                 " bytes of scratch memory (FlashFwdCudaNeedsScratch is out of date)");
   };
-  return ToFfiError(RunFlashFwdCuda(call.params, call.dtype, stream, no_scratch));
+  return RunForwardOnStream(stream, args, rets, attrs, no_scratch);
 }
 
 ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
