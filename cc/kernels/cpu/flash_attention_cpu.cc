@@ -22,6 +22,10 @@ namespace {
 
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
+// The B operand of the forward's products: a Matrix, or float32 rows of a [B, S, H, D] tensor read in place
+// (OuterStride: the tensor's row stride).
+using ConstRows = Eigen::Map<const Matrix, 0, Eigen::OuterStride<>>;
+using RowsRef = Eigen::Ref<const Matrix, 0, Eigen::OuterStride<>>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Query rows x key columns of one tile: larger tiles amortize GEMM packing (measured best of 32..256 x
@@ -75,42 +79,42 @@ uint32_t* Bf16Scratch(int64_t words) {
 // The AVX-512 products of row-major float matrices, float32 or bfloat16 pairs by `products` (cpu_isa.h: each
 // element one chain in order, so the forward's and the backward's equal tiles stay bit-equal):
 // c = alpha * a b^T (c resized), c (+)= alpha * a b into rows of stride ldc, and c += alpha * a^T b.
-void WideProductNT(Products products, const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
+void WideProductNT(Products products, const Matrix& a, const RowsRef& b, float alpha, Matrix* c) {
   c->resize(a.rows(), b.rows());
   if (products == Products::kAvx512Bf16) {
     uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.rows(), b.rows(), a.cols()));
-    cpu_avx512bf16::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false,
-                            c->data(), c->cols(), scratch);
+    cpu_avx512bf16::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.outerStride(), alpha,
+                            false, c->data(), c->cols(), scratch);
     return;
   }
   if (products == Products::kAmx) {
     uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.rows(), b.rows(), a.cols()));
-    cpu_avx512bf16::amx_gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false,
-                                c->data(), c->cols(), scratch);
+    cpu_avx512bf16::amx_gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.outerStride(), alpha,
+                                false, c->data(), c->cols(), scratch);
     return;
   }
   thread_local std::vector<float> pack;
   pack.resize(cpu_avx512::gemm_nt_pack_floats(a.cols()));
-  cpu_avx512::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, false, c->data(),
-                      c->cols(), pack.data());
+  cpu_avx512::gemm_nt(a.rows(), b.rows(), a.cols(), a.data(), a.cols(), b.data(), b.outerStride(), alpha, false,
+                      c->data(), c->cols(), pack.data());
 }
 
-void WideProductNN(Products products, const Matrix& a, const Matrix& b, float alpha, bool accumulate, float* c,
+void WideProductNN(Products products, const Matrix& a, const RowsRef& b, float alpha, bool accumulate, float* c,
                    int64_t ldc) {
   if (products == Products::kAvx512Bf16) {
     uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::scratch_words(a.rows(), b.cols(), a.cols()));
-    cpu_avx512bf16::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate,
-                            c, ldc, scratch);
+    cpu_avx512bf16::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.outerStride(), alpha,
+                            accumulate, c, ldc, scratch);
     return;
   }
   if (products == Products::kAmx) {
     uint32_t* scratch = Bf16Scratch(cpu_avx512bf16::amx_scratch_words(a.rows(), b.cols(), a.cols()));
-    cpu_avx512bf16::amx_gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha,
+    cpu_avx512bf16::amx_gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.outerStride(), alpha,
                                 accumulate, c, ldc, scratch);
     return;
   }
-  cpu_avx512::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.cols(), alpha, accumulate, c,
-                      ldc);
+  cpu_avx512::gemm_nn(a.rows(), b.cols(), a.cols(), a.data(), a.cols(), b.data(), b.outerStride(), alpha, accumulate,
+                      c, ldc);
 }
 
 void WideProductTN(Products products, const Matrix& a, const Matrix& b, float alpha, Matrix* c) {
@@ -168,10 +172,22 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
   for (int64_t r = 0; r < rows; ++r) std::fill(first_row + r * row_stride, first_row + r * row_stride + dim, T(0.f));
 }
 
+// A K or V tile as the products read it: float32 rows in place, at the tensor's row stride (copying them is a
+// pass over the tile per query tile); other dtypes converted into `buffer`.
+template <typename T>
+ConstRows TileRows(const T* first_row, int64_t row_stride, int64_t rows, int dim, Matrix* buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return ConstRows(first_row, rows, dim, Eigen::OuterStride<>(row_stride));
+  } else {
+    LoadRows(first_row, row_stride, rows, dim, 1.f, buffer);
+    return ConstRows(buffer->data(), rows, dim, Eigen::OuterStride<>(dim));
+  }
+}
+
 // The score tile S = scale * (Q K^T) (scaled after the product, as dense attention does: no rounding of
 // scale * Q). The forward, RowNormalizers and the backward all call this on identical tiles (same shapes,
 // same data), so the backward's scores are the forward's bit for bit.
-void ScoreTile(const FlashFwdParams& p, Products products, const Matrix& q, const Matrix& k, Matrix* scores) {
+void ScoreTile(const FlashFwdParams& p, Products products, const Matrix& q, const RowsRef& k, Matrix* scores) {
   // The AVX-512 kernels round alike: the sum, then * scale.
   if (products != Products::kEigen) return WideProductNT(products, q, k, p.scale, scores);
   scores->noalias() = q * k.transpose();
@@ -363,12 +379,18 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
     const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
     const TileCover cover = BlockCover(p, b, h, row0, valid_rows, col0, std::min<int64_t>(cols, range.end - col0));
     if (cover == TileCover::kSkip) continue;  // never loaded
-    LoadRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, 1.f, &k);
-    ScoreTile(p, products, q, k, &s);
+    ScoreTile(p, products, q, TileRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, &k), &s);
     SoftcapScores(p.softcap, &s, nullptr);
     if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
-    LoadRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
-    ZeroUnseenRows(col_seen, &v);
+    // V in place unless rows of it are zeroed (keys no row of the tile sees).
+    const T* v_tile = v_head + col0 * p.v_row_stride;
+    const bool zero_unseen = !col_seen.empty();
+    if (zero_unseen) {
+      LoadRows(v_tile, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
+      ZeroUnseenRows(col_seen, &v);
+    }
+    const ConstRows v_rows = zero_unseen ? ConstRows(v.data(), cols, p.head_dim_v, Eigen::OuterStride<>(p.head_dim_v))
+                                         : TileRows(v_tile, p.v_row_stride, cols, p.head_dim_v, &v);
 
     if (Wide()) {
       for (int64_t r = 0; r < valid_rows; ++r) {
@@ -378,7 +400,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
         ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
         cpu_avx512::multiply(s.data(), keep.data(), s.size());
       }
-      WideProductNN(products, s, v, 1.f, true, acc.data(), acc.cols());
+      WideProductNN(products, s, v_rows, 1.f, true, acc.data(), acc.cols());
       continue;
     }
     // Online softmax: rescale what was accumulated by exp(old max - new max).
@@ -398,7 +420,7 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
       ctx.DropoutScales(row0, col0, valid_rows, cols, &keep);
       s.array() *= keep.array();
     }
-    acc.noalias() += s * v;
+    acc.noalias() += s * v_rows;
   }
   for (int64_t r = 0; r < valid_rows; ++r) {
     if (row_sum[r] > 0.f) {
