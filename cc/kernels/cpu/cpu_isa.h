@@ -63,7 +63,7 @@ void gemm_nt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const
 
 // The largest of x[0, n) (-inf when n is 0).
 float max_of(const float* x, int64_t n);
-// x[i] = exp(x[i] - shift) in place; returns their sum. exp: Cody-Waite reduction and a degree-7
+// x[i] = exp(x[i] - shift) in place; returns their sum. exp: Cody-Waite reduction and a degree-6
 // polynomial, within 2 ulp of exp over float32's range; exp(-inf) = 0, NaN stays NaN.
 float exp_shifted_sum(float* x, int64_t n, float shift);
 // x[i] = exp(x[i] - shift) * scale in place.
