@@ -173,15 +173,15 @@ void StoreZeroRows(int64_t rows, int dim, T* first_row, int64_t row_stride) {
 }
 
 // A K or V tile as the products read it: float32 rows in place, at the tensor's row stride (copying them is a
-// pass over the tile per query tile); other dtypes converted into `buffer`.
+// pass over the tile per query tile), unless `copy`; other dtypes, or a tile the caller writes to (`copy`),
+// converted into `buffer`.
 template <typename T>
-ConstRows TileRows(const T* first_row, int64_t row_stride, int64_t rows, int dim, Matrix* buffer) {
+ConstRows TileRows(const T* first_row, int64_t row_stride, int64_t rows, int dim, Matrix* buffer, bool copy = false) {
   if constexpr (std::is_same_v<T, float>) {
-    return ConstRows(first_row, rows, dim, Eigen::OuterStride<>(row_stride));
-  } else {
-    LoadRows(first_row, row_stride, rows, dim, 1.f, buffer);
-    return ConstRows(buffer->data(), rows, dim, Eigen::OuterStride<>(dim));
+    if (!copy) return ConstRows(first_row, rows, dim, Eigen::OuterStride<>(row_stride));
   }
+  LoadRows(first_row, row_stride, rows, dim, 1.f, buffer);
+  return ConstRows(buffer->data(), rows, dim, Eigen::OuterStride<>(dim));
 }
 
 // The score tile S = scale * (Q K^T) (scaled after the product, as dense attention does: no rounding of
@@ -382,15 +382,11 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
     ScoreTile(p, products, q, TileRows(k_head + col0 * p.k_row_stride, p.k_row_stride, cols, p.head_dim, &k), &s);
     SoftcapScores(p.softcap, &s, nullptr);
     if (!ctx.MaskScores(row0, col0, cover, &s, &col_seen)) continue;
-    // V in place unless rows of it are zeroed (keys no row of the tile sees).
-    const T* v_tile = v_head + col0 * p.v_row_stride;
+    // V in place unless rows of it are zeroed (keys no row of the tile sees): then copied into v, zeroed there.
     const bool zero_unseen = !col_seen.empty();
-    if (zero_unseen) {
-      LoadRows(v_tile, p.v_row_stride, cols, p.head_dim_v, 1.f, &v);
-      ZeroUnseenRows(col_seen, &v);
-    }
-    const ConstRows v_rows = zero_unseen ? ConstRows(v.data(), cols, p.head_dim_v, Eigen::OuterStride<>(p.head_dim_v))
-                                         : TileRows(v_tile, p.v_row_stride, cols, p.head_dim_v, &v);
+    const ConstRows v_rows =
+        TileRows(v_head + col0 * p.v_row_stride, p.v_row_stride, cols, p.head_dim_v, &v, /*copy=*/zero_unseen);
+    if (zero_unseen) ZeroUnseenRows(col_seen, &v);
 
     if (Wide()) {
       for (int64_t r = 0; r < valid_rows; ++r) {
