@@ -11,10 +11,10 @@ causal="bottom_right" (query i of entry b sees keys j <= kv_lengths[b] - Sq + i)
 Implementations, each on the same inputs:
 
   tf_flash          tf_flash.ops._flash_attention(q, k, v, kv_lengths=..., causal="bottom_right"): the decode
-                    path where its shape picks it (split_kv=None: GQA heads packed, key range split; the JSON
+                    path where its shape picks it (split_kv=None: GQA heads packed, key tiles split; the JSON
                     records the plan, `splits`, null where the path is not taken and the call is the plain one)
   tf_flash_xla      the same under tf.function(jit_compile=True), as KerasHub's generate runs it: XLA fuses the
-                    decode path's reshapes and its lse merge around the kernel's custom call
+                    decode path's packing of the heads around the kernel's custom call
   tf_flash_unsplit  the same with split_kv=False: the kernel call the decode path replaces
   xla_dense         dense attention under XLA (tf.function(jit_compile=True)): einsum scores with the queries
                     reshaped to [B, Sq, Hkv, H / Hkv, D] (GQA without repeating K/V), mask by kv_lengths and
@@ -168,12 +168,12 @@ def make_fn(impl, chain):
     return tf.function(run, jit_compile=impl in ("xla_dense", "tf_flash_xla"))
 
 
-def decode_plan(row, heads, kv_heads, fused):
-    """The key chunks tf_flash's decode path picks for the row (None: the plain kernel call), as ops.py asks:
-    bottom-right causal over several new tokens packs the heads and splits nothing; fused: under XLA."""
+def decode_plan(row, heads, kv_heads):
+    """The key runs (the op's num_splits) tf_flash's decode path picks for the row (None: the plain kernel
+    call), as ops.py asks."""
     from tf_flash import _decode
     return _decode.plan(row["batch"], row["new"], row["cache"], heads, kv_heads, plain=True,
-                        causal_rows=row["new"] > 1, fused=fused)
+                        causal_rows=row["new"] > 1)
 
 
 def timed(cfg, row, fill, call, fetch):
@@ -219,7 +219,7 @@ def run_tf_case(tf, cfg, inputs, row, fill, impl):
     with tf.device(cfg["device"]):
         record = timed(cfg, row, fill, lambda: fn(*args), lambda r: r[0, 0, 0, 0].numpy())
     if impl in ("tf_flash", "tf_flash_xla"):
-        record["splits"] = decode_plan(row, cfg["heads"], cfg["kv_heads"], fused=impl == "tf_flash_xla")
+        record["splits"] = decode_plan(row, cfg["heads"], cfg["kv_heads"])
     return record
 
 
@@ -450,11 +450,11 @@ def cell(record):
 
 
 def plan_text(record):
-    """The decode path's plan recorded with a tf_flash case: its chunks, "not taken" (the plain call), or "-"."""
+    """The decode path's plan recorded with a tf_flash case: its runs, "not taken" (the plain call), or "-"."""
     if not record or record.get("status") != "ok" or "splits" not in record:
         return "-"
     splits = record["splits"]
-    return "not taken" if splits is None else f"{splits} chunk{'s' if splits != 1 else ''}"
+    return "not taken" if splits is None else f"{splits} run{'s' if splits != 1 else ''}"
 
 
 def table(payload):

@@ -1,7 +1,7 @@
-"""The decode path (tf_flash/_decode.py: GQA heads packed into one tile, the key range split into chunks
-merged by lse): chosen by shape, equal to the unsplit kernel call to float32 rounding, against the float64
+"""The decode path (tf_flash/_decode.py: GQA heads packed into one tile, the op's split-KV runs merged by lse
+in the kernels): chosen by shape, equal to the unsplit kernel call to float32 rounding, against the float64
 reference with ragged kv_lengths (empty caches included), bottom-right causal, softcap, gradients,
-tf.function and XLA."""
+tf.function and XLA; the op's num_splits on inputs the GPU kernels run whole."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -29,19 +29,17 @@ def test_plan_chooses_by_shape():
     assert _decode.plan(8, 1, 32768, 32, 8, plain=True) == 2
     assert _decode.plan(1, 1, 131072, 32, 8, plain=True) == 16
     assert _decode.plan(64, 1, 8192, 32, 8, plain=True) == 1  # enough blocks already: heads packed only
-    # Outside XLA the unfused glue costs more than the split saves below 32k keys.
-    assert _decode.plan(1, 1, 16384, 32, 8, plain=True, fused=False) == 1
-    assert _decode.plan(1, 1, 131072, 32, 8, plain=True, fused=False) == 16
     # Training shapes, short caches, masks, unknown shapes: the kernels' own grid.
     assert _decode.plan(8, 4096, 4096, 32, 8, plain=True) is None
     assert _decode.plan(8, 1, 1024, 32, 8, plain=True) is None
     assert _decode.plan(8, 1, 32768, 32, 8, plain=False) is None
     assert _decode.plan(None, 1, 32768, 32, 8, plain=True) is None
-    # A cache length with no divisor that keeps chunks >= 1024 keys stays whole.
-    assert _decode.plan(1, 1, 4099, 8, 8, plain=True) == 1
-    # Several causal rows: heads packed, the cache never split; nothing to pack without GQA.
-    assert _decode.plan(8, 8, 32768, 32, 8, plain=True, causal_rows=True) == 1
-    assert _decode.plan(8, 8, 32768, 8, 8, plain=True, causal_rows=True) is None
+    # Runs keep >= 1024 keys of the cache (the kernels split each entry's own keys evenly).
+    assert _decode.plan(1, 1, 4099, 8, 8, plain=True) == 4
+    # Several causal rows: heads packed where a power of two share a KV head (1: none to pack), and split.
+    assert _decode.plan(8, 8, 32768, 32, 8, plain=True, causal_rows=True) == 2
+    assert _decode.plan(8, 8, 32768, 8, 8, plain=True, causal_rows=True) == 2
+    assert _decode.plan(1, 4, 4096, 12, 4, plain=True, causal_rows=True) is None
 
 
 # (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, kv_lengths)
@@ -78,13 +76,16 @@ CAUSAL_ROWS_CASES = [
     (4, 8, 8, 2, 2100, 64, [2100, 1037, 5, 0]),
     (2, 3, 8, 4, 700, 32, [699, 3]),
     (1, 16, 32, 4, 4096, 128, None),  # 128 packed rows: one whole tile
+    (2, 5, 4, 4, 3000, 64, [3000, 1500]),  # no GQA: nothing packed, the runs keep each row's diagonal
 ]
 
 
 @pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", CAUSAL_ROWS_CASES, ids=lambda c: f"b{c[0]}q{c[1]}h{c[2]}kv{c[3]}k{c[4]}")
-def test_causal_rows_keep_their_diagonals(device, dtype, case, rng):
-    """Packed token by token, `group` rows share a position (the op's position_shift)."""
+def test_causal_rows_keep_their_diagonals(device, dtype, splits, case, rng):
+    """Packed token by token, `group` rows share a position (the op's position_shift); each run masks by the
+    keys' places in the cache, so split runs keep the diagonals too."""
     batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, kv_lengths = case
     q, k, v = random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=DTYPES[dtype])
     d_out = normal(rng, (batch, seqlen_q, heads, head_dim), DTYPES[dtype])
@@ -92,32 +93,33 @@ def test_causal_rows_keep_their_diagonals(device, dtype, case, rng):
     if kv_lengths is not None:
         kwargs["kv_lengths"] = np.array(kv_lengths, np.int32)
     with on_device(device, head_dim=head_dim):
-        packed = _run(q, k, v, d_out, split_kv=1, **kwargs)
+        packed = _run(q, k, v, d_out, split_kv=splits, **kwargs)
         unpacked = _run(q, k, v, d_out, split_kv=False, **kwargs)
     check_against_reference(packed, q, k, v, d_out, dtype, device, **kwargs)
     if dtype == "float32":
         _assert_equal_to_float32_rounding(packed, unpacked, device)
 
 
-def test_causal_rows_are_never_split(rng):
-    q, k, v = random_qkv(rng, 1, 4, 4096, 8, 2, 32)
-    with pytest.raises(ValueError, match="split_kv"):
-        _flash_attention(q, k, v, causal="bottom_right", split_kv=2)
-    # Three query heads per KV head: no shift finds a row's position, so the plan packs nothing.
-    assert _decode.plan(1, 4, 4096, 12, 4, plain=True, causal_rows=True) is None
+def test_split_kv_refusals(rng):
+    # Three query heads per KV head under a causal mask over several rows: no shift finds a row's position.
     q, k, v = random_qkv(rng, 1, 4, 4096, 12, 4, 32)
     with pytest.raises(ValueError, match="power of two"):
         _flash_attention(q, k, v, causal="bottom_right", split_kv=1)
+    # The decode path takes no masks but its own: an attention mask is never dropped.
+    q, k, v = random_qkv(rng, 1, 1, 4096, 8, 2, 32)
+    with pytest.raises(ValueError, match="split_kv"):
+        _flash_attention(q, k, v, attention_mask=np.ones((1, 4096), bool), split_kv=2)
 
 
 @pytest.mark.parametrize("extra,match", [
     ({}, "must divide the query length"),
     ({"dropout_rate": 0.1}, "takes no dropout"),
     ({"q_lengths": [2]}, "takes no q_lengths"),
+    ({"num_splits": 0}, "num_splits must be in"),
 ])
 def test_position_shift_errors(extra, match, rng):
     from tf_flash.ops import _absent, _ops, _seed, NO_MASK_SHAPE, _NO_LENGTHS_SHAPE, _NO_SEGMENT_IDS_SHAPE
-    q, k, v = random_qkv(rng, 1, 6 if not extra else 4, 64, 4, 1, 16)
+    q, k, v = random_qkv(rng, 1, 6 if not extra or "num_splits" in extra else 4, 64, 4, 1, 16)
     rate = extra.get("dropout_rate", 0.0)
     no_ids = _absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, None)
     with tf.device("/CPU:0"), pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=match):
@@ -128,7 +130,8 @@ def test_position_shift_errors(extra, match, rng):
             kv_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, None),
             attention_mask=_absent(NO_MASK_SHAPE, tf.bool, None), block_mask=_absent(NO_MASK_SHAPE, tf.bool, None),
             q_segment_ids=no_ids, kv_segment_ids=no_ids, seed=_seed(1 if rate else None, rate), scale=0.25,
-            causal=True, bottom_right=True, dropout_rate=rate, position_shift=2)
+            causal=True, bottom_right=True, dropout_rate=rate, position_shift=0 if "num_splits" in extra else 2,
+            num_splits=extra.get("num_splits", 1))
 
 
 @pytest.mark.parametrize("mode", ["tf.function", "xla"])
@@ -148,14 +151,44 @@ def test_graph_and_xla_match_eager(mode, rng):
 def test_the_public_call_takes_the_decode_path(rng, monkeypatch):
     import tf_flash  # pylint: disable=import-outside-toplevel
     taken = []
-    original = _decode.attend
-    monkeypatch.setattr(_decode, "attend", lambda *args: taken.append(args[-1]) or original(*args))
+    original = _decode.plan
+    monkeypatch.setattr(_decode, "plan", lambda *args, **kwargs: taken.append(original(*args, **kwargs)) or taken[-1])
     q, k, v = random_qkv(rng, 1, 1, 8192, 32, 8, 64)
     ref, _ = reference_attention(q, k, v, causal="bottom_right", kv_lengths=[5000])
-    # Eagerly the heads are packed only (a cache this short does not repay the unfused split); under XLA the
-    # cache is split too.
     out = tf_flash.flash_attention(q, k, v, causal="bottom_right", kv_lengths=[5000])
-    assert taken == [1] and relative_error(out, ref) < 1e-5
+    assert taken == [8] and relative_error(out, ref) < 1e-5
     out = tf.function(lambda q, k, v: tf_flash.flash_attention(q, k, v, causal="bottom_right", kv_lengths=[5000]),
                       jit_compile=True)(q, k, v)
-    assert taken == [1, 8] and relative_error(out, ref) < 1e-5
+    assert taken == [8, 8] and relative_error(out, ref) < 1e-5
+
+
+# The op's num_splits where the GPU kernels run the call whole (attention_mask, segment ids, dropout) and the
+# CPU kernel splits: the same attention either way.
+@pytest.mark.parametrize("device", [pytest.param(*d.values, marks=d.marks, id=d.id) for d in DEVICES])
+@pytest.mark.parametrize("feature", ["attention_mask", "segment_ids", "dropout"])
+def test_num_splits_with_every_feature(device, feature, rng):
+    from tf_flash.ops import _absent, _ops, _seed, NO_MASK_SHAPE, _NO_LENGTHS_SHAPE, _NO_SEGMENT_IDS_SHAPE
+    batch, seqlen_q, seqlen_k, heads = 2, 70, 1100, 4
+    q, k, v = random_qkv(rng, batch, seqlen_q, seqlen_k, heads, 2, 64, dtype=tf.float16)
+    q_ids = np.repeat(np.arange(1, 4), 24)[None, :seqlen_q].repeat(batch, 0)  # three documents
+    kv_ids = np.repeat(np.arange(1, 4), 367)[None, :seqlen_k].repeat(batch, 0)
+    no_ids = _absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, None)
+    inputs = dict(
+        q_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, None), kv_lengths=tf.constant([1100, 901], tf.int32),
+        attention_mask=(tf.constant(rng.random((batch, 1, seqlen_q, seqlen_k)) < 0.7)
+                        if feature == "attention_mask" else _absent(NO_MASK_SHAPE, tf.bool, None)),
+        block_mask=_absent(NO_MASK_SHAPE, tf.bool, None),
+        q_segment_ids=tf.constant(q_ids, tf.int32) if feature == "segment_ids" else no_ids,
+        kv_segment_ids=tf.constant(kv_ids, tf.int32) if feature == "segment_ids" else no_ids,
+        seed=_seed(7 if feature == "dropout" else None, 0.2 if feature == "dropout" else 0.0), scale=0.125,
+        dropout_rate=0.2 if feature == "dropout" else 0.0)
+    with on_device(device, head_dim=64):
+        whole = _ops.tf_flash_flash_attention(query=q, key=k, value=v, num_splits=1, **inputs)
+        split = _ops.tf_flash_flash_attention(query=q, key=k, value=v, num_splits=3, **inputs)
+    tol = 2e-3
+    np.testing.assert_allclose(split[0].numpy().astype(np.float32), whole[0].numpy().astype(np.float32),
+                               rtol=tol, atol=tol)
+    lse_whole, lse_split = whole[1].numpy(), split[1].numpy()
+    np.testing.assert_array_equal(np.isfinite(lse_split), np.isfinite(lse_whole))
+    finite = np.isfinite(lse_whole)
+    np.testing.assert_allclose(lse_split[finite], lse_whole[finite], rtol=1e-5, atol=1e-5)

@@ -219,7 +219,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     """flash_attention with the kernels' query_offset (tf_flash.parallel's chunks): row i of `query` is row
     i + query_offset of the attention for causal, window and the dropout mask; lengths and masks stay in
     `query`'s rows. An int in [0, 2**31), a multiple of 16 with dropout. split_kv: the decode path
-    (_decode.py) by shape (None), never (False), or with that many key chunks (an int, for its tests)."""
+    (_decode.py) by shape (None), never (False), or with that many key runs (an int, for its tests)."""
     query = _checks.to_tensor(query, "query")
     key = _checks.to_tensor(key, "key", dtype_hint=query.dtype)
     value = _checks.to_tensor(value, "value", dtype_hint=query.dtype)
@@ -261,27 +261,32 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     heads_kv = _checks.axis_size(key, 2).static
     splits = (None if split_kv is False or fp8 else split_kv if split_kv else
               _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
-                           causal_rows=causal_rows, fused=_checks.in_xla_context()))
-    packs_positions = None not in (heads.static, heads_kv) and _decode.shares_positions(heads.static // heads_kv)
-    if splits and causal_rows and (splits > 1 or not packs_positions):
-        raise ValueError("split_kv: causal rows keep their diagonals only in one chunk of the cache, with a power "
-                         f"of two of query heads per KV head (_decode.py). Received: split_kv={split_kv}, causal "
-                         f"with {seqlen_q.static} query rows, query.shape={query.shape}, key.shape={key.shape}")
+                           causal_rows=causal_rows))
+    if split_kv and not plain:
+        raise ValueError("split_kv: the decode path takes kv_lengths, bottom-right causal, scale and softcap only "
+                         f"(_decode.py). Received: split_kv={split_kv} with other arguments")
+    if splits and causal_rows and not (None not in (heads.static, heads_kv) and
+                                       _decode.shares_positions(heads.static // heads_kv)):
+        raise ValueError("split_kv: causal rows keep their diagonals in packed heads only where a power of two of "
+                         f"query heads share a KV head (_decode.py). Received: split_kv={split_kv}, causal with "
+                         f"{seqlen_q.static} query rows, query.shape={query.shape}, key.shape={key.shape}")
     if splits:
-        checked_lengths = _checks.check_lengths(kv_lengths, "kv_lengths", batch, seqlen_k)
+        packed_kv_lengths = _lengths(kv_lengths, "kv_lengths", batch, seqlen_k, device)
 
-        def attention(q, k, v, chunk_lengths, rows_per_position):
-            out, chunk_lse, _ = _ops.tf_flash_flash_attention(
-                query=q, key=k, value=v, q_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, device),
-                kv_lengths=chunk_lengths, attention_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
+        def attention(packed, rows_per_position):
+            out, packed_lse, _ = _ops.tf_flash_flash_attention(
+                query=packed, key=key, value=value, q_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, device),
+                kv_lengths=packed_kv_lengths,
+                attention_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
                 block_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
                 q_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device),
                 kv_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device), seed=_seed(None, 0.0),
                 scale=float(scale), softcap=softcap, deterministic=bool(deterministic), causal=causal_rows,
-                bottom_right=causal_rows, position_shift=rows_per_position.bit_length() - 1 if causal_rows else 0)
-            return out, chunk_lse
+                bottom_right=causal_rows, position_shift=rows_per_position.bit_length() - 1 if causal_rows else 0,
+                num_splits=int(splits))
+            return out, packed_lse
 
-        output, lse = _decode.attend(attention, query, key, value, checked_lengths, splits)
+        output, lse = _decode.attend(attention, query, heads_kv)
         return (output, lse) if return_lse else output
     q_segment_ids, kv_segment_ids = _segment_ids(segment_ids, batch, seqlen_q, seqlen_k, device)
     if fp8:
@@ -390,7 +395,7 @@ def _flash_attention_grad(op, d_output, d_lse, _d_rng_state):
         d_lse = tf.zeros_like(lse)
     attrs = {name: op.get_attr(name) for name in (
         "causal", "window_left", "window_right", "block_q", "block_k", "dropout_rate", "scale",
-        "softcap", "deterministic", "query_offset", "bottom_right", "position_shift")}
+        "softcap", "deterministic", "query_offset", "bottom_right", "position_shift", "num_splits")}
     d_query, d_key, d_value = _ops.tf_flash_flash_attention_grad(
         d_output=d_output, query=query, key=key, value=value, output=output, lse=lse, d_lse=d_lse,
         q_lengths=q_lengths, kv_lengths=kv_lengths, attention_mask=attention_mask, block_mask=block_mask,

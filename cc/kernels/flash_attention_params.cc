@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cc/kernels/flash/mask.h"
+#include "cc/kernels/flash/split_kv.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/util/determinism.h"
 #include "tsl/platform/tensor_float_32_utils.h"
@@ -21,6 +22,8 @@ namespace tf = ::tensorflow;
 
 namespace {
 constexpr int kMaxHeadDim = 256;
+// Split-KV parts per query tile: more than enough for one wave of any GPU at batch 1.
+constexpr int64_t kMaxSplits = 1024;
 
 // One `name = value : type` entry of the MLIR attribute dictionary XLA parses for a typed-FFI call.
 void AppendFfiAttr(std::string* out, const char* name, bool value) {
@@ -150,6 +153,10 @@ tf::Status FlashAttrs::Validate() const {
   }
   if (position_shift < 0 || position_shift > 30) {
     return tf::errors::InvalidArgument("position_shift must be in [0, 30]. Received: position_shift=", position_shift);
+  }
+  if (num_splits < 1 || num_splits > kMaxSplits) {
+    return tf::errors::InvalidArgument("num_splits must be in [1, ", kMaxSplits, "]. Received: num_splits=",
+                                       num_splits);
   }
   if (position_shift > 0 && dropout_rate > 0.f) {
     return tf::errors::InvalidArgument("position_shift > 0 takes no dropout (dropout draws by row). Received: "
@@ -526,6 +533,11 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                      TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
                      const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, compute);
                      if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
+                     // Split-KV's runs' outputs, in the 16-bit compute dtype (the XLA lowering may have given
+                     // them a result buffer already).
+                     if (launch.num_splits > 1 && launch.split_workspace == nullptr && compute != DType::kFloat32) {
+                       TF_RETURN_IF_ERROR(allocate(SplitWorkspace(launch, 2).bytes, &launch.split_workspace));
+                     }
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
                    });
 }

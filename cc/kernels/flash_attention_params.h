@@ -34,7 +34,8 @@ namespace tf_flash {
   X(bool, deterministic)        \
   X(int64_t, query_offset)      \
   X(bool, bottom_right)         \
-  X(int64_t, position_shift)
+  X(int64_t, position_shift)    \
+  X(int64_t, num_splits)
 
 struct FlashAttrs {
 #define TF_FLASH_ATTR_FIELD(type, name) type name{};

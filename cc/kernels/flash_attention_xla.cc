@@ -16,6 +16,7 @@
 
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/split_kv.h"
 #include "cc/kernels/flash_attention_params.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
@@ -122,9 +123,14 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
     const DType dtype = type == tf::DT_FLOAT  ? DType::kFloat32
                         : type == tf::DT_HALF ? DType::kFloat16
                                               : DType::kBFloat16;  // kFlashTypes
+    std::vector<xla::Shape> results = {RowMajor(ctx->input_xla_type(0), OutputShape(shapes)),
+                                       RowMajor(xla::F32, LseShape(shapes))};
+    // Split-KV's workspace as a result of the call: XLA allocates it with the call's other buffers, so the
+    // call needs no scratch allocator and stays in XLA's CUDA graphs. (The CPU kernel keeps its own.)
+    const int64_t split_bytes = SplitWorkspace(p, /*element_bytes=*/2).bytes;
+    if (split_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {split_bytes}));
     const xla::XlaOp call = EmitFlashCall(
-        ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs,
-        {RowMajor(ctx->input_xla_type(0), OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))}, attrs_);
+        ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs, results, attrs_);
     ctx->SetOutput(0, xla::GetTupleElement(call, 0));
     ctx->SetOutput(1, xla::GetTupleElement(call, 1));
     ctx->SetOutput(2, ctx->Input(kFwdInputs[kSeedInput]));  // rng_state: the seed itself, as in the OpKernel
@@ -298,7 +304,8 @@ tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs&
   FlashAttrs attrs;
   TF_RETURN_IF_ERROR(ReadAttrs(dict, &attrs));
   CallBuffers out;
-  TF_RETURN_IF_ERROR(ReadBuffers(args, kNumFwdInputs, rets, 2, in, &out));
+  // A third result: split-KV's workspace (the lowering's).
+  TF_RETURN_IF_ERROR(ReadBuffers(args, kNumFwdInputs, rets, rets.size() == 3 ? 3 : 2, in, &out));
   const FlashInputShapes shapes = ShapesAt(in->shapes, kFwdInputs);
   FlashFwdParams& p = call->params;
   TF_RETURN_IF_ERROR(FillParams(attrs, shapes, &p));
@@ -307,6 +314,7 @@ tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs&
   SetInputPointers(shapes, DataAt(d, kFwdInputs), &p);
   p.out = out.data[0];
   p.lse = static_cast<float*>(out.data[1]);
+  if (out.data.size() == 3) p.split_workspace = out.data[2];
   call->empty = out.shapes[0].num_elements() == 0 && out.shapes[1].num_elements() == 0;
   return tf::Status();
 }

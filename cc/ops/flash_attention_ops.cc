@@ -79,7 +79,8 @@ Status FlashAttentionGradShape(InferenceContext* c) {
       .Attr("deterministic: bool = false")                    \
       .Attr("query_offset: int = 0")                          \
       .Attr("bottom_right: bool = false")                     \
-      .Attr("position_shift: int = 0")
+      .Attr("position_shift: int = 0")                        \
+      .Attr("num_splits: int = 1")
 
 // The inputs of the forward ops, in the order the kernels read them (flash_attention_params.h: kFwdInputs), query,
 // key and value of type QKV ("T", or fp8's own).
@@ -114,6 +115,10 @@ i + kv_lengths[b] - Sq (the queries are the last Sq positions of the entry's key
 position_shift: 2^position_shift consecutive query rows share one position for causal and window (the
 decode path's query heads packed into one tile): row i is position i >> position_shift, and Sq rows are
 Sq >> position_shift positions. Only with lengths of keys, causal, window, scale and softcap.
+num_splits: split-KV, a request: the visible key tiles of each query tile run in num_splits parts (thread
+blocks of their own on the GPU), merged by their lse; the same attention up to the rounding of the parts'
+outputs. Kernels that cannot split (attention_mask, block_mask, segment ids or dropout on the GPU) run the
+call whole. The gradient ignores it.
 )doc");
 
 REGISTER_OP("TfFlash>FlashAttentionGrad")

@@ -16,6 +16,7 @@
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/philox.h"
+#include "cc/kernels/flash/split_kv.h"
 
 namespace tf_flash {
 namespace {
@@ -346,19 +347,21 @@ KeyRange VisitedKeys(const HeadContext& ctx, int64_t row0, int64_t rows, int til
 }
 
 // ------------------------------------------------------------------------------------------------
-// Forward: one work unit = (batch, head, query tile); online softmax over the visible key tiles.
+// Forward: one work unit = (batch, head, query tile), or with split-KV one run of its key tiles; online
+// softmax over the visible key tiles.
 // ------------------------------------------------------------------------------------------------
 template <typename T>
-void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matrix& q, Matrix& k, Matrix& v,
-                 Matrix& s, Matrix& keep, Matrix& acc, std::vector<uint8_t>& col_seen) {
+void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, int split, Matrix& q, Matrix& k,
+                 Matrix& v, Matrix& s, Matrix& keep, Matrix& acc, std::vector<uint8_t>& col_seen) {
   const QueryTile tile(p, tiles.q, unit);
   const int b = tile.b, h = tile.h, hkv = tile.hkv;
   const int64_t row0 = tile.row0, rows = tile.rows;
   const HeadContext ctx(p, b, h);
   const Products products = ProductsFor<T>();
 
-  T* out = static_cast<T*>(p.out) + b * p.o_batch_stride + row0 * p.o_row_stride + h * p.o_head_stride;
-  float* lse = p.lse + (int64_t{b} * p.num_heads + h) * p.seqlen_q + row0;
+  const int64_t entry = split_entry(p, split, b);  // b, or this run's output with split-KV
+  T* out = static_cast<T*>(p.out) + entry * p.o_batch_stride + row0 * p.o_row_stride + h * p.o_head_stride;
+  float* lse = p.lse + (entry * p.num_heads + h) * p.seqlen_q + row0;
   const int64_t valid_rows = std::clamp<int64_t>(ctx.q_len - row0, 0, rows);
   // Padded query rows: output 0, lse -inf.
   StoreZeroRows(rows - valid_rows, p.head_dim_v, out + valid_rows * p.o_row_stride, p.o_row_stride);
@@ -373,7 +376,14 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
   acc.setZero(valid_rows, p.head_dim_v);
   Vector row_max = Vector::Constant(valid_rows, kNegInf);
   Vector row_sum = Vector::Zero(valid_rows);
-  const KeyRange range = VisitedKeys(ctx, row0, valid_rows, tiles.k);
+  KeyRange range = VisitedKeys(ctx, row0, valid_rows, tiles.k);
+  if (p.num_splits > 1) {
+    int tile_begin = static_cast<int>(range.begin / tiles.k);
+    int tile_end = static_cast<int>(CeilDiv(range.end, tiles.k));
+    narrow_to_split(p.num_splits, split, tile_begin, tile_end);
+    range.begin = std::max<int64_t>(range.begin, int64_t{tile_begin} * tiles.k);
+    range.end = std::min<int64_t>(range.end, int64_t{tile_end} * tiles.k);
+  }
   for (int64_t col0 = (range.begin / tiles.k) * tiles.k; col0 < range.end; col0 += tiles.k) {
     // The tile spans the valid keys, not only range.end: the backward multiplies the same shapes.
     const int64_t cols = std::min<int64_t>(tiles.k, ctx.kv_len - col0);
@@ -431,14 +441,44 @@ void ForwardUnit(const FlashFwdParams& p, const Tiles& tiles, int64_t unit, Matr
 }
 
 template <typename T>
-void Forward(const FlashFwdParams& p, const ParallelFor& parallel_for) {
-  const Tiles tiles = ChooseTiles(p);
-  const int64_t num_units = int64_t{p.batch} * p.num_heads * CeilDiv(p.seqlen_q, tiles.q);
-  const int64_t cost = int64_t{tiles.q} * std::max(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * 2;
-  parallel_for(num_units, cost, [&](int64_t begin, int64_t end) {
+void Forward(const FlashFwdParams& params, const ParallelFor& parallel_for) {
+  const Tiles tiles = ChooseTiles(params);
+  const int64_t tile_units = int64_t{params.batch} * params.num_heads * CeilDiv(params.seqlen_q, tiles.q);
+  // Split-KV: the runs write their outputs (in T) into a buffer of their own, merged below.
+  const int splits = std::max(params.num_splits, 1);
+  std::vector<char> workspace(SplitWorkspace(params, sizeof(T)).bytes);
+  const FlashFwdParams p = splits > 1 ? split_run_params(params, workspace.data(), sizeof(T)) : params;
+  const int64_t cost = int64_t{tiles.q} * std::max(p.seqlen_k, 1) * (p.head_dim + p.head_dim_v) * 2 / splits;
+  parallel_for(tile_units * splits, cost, [&](int64_t begin, int64_t end) {
     Matrix q, k, v, s, keep, acc;
     std::vector<uint8_t> col_seen;
-    for (int64_t unit = begin; unit < end; ++unit) ForwardUnit<T>(p, tiles, unit, q, k, v, s, keep, acc, col_seen);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      ForwardUnit<T>(p, tiles, unit % tile_units, static_cast<int>(unit / tile_units), q, k, v, s, keep, acc,
+                     col_seen);
+    }
+  });
+  if (splits == 1) return;
+  // Row (b, h, i) of the call, in lse's order, from its runs (split_entry: split * batch + b).
+  const int64_t rows = int64_t{p.batch} * p.num_heads * p.seqlen_q;
+  parallel_for(rows, int64_t{splits} * p.head_dim_v * 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(p.head_dim_v);
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % p.seqlen_q, batch_head = row / p.seqlen_q;
+      const int64_t h = batch_head % p.num_heads, b = batch_head / p.num_heads;
+      const float lse = merge_split_lse(p.lse + row, rows, splits);
+      std::fill(sum.begin(), sum.end(), 0.f);
+      for (int split = 0; split < splits; ++split) {
+        const float weight = split_weight(p.lse[row + split * rows], lse);
+        if (weight == 0.f) continue;
+        const T* run_out = static_cast<const T*>(p.out) + split_entry(p, split, static_cast<int>(b)) * p.o_batch_stride +
+                           i * p.o_row_stride + h * p.o_head_stride;
+        for (int d = 0; d < p.head_dim_v; ++d) sum[d] += weight * static_cast<float>(run_out[d]);
+      }
+      T* out = static_cast<T*>(params.out) + b * params.o_batch_stride + i * params.o_row_stride +
+               h * params.o_head_stride;
+      for (int d = 0; d < p.head_dim_v; ++d) out[d] = static_cast<T>(sum[d]);
+      params.lse[row] = lse;
+    }
   });
 }
 

@@ -12,13 +12,30 @@
 #include "cc/kernels/cuda/sm90_tile_size.h"
 #include "cc/kernels/cuda/static_switch.h"
 #include "cc/kernels/flash/launch.h"
+#include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/split_kv.h"
 
 namespace tf_flash {
+namespace {
+
+// Whether the tensor-core families run these params split (FlashFwdParams::num_splits): a workspace for the
+// runs' outputs, no inputs read by element or by draw (attn_mask, block masks, segment ids, dropout: their
+// variants' tile tables and draws follow the whole call), and a grid the sm_80 family can launch (gridDim.z).
+bool runs_split(const FlashFwdParams& p) {
+  return p.num_splits > 1 && p.split_workspace != nullptr && p.attn_mask.data == nullptr &&
+         p.block_mask.data == nullptr && !has_segments(p) && p.dropout_rate == 0.f &&
+         int64_t(p.batch) * p.num_splits <= 65535;
+}
+
+}  // namespace
 
 // The caller has checked the params with cuda::check_supported (flash_attention_params.cc, the harnesses).
-int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
+int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream_ptr) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  // The call whole, unless the tensor-core families split it below.
+  FlashFwdParams p = params;
+  p.num_splits = 1;
   const cuda::KernelFamily family = cuda::choose_family(p, dtype, Direction::kForward);
   if (family == cuda::KernelFamily::kFloat32) {
     const cudaError_t err = cuda::run_flash_fwd_float32(p, stream);
@@ -41,13 +58,20 @@ int flash_fwd_cuda(const FlashFwdParams& p, DType dtype, void* stream_ptr) {
     return int(err);
   }
   const bool hopper = family == cuda::KernelFamily::kSm90;
-  const cudaError_t err = cuda::dispatch_kernel(p, dtype, [&](auto element, auto head_dim) {
+  // Split-KV: the kernel writes its runs' outputs into the workspace, and merge_splits gives the call's.
+  const bool split = runs_split(params);
+  const FlashFwdParams run = split ? split_run_params(params, params.split_workspace, 2) : p;
+  cudaError_t err = cuda::dispatch_kernel(run, dtype, [&](auto element, auto head_dim) {
     constexpr int kHeadDim = decltype(head_dim)::value;
     if constexpr (TF_FLASH_HEADDIM_SM90(kHeadDim)) {
-      if (hopper) return cuda::run_flash_fwd_sm90<decltype(element), kHeadDim>(p, stream);
+      if (hopper) return cuda::run_flash_fwd_sm90<decltype(element), kHeadDim>(run, stream);
     }
-    return cuda::run_flash_fwd<decltype(element), kHeadDim>(p, stream);
+    return cuda::run_flash_fwd<decltype(element), kHeadDim>(run, stream);
   });
+  if (split && err == cudaSuccess) {
+    err = dtype == DType::kBFloat16 ? cuda::merge_splits<cutlass::bfloat16_t>(params, run, stream)
+                                    : cuda::merge_splits<cutlass::half_t>(params, run, stream);
+  }
   if (err == cudaSuccess) {
     (hopper ? cuda::forward_sm90_launches : cuda::forward_sm80_launches).fetch_add(1, std::memory_order_relaxed);
   }

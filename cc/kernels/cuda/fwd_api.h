@@ -32,5 +32,10 @@ cudaError_t transpose_values_fp8(const FlashFwdParams& params, cudaStream_t stre
 // gives a row that sees nothing (fp8_values.cu).
 cudaError_t empty_keys_fp8(const FlashFwdParams& params, cudaStream_t stream);
 
+// Split-KV's merge (split_kv.cu): the runs' outputs of `run` (split_run_params of p) into p's out and lse, on
+// `stream`. Element is cutlass::half_t or cutlass::bfloat16_t.
+template <class Element>
+cudaError_t merge_splits(const FlashFwdParams& p, const FlashFwdParams& run, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace tf_flash

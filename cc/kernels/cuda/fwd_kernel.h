@@ -19,6 +19,7 @@
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
 #include "cc/kernels/flash/philox.h"
+#include "cc/kernels/flash/split_kv.h"
 
 namespace tf_flash {
 namespace cuda {
@@ -449,7 +450,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   // Heaviest query tiles (the last ones under a causal mask) are scheduled first.
   const int m_block = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y;
-  const int b = blockIdx.z;
+  const int b = blockIdx.z % p.batch;
+  const int split = blockIdx.z / p.batch;  // split-KV's run (gridDim.z = batch x num_splits)
   const int tidx = threadIdx.x;
 
   const int64_t q_len = valid_q_len(p, b);
@@ -461,14 +463,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
   const QueryTileKeys tile_keys = query_tile_keys(p, m0, kBlockM, kBlockN, q_len, kv_len);
   const KeyRange first_row = tile_keys.first_row, last_row = tile_keys.last_row;
   const TileRange document_tiles = segment_key_tiles(p, b, m0, m_valid_end, kBlockN);
-  const int n_block_min = max(tile_keys.tile_begin, document_tiles.begin);
-  const int n_block_max = min(tile_keys.tile_end, document_tiles.end);
+  int n_block_min = max(tile_keys.tile_begin, document_tiles.begin);
+  int n_block_max = min(tile_keys.tile_end, document_tiles.end);
+  narrow_to_split(p.num_splits, split, n_block_min, n_block_max);
+  const int64_t out_entry = split_entry(p, split, b);  // b, or this run's output with split-KV
 
   const int h_kv = h / (p.num_heads / p.num_heads_kv);
   const Element* q_ptr = static_cast<const Element*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
   const Element* k_ptr = static_cast<const Element*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const Element* v_ptr = static_cast<const Element*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
-  Element* o_ptr = static_cast<Element*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
+  Element* o_ptr = static_cast<Element*>(p.out) + out_entry * p.o_batch_stride + h * p.o_head_stride;
 
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
@@ -693,7 +697,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) flash_fwd_kernel(const F
 
   // Epilogue: normalize, write lse, stage O through shared memory for 16-byte global stores.
   const float keep_scale = has_dropout ? dropout_keep_scale(p.dropout_rate) : 1.f;
-  normalize_and_write_lse(acc_o_rc, softmax, tScS_rc, p, m0, q_len, batch_head, scale_log2, keep_scale);
+  normalize_and_write_lse(acc_o_rc, softmax, tScS_rc, p, m0, q_len, uint64_t(out_entry) * p.num_heads + h,
+                          scale_log2, keep_scale);
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});
   store_output<Traits>(acc_o, sO, gO, tiled_mma, p, m0, tidx);
 }

@@ -12,7 +12,8 @@ namespace cuda {
 
 template <class Traits, bool kMasks, bool kDropout>
 cudaError_t launch_flash_fwd(const FlashFwdParams& params, cudaStream_t stream) {
-  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
+  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads,
+                  params.batch * params.num_splits);
   const int smem = Traits::kSmemBytes + (kMasks ? Traits::kMaskSmemBytes : 0);
   auto kernel = &flash_fwd_kernel<Traits, kMasks, kDropout>;
   // Always raised: static shared memory (the block-mask tile table) counts against the default 48 KB.

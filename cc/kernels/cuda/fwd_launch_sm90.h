@@ -28,7 +28,8 @@ FwdScheduleSm90 make_fwd_schedule(const FlashFwdParams& p, bool by_l2) {
   s.m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   s.num_heads = p.num_heads;
   const int64_t pairs = int64_t(p.batch) * p.num_heads;
-  s.tiles = int64_t(s.m_blocks) * pairs;
+  s.splits = p.num_splits;
+  s.tiles = int64_t(s.m_blocks) * pairs * s.splits;
   const int64_t kv_bytes = int64_t(p.seqlen_k) * (p.head_dim + p.head_dim_v) * int64_t(sizeof(typename Traits::Element));
   const int64_t kv_heads = by_l2 ? std::max<int64_t>(1, kL2Bytes / std::max<int64_t>(kv_bytes, 1)) : 1;
   s.group_pairs = int(std::min<int64_t>({pairs, kv_heads * (p.num_heads / p.num_heads_kv), INT32_MAX}));
@@ -82,7 +83,7 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   }
   args.tma_o = make_tma_copy(SM90_TMA_STORE{},
                              make_tensor(make_gmem_ptr(static_cast<OutElement*>(p.out)),
-                                         make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch),
+                                         make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch * p.num_splits),
                                          make_stride(p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride)),
                              typename Traits::SmemLayoutOWarpGroup{}, Shape<_64, Int<kHeadDim>>{}, _1{});
 

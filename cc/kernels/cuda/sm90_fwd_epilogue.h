@@ -14,6 +14,7 @@
 #include "cc/kernels/cuda/sm90_fwd_scheduler.h"
 #include "cc/kernels/cuda/sm90_fwd_traits.h"
 #include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/split_kv.h"
 
 namespace tf_flash {
 namespace cuda {
@@ -47,7 +48,8 @@ struct FwdEpilogueSm90 {
     }
   }
 
-  // output_scale: the factor of O after the softmax's normalization (FwdConsumerSm90::output_scale).
+  // output_scale: the factor of O after the softmax's normalization (FwdConsumerSm90::output_scale). batch_head:
+  // the row of lse (and, with split-KV, of the runs' outputs: split_entry).
   // Normalize, lse, then O (tOrO, this consumer's accumulator of wave `wave`'s tile w) through shared memory to
   // this consumer's TMA store. cS_rc: the score tile's coordinates of the accumulator's rows. tma_o comes with
   // each call (the kernel's argument) rather than kept here: kept, its address is computed once and held in
@@ -71,8 +73,8 @@ struct FwdEpilogueSm90 {
     cutlass::arch::fence_view_async_shared();  // visible to the TMA (async proxy)
     named_sync(128, Sm90Barrier::kOutputWg0, wg);
     if (output_leader) {
-      Tensor mO = tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch));
-      Tensor gO = local_tile(mO(_, _, w.h, w.b), Shape<_64, Int<kHeadDim>>{},
+      Tensor mO = tma_o.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim_v, p.num_heads, p.batch * p.num_splits));
+      Tensor gO = local_tile(mO(_, _, w.h, int(split_entry(p, w.split, w.b))), Shape<_64, Int<kHeadDim>>{},
                              make_coord(Traits::kMmaWarpGroups * w.m_block + wg, _0{}));
       Tensor sO_rows = local_tile(sO, Shape<_64, Int<kHeadDim>>{}, make_coord(wg, _0{}));
       auto o_parts = tma_partition(tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO_rows), group_modes<0, 2>(gO));

@@ -10,6 +10,7 @@
 
 #include "cc/kernels/flash/mask.h"
 #include "cc/kernels/flash/params.h"
+#include "cc/kernels/flash/split_kv.h"
 
 namespace tf_flash {
 namespace cuda {
@@ -20,32 +21,38 @@ namespace cuda {
 // CTAs running at one time then share. CTA c
 // of `ctas` takes tile c of each wave of `ctas` tiles, counted from the wave's end in odd waves, so that heavy
 // and light tiles even out over the CTAs: a static schedule, with no counter to reset before each launch. With
-// a CTA per tile (ctas == tiles) it is the launch order.
+// a CTA per tile (ctas == tiles) it is the launch order. Split-KV (FlashFwdParams::num_splits) repeats the
+// order once per run of key tiles, run after run.
 struct FwdScheduleSm90 {
   int m_blocks = 1;     // query tiles per (batch, head)
   int num_heads = 1;
   int group_pairs = 1;  // (batch, head) pairs per group
-  int64_t tiles = 0;    // m_blocks x batch x heads
+  int splits = 1;       // runs of key tiles per query tile
+  int64_t tiles = 0;    // m_blocks x batch x heads x splits
   struct Tile {
-    int m_block, h, b;
+    int m_block, h, b, split;
   };
   __host__ __device__ int64_t index(int64_t wave, int cta, int ctas) const {
     return wave * ctas + (wave % 2 == 0 ? cta : ctas - 1 - cta);
   }
   __host__ __device__ Tile tile(int64_t i) const {
+    const int64_t per_split = tiles / splits;
+    const int split = int(i / per_split);
+    i -= split * per_split;
     const int64_t group_tiles = int64_t(group_pairs) * m_blocks;
     const int64_t group = i / group_tiles, r = i - group * group_tiles;
-    const int64_t pairs_left = tiles / m_blocks - group * group_pairs;
+    const int64_t pairs_left = per_split / m_blocks - group * group_pairs;
     const int64_t pairs_here = pairs_left < group_pairs ? pairs_left : group_pairs;
     const int64_t m_rank = r / pairs_here;
     const int64_t pair = group * group_pairs + (r - m_rank * pairs_here);
-    return Tile{int(m_blocks - 1 - m_rank), int(pair % num_heads), int(pair / num_heads)};
+    return Tile{int(m_blocks - 1 - m_rank), int(pair % num_heads), int(pair / num_heads), split};
   }
 };
 
-// A query tile and the key tiles some valid row of it sees (the same rule as the sm_80 family).
+// A query tile and the key tiles some valid row of it sees (the same rule as the sm_80 family), those of run
+// `split` under split-KV.
 struct FwdTileWork {
-  int m_block, h, b, h_kv;
+  int m_block, h, b, h_kv, split;
   int64_t q_len, kv_len, m0;
   QueryTileKeys keys;
 };
@@ -75,6 +82,8 @@ struct FwdTileSchedulerSm90 {
     w.kv_len = valid_kv_len(p, t.b);
     w.m0 = int64_t(t.m_block) * Traits::kBlockM;
     w.keys = query_tile_keys(p, w.m0, Traits::kBlockM, Traits::kBlockN, w.q_len, w.kv_len);
+    w.split = t.split;
+    narrow_to_split(p.num_splits, t.split, w.keys.tile_begin, w.keys.tile_end);
     return true;
   }
   // The loops' condition: wave `wave` runs a tile (into w).

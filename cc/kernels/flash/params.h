@@ -82,6 +82,16 @@ struct FlashFwdParams {
   // divisor: a division in the masks' per-row code costs the Hopper forward registers and spills. 0 with
   // dropout, q_lengths and the element masks, which are read by row.
   int position_shift = 0;
+  // Split-KV (the decode path, tf_flash/_decode.py): the visible key tiles of each (batch, head, query tile) are
+  // cut into num_splits runs of consecutive tiles, each a thread block of its own, so that few query tiles
+  // still fill the GPU; the runs' outputs merge by their lse in float32 (split_kv.h). A request: a kernel
+  // that cannot split (masks read by element, dropout, fp8, the float32 kernels) runs the call whole, and
+  // the merge gives the same attention up to the rounding of the runs' outputs to the output dtype. Inside
+  // a kernel num_splits > 1 means out and lse point at the runs' outputs, split_entry(split, b) of them
+  // (contiguous [num_splits * batch, seqlen_q, heads, head_dim_v] and [num_splits * batch, heads,
+  // seqlen_q]), which flash_fwd_cuda sets up in split_workspace (split_kv.h: split_workspace_bytes).
+  int num_splits = 1;
+  void* split_workspace = nullptr;
 
   // Dropout on the probabilities; the mask is philox(seed, b, h, i, j), never stored.
   float dropout_rate = 0.f;
