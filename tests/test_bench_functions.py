@@ -245,7 +245,7 @@ def test_decode_table_and_figure(tmp_path):
                "config": {"rows": rows, "fills": ["full"], "heads": 8, "kv_heads": 2, "dim": 64,
                           "dtype": "bfloat16", "calls_per_function": 10}}
     text = bench_decode.table(payload)
-    assert ("| 2 x 1 @ 8k | 100 us, 1.5 TB/s | 80 us, 1.88 TB/s | 300 us, 0.5 TB/s | skipped: no torch | 1 chunk / 8 chunks "
+    assert ("| 2 x 1 @ 8k | 100 us, 1.5 TB/s | 80 us, 1.88 TB/s | 300 us, 0.5 TB/s | skipped: no torch | 1 run / 8 runs "
             "| 1.0e-03 | 2.0e-03 |" in text), text
     png = bench_decode.write_outputs(str(tmp_path / "decode.json"), payload)
     assert json.load(open(tmp_path / "decode.json")) == payload

@@ -533,10 +533,9 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                      TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
                      const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, compute);
                      if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
-                     // Split-KV's runs' outputs, in the 16-bit compute dtype (the XLA lowering may have given
-                     // them a result buffer already).
+                     // Split-KV's runs' outputs (the XLA lowering may have given them a result buffer already).
                      if (launch.num_splits > 1 && launch.split_workspace == nullptr && compute != DType::kFloat32) {
-                       TF_RETURN_IF_ERROR(allocate(SplitWorkspace(launch, 2).bytes, &launch.split_workspace));
+                       TF_RETURN_IF_ERROR(allocate(split_workspace_bytes(launch), &launch.split_workspace));
                      }
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
                    });

@@ -127,7 +127,7 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
                                        RowMajor(xla::F32, LseShape(shapes))};
     // Split-KV's workspace as a result of the call: XLA allocates it with the call's other buffers, so the
     // call needs no scratch allocator and stays in XLA's CUDA graphs. (The CPU kernel keeps its own.)
-    const int64_t split_bytes = SplitWorkspace(p, /*element_bytes=*/2).bytes;
+    const int64_t split_bytes = split_workspace_bytes(p);
     if (split_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {split_bytes}));
     const xla::XlaOp call = EmitFlashCall(
         ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs, results, attrs_);

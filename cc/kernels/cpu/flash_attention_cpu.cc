@@ -470,8 +470,9 @@ void Forward(const FlashFwdParams& params, const ParallelFor& parallel_for) {
       for (int split = 0; split < splits; ++split) {
         const float weight = split_weight(p.lse[row + split * rows], lse);
         if (weight == 0.f) continue;
-        const T* run_out = static_cast<const T*>(p.out) + split_entry(p, split, static_cast<int>(b)) * p.o_batch_stride +
-                           i * p.o_row_stride + h * p.o_head_stride;
+        const int64_t entry = split_entry(p, split, static_cast<int>(b));
+        const T* run_out = static_cast<const T*>(p.out) + entry * p.o_batch_stride + i * p.o_row_stride +
+                           h * p.o_head_stride;
         for (int d = 0; d < p.head_dim_v; ++d) sum[d] += weight * static_cast<float>(run_out[d]);
       }
       T* out = static_cast<T*>(params.out) + b * params.o_batch_stride + i * params.o_row_stride +

@@ -21,11 +21,13 @@ namespace {
 
 // Whether the tensor-core families run these params split (FlashFwdParams::num_splits): a workspace for the
 // runs' outputs, no inputs read by element or by draw (attn_mask, block masks, segment ids, dropout: their
-// variants' tile tables and draws follow the whole call), and a grid the sm_80 family can launch (gridDim.z).
+// variants' tile tables and draws follow the whole call), and grids both families can launch (the sm_80
+// family's gridDim.z is batch x runs; a Hopper CTA per tile counts query tiles of at least 64 rows x runs).
 bool runs_split(const FlashFwdParams& p) {
+  const int64_t query_tiles = (int64_t(p.seqlen_q) + 63) / 64 * p.batch * p.num_heads;
   return p.num_splits > 1 && p.split_workspace != nullptr && p.attn_mask.data == nullptr &&
          p.block_mask.data == nullptr && !has_segments(p) && p.dropout_rate == 0.f &&
-         int64_t(p.batch) * p.num_splits <= 65535;
+         int64_t(p.batch) * p.num_splits <= 65535 && query_tiles * p.num_splits <= INT32_MAX;
 }
 
 }  // namespace

@@ -37,6 +37,15 @@ struct SplitWorkspace {
   }
 };
 
+// Bytes of the workspace the GPU kernels split these params in: the runs' outputs in the 16-bit dtype they
+// compute in, at the head dim they run (rounded up to a multiple of 8: flash_attention_params.cc's staging).
+// The XLA lowering sizes its workspace result by it, the runner its allocation: the two agree.
+inline int64_t split_workspace_bytes(const FlashFwdParams& p) {
+  FlashFwdParams run = p;
+  run.head_dim_v = (p.head_dim_v + 7) / 8 * 8;
+  return SplitWorkspace(run, /*element_bytes=*/2).bytes;
+}
+
 // The params of the split launch: out and lse at the runs' outputs in `workspace`, contiguous.
 inline FlashFwdParams split_run_params(const FlashFwdParams& p, void* workspace, int element_bytes) {
   FlashFwdParams run = p;
