@@ -117,7 +117,8 @@ def test_split_kv_refusals(rng):
     ({"q_lengths": [2]}, "takes no q_lengths"),
     ({"num_splits": 0}, "num_splits must be in"),
 ])
-def test_position_shift_errors(extra, match, rng):
+def test_op_attribute_errors(extra, match, rng):
+    """position_shift's rules and num_splits' range, from the op itself."""
     from tf_flash.ops import _absent, _ops, _seed, NO_MASK_SHAPE, _NO_LENGTHS_SHAPE, _NO_SEGMENT_IDS_SHAPE
     q, k, v = random_qkv(rng, 1, 6 if not extra or "num_splits" in extra else 4, 64, 4, 1, 16)
     rate = extra.get("dropout_rate", 0.0)
