@@ -11,6 +11,7 @@ tiles.
 TF_FLASH_FUZZ_LOG=path appends every raw-op example to `path` before it runs, so a crash (which takes the
 process down with it) leaves its reproducer as the file's last line.
 """
+import functools
 import os
 import resource
 import sys
@@ -143,6 +144,32 @@ def test_matches_float64_reference(case, mode):
         _assert_close(name, grad, ref, grad_tol)
 
 
+@given(case=configurations(), splits=st.integers(2, 7))
+def test_num_splits_gives_the_unsplit_attention(case, splits):
+    """The op's split-KV (num_splits: the decode path's runs, merged by lse) on any valid configuration on the
+    CPU, whose kernel splits with every feature: the unsplit call's output and lse, up to the rounding of the
+    runs' outputs to the dtype before the merge."""
+    config, kwargs = case
+    note(f"config={config} kwargs={kwargs} splits={splits}")
+    q, k, v, _, _ = _inputs(config)
+    op = raw_ops.tf_flash_flash_attention
+
+    def attention(num_splits):
+        tf_flash.ops._ops.tf_flash_flash_attention = functools.partial(op, num_splits=num_splits)
+        try:
+            with tf.device("/CPU:0"):
+                return tf_flash.flash_attention(q, k, v, return_lse=True, **kwargs)
+        finally:
+            tf_flash.ops._ops.tf_flash_flash_attention = op
+
+    (out, lse), (split_out, split_lse) = attention(1), attention(splits)
+    _assert_close("output", split_out, to_numpy(out), tolerance("output", config["dtype"]))
+    lse, split_lse = lse.numpy(), split_lse.numpy()
+    np.testing.assert_array_equal(np.isfinite(split_lse), np.isfinite(lse))
+    finite = np.isfinite(lse)
+    np.testing.assert_allclose(split_lse[finite], lse[finite], rtol=1e-5, atol=1e-5)
+
+
 # ---- the raw ops with bad input: an error, never a crash ----
 
 FUZZ_LOG = os.environ.get("TF_FLASH_FUZZ_LOG")
@@ -201,6 +228,8 @@ def raw_op_calls(draw, grad):
         attrs["dropout_rate"] = draw(st.one_of(st.sampled_from([0.0, 0.5, 0.999]), float_values))
     if draw(st.booleans()):
         attrs["softcap"] = draw(st.one_of(st.sampled_from([0.0, 2.0]), float_values))
+    if draw(st.booleans()):
+        attrs["num_splits"] = draw(st.one_of(st.integers(2, 5), int_values))
     return inputs, attrs
 
 
