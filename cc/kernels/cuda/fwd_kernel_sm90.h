@@ -139,8 +139,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         epilogue.free_q_buffer(wave);
         consumer.run(tile, tile_mask);
       }
-      epilogue.store(args.tma_o, tile.tOrO, tile.softmax, consumer.cS_rc, consumer.mma_pv, w,
-                     uint64_t(split_entry(p, w.split, w.b)) * p.num_heads + w.h, consumer.scale_log2, consumer.output_scale(w), wave);
+      const uint64_t out_batch_head = uint64_t(split_entry(p, w.split, w.b)) * p.num_heads + w.h;
+      epilogue.store(args.tma_o, tile.tOrO, tile.softmax, consumer.cS_rc, consumer.mma_pv, w, out_batch_head,
+                     consumer.scale_log2, consumer.output_scale(w), wave);
     }
     epilogue.finish();
   }
