@@ -11,6 +11,8 @@
 #                                  into .gpu_build/; TF_FLASH_CUDA_ARCHS="80;90a" has the device compile both
 #                                  (default 90a); DRY_RUN=1 prints the compiles and writes nothing
 #   tools/gpu.sh baseline REV      cc/ and tests/cuda_harness/ of git revision REV into .baseline/: `ab`'s base
+#   tools/gpu.sh cuda-import DIR   a `cuda-export` call's files (DIR: its files_at) into .gpu_cuda/, which a fresh
+#                                  machine's `lib` unpacks instead of compiling the .cu files (carry .gpu_cuda)
 # There, through TensorFlow (after the stash calls; carry .gpu/env and .gpu_build, and .whl for KerasHub):
 #   tools/gpu.sh lib               nvcc the .cu files (cc/BUILD's flags) and link build/gpu/_flash_attention_ops.so,
 #                                  again only when a source changed. VARIANT_FLAGS="-D..." VARIANT_FILES="globs"
@@ -36,6 +38,9 @@
 #                                  older cuDNN than torch's on the library path (docs/performance.md)
 #   tools/gpu.sh model [ARGS...]   lib, then benchmarks/bench_model.py ARGS, XLA's autotuning cache shared
 #   tools/gpu.sh run CMD...        lib, then CMD in TensorFlow's environment (TF_FLASH_LIBRARY, PYTHONPATH set)
+#   tools/gpu.sh cuda-export       lib, then its CUDA objects and their stamp into $OUT as xz parts of 15 MiB
+#                                  (cuda_obj.tar.xz.NN; the only files of the call): a later machine skips the
+#                                  .cu compiles (about 4 of its 30 minutes) while the CUDA sources stay as they are
 # There, the CUDA harnesses alone (no TensorFlow, no stash; carry .gpu_build for the CUTLASS headers):
 #   tools/gpu.sh harness [STEP...] the harnesses of tests/cuda_harness, built in build/cuda_harness_dev/ when a
 #                                  step needs them (default: build test bigoffset bench tiles sanitize):
@@ -157,6 +162,17 @@ cutlass_headers() {  # CUTLASS_INCLUDE: as set, else the headers `host` carried 
   export CUTLASS_INCLUDE
 }
 
+cuda_import() {  # cuda_import DIR: cuda-export's parts from DIR into .gpu_cuda/cuda_obj.tar.xz, checked
+  local parts
+  parts=$(ls "${1:?usage: tools/gpu.sh cuda-import DIR}"/cuda_obj.tar.xz.[0-9]* 2>/dev/null) || die "no cuda_obj.tar.xz.NN in $1"
+  mkdir -p .gpu_cuda
+  # shellcheck disable=SC2086  # the parts' names hold no spaces
+  cat $parts > .gpu_cuda/cuda_obj.tar.xz
+  xz -t .gpu_cuda/cuda_obj.tar.xz || { rm -f .gpu_cuda/cuda_obj.tar.xz; die "the parts in $1 do not make a whole archive"; }
+  say ".gpu_cuda/cuda_obj.tar.xz: $(du -h .gpu_cuda/cuda_obj.tar.xz | cut -f1), stamp $(xz -dc .gpu_cuda/cuda_obj.tar.xz |
+    tar -xOf - gpu/cuda_stamp); carry .gpu_cuda"
+}
+
 # ---- there: the library through TensorFlow ----
 
 compile_cuda() {  # compile_cuda DIR LOG [FLAGS]: the .cu paths on stdin into DIR/cuda_obj, as cc/BUILD compiles them
@@ -188,6 +204,11 @@ tf_env() {  # TensorFlow's environment from the stash, the library built, KerasH
   # flags changed, and the library links again when they did or a host object changed.
   cuda_stamp=$(sources_stamp cc/kernels/cuda cc/kernels/flash -- "$(cat "$build/flags" "$build/archs")")
   link_stamp=$(sources_stamp "$build/obj" -- "$cuda_stamp")
+  # A fresh machine: the CUDA objects of an earlier one where they were carried (cuda-export, cuda-import),
+  # used below only if their stamp is this tree's.
+  if [[ ! -d build/gpu && -f .gpu_cuda/cuda_obj.tar.xz ]]; then
+    mkdir -p build && { xz -dc .gpu_cuda/cuda_obj.tar.xz | tar -xf - -C build; } || rm -rf build/gpu
+  fi
   if [[ "$(cat build/gpu/cuda_stamp 2>/dev/null)" != "$cuda_stamp" ]]; then
     rm -rf build/gpu
     ls cc/kernels/cuda/*.cu | compile_cuda build/gpu "$work/nvcc.log"
@@ -522,6 +543,12 @@ case $command in
     # bench_model.py starts no (mode, length) past --time-limit; one takes 1-2 minutes under XLA.
     if ! has_arg --time-limit "$@"; then set -- "$@" --time-limit $(( $(limit 600) > 240 ? $(limit 600) - 120 : 120 )); fi
     benchmark bench_model benchmarks/bench_model.py --xla-autotune-cache /tmp/xla_cache "$@" ;;
+  cuda-import) cuda_import "$@" ;;
+  cuda-export)
+    device_start cuda_export; tf_env
+    trap 'say "$(( $(date +%s) - start ))s in all"' EXIT  # the parts are the call's files: no log archive
+    tar -cf - -C build gpu/cuda_obj gpu/cuda_stamp | xz -T0 -6 | split -b 15M -d - "$out/cuda_obj.tar.xz."
+    ls -l "$out"/cuda_obj.tar.xz.* ;;
   run)
     [[ $# -gt 0 ]] || die "usage: tools/gpu.sh run CMD..."
     device_start run; tf_env; set +e
