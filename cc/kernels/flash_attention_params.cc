@@ -364,6 +364,21 @@ tf::Status CheckDescaleShapes(const FlashFwdParams& p, const tf::TensorShape& q_
 }
 
 // ---- CUDA ----
+namespace {
+// The tensor-core kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are
+// staged: float32 with TF32 allowed is computed on float16 operands with float32 accumulation (the 10-bit
+// mantissa of the TF32 that TF itself uses for float32 matmuls on Ampere and later; float32's range by the
+// powers of two of a StagePlan), and head dims are zero-padded to a multiple of 8 (padding changes no score
+// and is cropped away). float32 with TF32 off runs the full-float32 kernels, unstaged.
+int RoundUp8(int x) { return (x + 7) / 8 * 8; }
+}  // namespace
+
+int64_t FlashFwdCudaSplitWorkspaceBytes(const FlashFwdParams& p) {
+  FlashFwdParams run = p;
+  run.head_dim_v = RoundUp8(p.head_dim_v);  // the head dim the kernels run at (RunStaged)
+  return SplitWorkspace(run, /*element_bytes=*/2).bytes;
+}
+
 bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype) {
   // RunFlashFwdCuda's allocations: RunStaged's copies (float32; head dims off multiples of 8), the segment
   // bounds, and the packed attn_mask (flash_fwd_cuda_workspace_bytes, on the Hopper forward only: any mask
@@ -374,12 +389,6 @@ bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype) {
 
 #if TF_FLASH_WITH_CUDA
 namespace {
-// The tensor-core kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are
-// staged: float32 with TF32 allowed is computed on float16 operands with float32 accumulation (the 10-bit
-// mantissa of the TF32 that TF itself uses for float32 matmuls on Ampere and later; float32's range by the
-// powers of two of a StagePlan), and head dims are zero-padded to a multiple of 8 (padding changes no score
-// and is cropped away). float32 with TF32 off runs the full-float32 kernels, unstaged.
-int RoundUp8(int x) { return (x + 7) / 8 * 8; }
 int64_t ElementBytes(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
 tf::Status CudaStatus(int error) {
@@ -535,7 +544,7 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                      if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
                      // Split-KV's runs' outputs (the XLA lowering may have given them a result buffer already).
                      if (launch.num_splits > 1 && launch.split_workspace == nullptr && compute != DType::kFloat32) {
-                       TF_RETURN_IF_ERROR(allocate(split_workspace_bytes(launch), &launch.split_workspace));
+                       TF_RETURN_IF_ERROR(allocate(FlashFwdCudaSplitWorkspaceBytes(launch), &launch.split_workspace));
                      }
                      return CudaStatus(flash_fwd_cuda(launch, compute, stream));
                    });

@@ -119,6 +119,10 @@ using FlashAllocate = std::function<::tensorflow::Status(int64_t bytes, void** p
 // Whether RunFlashFwdCuda allocates scratch memory for a call with these (validated) inputs. One that allocates
 // none can be recorded into a CUDA graph, which keeps no allocation made while it records.
 bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype);
+// Bytes of split-KV's workspace (FlashFwdParams::num_splits; 0 without a split) for these params on the GPU: the
+// runs' outputs in the 16-bit dtype the kernels compute in, at the head dim they run after staging. The XLA
+// lowering sizes its workspace result by it and RunFlashFwdCuda its allocation, so the two agree.
+int64_t FlashFwdCudaSplitWorkspaceBytes(const FlashFwdParams& p);
 
 #if TF_FLASH_WITH_CUDA
 // On `stream` (a cudaStream_t), no host synchronization. float32 and head dims that are not multiples

@@ -16,7 +16,6 @@
 
 #include "cc/kernels/flash/launch.h"
 #include "cc/kernels/flash/params.h"
-#include "cc/kernels/flash/split_kv.h"
 #include "cc/kernels/flash_attention_params.h"
 #include "tensorflow/compiler/tf2xla/xla_op_kernel.h"
 #include "tensorflow/compiler/tf2xla/xla_op_registry.h"
@@ -127,7 +126,7 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
                                        RowMajor(xla::F32, LseShape(shapes))};
     // Split-KV's workspace as a result of the call: XLA allocates it with the call's other buffers, so the
     // call needs no scratch allocator and stays in XLA's CUDA graphs. (The CPU kernel keeps its own.)
-    const int64_t split_bytes = split_workspace_bytes(p);
+    const int64_t split_bytes = FlashFwdCudaSplitWorkspaceBytes(p);
     if (split_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {split_bytes}));
     const xla::XlaOp call = EmitFlashCall(
         ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs, results, attrs_);

@@ -89,7 +89,7 @@ struct FlashFwdParams {
   // the merge gives the same attention up to the rounding of the runs' outputs to the output dtype. Inside
   // a kernel num_splits > 1 means out and lse point at the runs' outputs, split_entry(split, b) of them
   // (contiguous [num_splits * batch, seqlen_q, heads, head_dim_v] and [num_splits * batch, heads,
-  // seqlen_q]), which flash_fwd_cuda sets up in split_workspace (split_kv.h: split_workspace_bytes).
+  // seqlen_q]), which flash_fwd_cuda sets up in split_workspace (FlashFwdCudaSplitWorkspaceBytes of it).
   int num_splits = 1;
   void* split_workspace = nullptr;
 

@@ -1,6 +1,6 @@
 // Split-KV (FlashFwdParams::num_splits): which key tiles each run of a query tile takes, where the runs'
-// outputs go, and their merge. Shared by the CPU kernel, both CUDA families and the XLA lowering (which
-// sizes the workspace at compile time).
+// outputs go, and their merge. Shared by the CPU kernel, both CUDA families and the runner
+// (flash_attention_params.cc: FlashFwdCudaSplitWorkspaceBytes, which the XLA lowering sizes its result by).
 #pragma once
 
 #include <cmath>
@@ -26,25 +26,16 @@ TF_FLASH_HOST_DEVICE int64_t split_entry(const FlashFwdParams& p, int split, int
   return int64_t(split) * p.batch + b;
 }
 
-// The runs' outputs in the workspace: O in the kernels' 16-bit output dtype, then lse, each 256-byte aligned.
+// The runs' outputs in the workspace: O in the output dtype (the GPU kernels' 16-bit one), then lse, each
+// 256-byte aligned.
 struct SplitWorkspace {
-  int64_t out_bytes = 0, lse_offset = 0, bytes = 0;
+  int64_t lse_offset = 0, bytes = 0;
   SplitWorkspace(const FlashFwdParams& p, int element_bytes) {
     const int64_t rows = int64_t(p.num_splits) * p.batch * p.num_heads * p.seqlen_q;
-    out_bytes = rows * p.head_dim_v * element_bytes;
-    lse_offset = (out_bytes + 255) / 256 * 256;
+    lse_offset = (rows * p.head_dim_v * element_bytes + 255) / 256 * 256;
     bytes = p.num_splits > 1 ? lse_offset + rows * int64_t(sizeof(float)) : 0;
   }
 };
-
-// Bytes of the workspace the GPU kernels split these params in: the runs' outputs in the 16-bit dtype they
-// compute in, at the head dim they run (rounded up to a multiple of 8: flash_attention_params.cc's staging).
-// The XLA lowering sizes its workspace result by it, the runner its allocation: the two agree.
-inline int64_t split_workspace_bytes(const FlashFwdParams& p) {
-  FlashFwdParams run = p;
-  run.head_dim_v = (p.head_dim_v + 7) / 8 * 8;
-  return SplitWorkspace(run, /*element_bytes=*/2).bytes;
-}
 
 // The params of the split launch: out and lse at the runs' outputs in `workspace`, contiguous.
 inline FlashFwdParams split_run_params(const FlashFwdParams& p, void* workspace, int element_bytes) {
