@@ -100,15 +100,53 @@ def test_causal_rows_keep_their_diagonals(device, dtype, splits, case, rng):
         _assert_equal_to_float32_rounding(packed, unpacked, device)
 
 
+# (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, the key mask's batch, kv_lengths): a key mask
+# ([B|1, 1, 1, Sk]: padding, or a decoding step's cache mask) is shared by the packed rows as it is.
+KEY_MASK_CASES = [
+    (2, 1, 8, 2, 4096, 64, 4, 2, [4096, 2900]),
+    (3, 4, 8, 4, 3000, 128, 3, 1, [3000, 1000, 2]),  # several causal rows, one mask row for the batch
+    (1, 1, 32, 8, 5000, 64, 8, 1, None),
+    (2, 1, 4, 4, 2100, 32, 2, 2, [2100, 1500]),  # no GQA (the sm_80 family at head dim 32)
+]
+
+
+@pytest.mark.parametrize("device,dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("pattern", ["random", "all True"])
+@pytest.mark.parametrize("case", KEY_MASK_CASES, ids=lambda c: f"b{c[0]}q{c[1]}h{c[2]}kv{c[3]}k{c[4]}m{c[7]}")
+def test_key_masks_take_the_decode_path(device, dtype, pattern, case, rng):
+    """The split runs read a key mask by the keys' places: against the reference and the unsplit call; value
+    rows of hidden keys poisoned with NaN change nothing (0 x NaN must not reach the output)."""
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, mask_batch, kv_lengths = case
+    q, k, v = random_qkv(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype=DTYPES[dtype])
+    d_out = normal(rng, (batch, seqlen_q, heads, head_dim), DTYPES[dtype])
+    shown = rng.random((mask_batch, 1, 1, seqlen_k)) < 0.6 if pattern == "random" else \
+        np.ones((mask_batch, 1, 1, seqlen_k), bool)
+    if pattern == "random":
+        shown[..., 200:1400] = False  # whole hidden tiles, in every run's share
+    kwargs = {"attention_mask": shown, "causal": "bottom_right"}
+    if kv_lengths is not None:
+        kwargs["kv_lengths"] = np.array(kv_lengths, np.int32)
+    with on_device(device, head_dim=head_dim):
+        split = _run(q, k, v, d_out, split_kv=splits, **kwargs)
+        unsplit = _run(q, k, v, d_out, split_kv=False, **kwargs)
+        hidden = np.broadcast_to(~shown[:, 0, 0, :, None, None], v.shape)
+        poisoned = tf.constant(np.where(hidden, np.nan, v.numpy().astype(np.float32)), v.dtype)
+        out_poisoned = _flash_attention(q, k, poisoned, split_kv=splits, **kwargs)
+    check_against_reference(split, q, k, v, d_out, dtype, device, **kwargs)
+    np.testing.assert_array_equal(out_poisoned.numpy(), split[0])
+    if dtype == "float32":
+        _assert_equal_to_float32_rounding(split, unsplit, device)
+
+
 def test_split_kv_refusals(rng):
     # Three query heads per KV head under a causal mask over several rows: no shift finds a row's position.
     q, k, v = random_qkv(rng, 1, 4, 4096, 12, 4, 32)
     with pytest.raises(ValueError, match="power of two"):
         _flash_attention(q, k, v, causal="bottom_right", split_kv=1)
-    # The decode path takes no masks but its own: an attention mask is never dropped.
+    # The decode path takes key masks only (one row for every head and query row): another mask is never dropped.
     q, k, v = random_qkv(rng, 1, 1, 4096, 8, 2, 32)
     with pytest.raises(ValueError, match="split_kv"):
-        _flash_attention(q, k, v, attention_mask=np.ones((1, 4096), bool), split_kv=2)
+        _flash_attention(q, k, v, attention_mask=np.ones((1, 8, 1, 4096), bool), split_kv=2)
 
 
 @pytest.mark.parametrize("extra,match", [
@@ -139,7 +177,8 @@ def test_op_attribute_errors(extra, match, rng):
 def test_graph_and_xla_match_eager(mode, rng):
     q, k, v = random_qkv(rng, 2, 1, 4096, 8, 2, 32)
     d_out = normal(rng, (2, 1, 8, 32))
-    kwargs = dict(causal="bottom_right", kv_lengths=tf.constant([4096, 2222]), softcap=3.0)
+    kwargs = dict(causal="bottom_right", kv_lengths=tf.constant([4096, 2222]), softcap=3.0,
+                  attention_mask=rng.random((2, 1, 1, 4096)) < 0.8)
     if mode == "xla":  # and several causal rows, packed, through the XLA custom call
         q, d_out = tf.concat([q, q[:, :, ::-1]], 1), tf.concat([d_out, d_out], 1)
     with tf.device("/CPU:0"):

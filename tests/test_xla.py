@@ -209,13 +209,13 @@ def test_hlo_calls_our_kernels_and_never_builds_scores(rng):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case, graph", [
     ("bfloat16", True), ("float16 decode", True), ("split decode", True), ("block mask, softcap, dropout", True),
-    ("float32", False), ("split decode, head dim 20", False),
-    ("head dim 20", False),
-    ("segment ids", False), ("attention_mask", False)])
+    ("attention_mask", True), ("split decode, key mask", True),
+    ("float32", False), ("split decode, head dim 20", False), ("head dim 20", False), ("segment ids", False)])
 def test_forward_lowering_marks_calls_without_scratch_for_cuda_graphs(device, case, graph, rng):
     """The forward of a call that needs no scratch memory lowers to the target whose CUDA handler XLA may record
     into its CUDA graphs (flash_attention_xla.cc); the others keep the target with the scratch allocator. Both
-    give the eager op's output. A split decode call's workspace is a result of the call, not scratch."""
+    give the eager op's output. A split decode call's workspace and a packed attention mask are a result of the
+    call, not scratch."""
     b, sq, sk, h, hkv, d = 2, 37, 300, 4, 2, 64
     dtype, kwargs = tf.bfloat16, {}
     if case == "float16 decode":
@@ -224,6 +224,8 @@ def test_forward_lowering_marks_calls_without_scratch_for_cuda_graphs(device, ca
     elif case.startswith("split decode"):  # the decode path's runs (_decode.plan: 8 of them)
         sq, sk, h, d = 1, 8192, 8, 20 if case.endswith("20") else d  # head dim 20: staged to 24, workspace too
         kwargs = {"causal": "bottom_right", "kv_lengths": tf.constant([8192, 3001])}
+        if case.endswith("key mask"):  # KerasHub's cache mask, or padding: read by the split runs
+            kwargs["attention_mask"] = tf.constant(rng.random((b, 1, 1, sk)) > 0.3)
     elif case == "block mask, softcap, dropout":  # none of them takes scratch memory
         kwargs = {"block_mask": tf.constant([[[[True, False, True]]]]), "softcap": 30.0, "dropout_rate": 0.1,
                   "seed": 7}
@@ -247,7 +249,7 @@ def test_forward_lowering_marks_calls_without_scratch_for_cuda_graphs(device, ca
         got, want = compiled(q, k, v), attention(q, k, v)
     target = "tf_flash_attention_fwd_graph" if graph else "tf_flash_attention_fwd"
     assert f'custom_call_target="{target}"' in hlo
-    if case.startswith("split decode"):
+    if case.startswith("split decode") or (case == "attention_mask" and tf_flash.build_info()["cuda"] == "1"):
         assert re.search(r"u8\[[0-9]+\]", hlo), "no workspace result"
     assert relative_error(got, want) < tolerance("output", dtype, device)
 

@@ -11,7 +11,9 @@ each KV head read once per query head sharing it. Here the call is rearranged fo
     The kernels merge the runs by their lse in float32 (cc/kernels/flash/split_kv.h), after the runs' outputs
     are rounded to the inputs' dtype; under XLA with no host sync and no ops around the kernel but the
     packing. Each entry's runs share its own keys (kv_lengths), so the unused tail of the cache is never read.
-Gradients flow through the packing and the op's lse.
+A key mask ([B|1, 1, 1, Sk]: a padding or cache mask) is one row for every query row and head, so it goes to
+the packed call as it is, and the runs read its bits by the keys' places. Gradients flow through the packing
+and the op's lse.
 """
 import tensorflow as tf
 
@@ -30,10 +32,17 @@ def shares_positions(group):
     return group >= 1 and group & (group - 1) == 0
 
 
+def is_key_mask(mask):
+    """Whether a rank-4 attention mask is one row of keys per batch entry ([B|1, 1, 1, Sk], statically), which
+    the packed rows share as they are."""
+    return mask.shape.rank == 4 and mask.shape[1] == 1 and mask.shape[2] == 1 and mask.shape[3] != 0
+
+
 def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False):
     """The number of key runs (the op's num_splits) for this static shape (1: pack the heads only), or None when
     the decode path does not apply: shapes unknown at trace time, more query rows than a tile, a short cache,
-    or any feature beyond kv_lengths, bottom-right causal, scale and softcap (`plain` False). causal_rows:
+    or any feature beyond kv_lengths, a key mask (is_key_mask), bottom-right causal, scale and softcap
+    (`plain` False). causal_rows:
     causal over several query rows, which packs the heads only where a power of two of them share a KV head
     (the kernels find a row's position by a shift; 1: none to pack)."""
     if not plain or None in (batch, seqlen_q, seqlen_k, heads, heads_kv) or batch == 0:

@@ -311,16 +311,18 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
 
 def _attend_with_key_mask(attend, mask, key_shape):
     """attend() under a [B|1, 1, 1, S|1] key mask (KerasHub's padding masks and its decoding steps' cache
-    masks): as kv lengths alone when it is a prefix per batch row, so that the kernel skips the padding
-    without reading a mask and a decoding step takes the decode path (tf_flash/_decode.py); else as the key
-    mask (the kernels read one row per tile). Two branches of a cond, each with static shapes (XLA).
+    masks), with kv lengths so that the kernels skip the padding at the end: the lengths alone when the mask
+    is a prefix per batch row, else the lengths and the mask (the kernels read one row per tile). In a graph,
+    one call with no branch: the mask goes in all True where it is a prefix. A tf.cond would wait for its
+    predicate on the host (the GPU runtimes copy it there), in every layer of every decoding step.
     key_shape: (batch, keys) of the key tensor (a mask broadcast over the keys covers all of them)."""
     batch, size = key_shape[0], key_shape[1]
     keys = tf.broadcast_to(mask[:, 0, 0, :], tf.stack([tf.shape(mask)[0], size]))
     lengths, is_prefix = _masks.prefix_lengths(keys)
     kv_lengths = tf.broadcast_to(lengths, tf.reshape(batch, [1]))
-    return tf.cond(is_prefix, lambda: attend(kv_lengths=kv_lengths),
-                   lambda: attend(attention_mask=mask, kv_lengths=kv_lengths))
+    if tf.executing_eagerly():
+        return attend(kv_lengths=kv_lengths) if bool(is_prefix) else attend(attention_mask=mask, kv_lengths=kv_lengths)
+    return attend(attention_mask=tf.logical_or(keys, is_prefix)[:, None, None, :], kv_lengths=kv_lengths)
 
 
 def _attend_with_padding_product(attend, mask, key_shape, try_causal):

@@ -253,7 +253,10 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     seqlen_q, seqlen_k = _checks.axis_size(query, 1), _checks.axis_size(key, 1)
     blocks_q, blocks_k = _checks.num_blocks(seqlen_q, block_q), _checks.num_blocks(seqlen_k, block_k)
     device = _current_device() if tf.executing_eagerly() else None  # where eager absent inputs are kept
-    plain = (attention_mask is None and block_mask is None and segment_ids is None and q_lengths is None
+    mask = _rank4_mask(attention_mask, "attention_mask", (batch, heads, seqlen_q, seqlen_k),
+                       "[batch, heads, seq_q, seq_k]", device)
+    plain = ((attention_mask is None or _decode.is_key_mask(mask)) and block_mask is None and segment_ids is None
+             and q_lengths is None
              and window_left < 0 and window_right < 0 and dropout_rate == 0.0 and query_offset == 0
              and (not causal or bottom_right))
     # Causal with one query row is kv_lengths alone; several rows keep their diagonals (the op's position_shift).
@@ -263,8 +266,8 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
               _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
                            causal_rows=causal_rows))
     if split_kv and not plain:
-        raise ValueError("split_kv: the decode path takes kv_lengths, bottom-right causal, scale and softcap only "
-                         f"(_decode.py). Received: split_kv={split_kv} with other arguments")
+        raise ValueError("split_kv: the decode path takes kv_lengths, a key mask, bottom-right causal, scale and "
+                         f"softcap only (_decode.py). Received: split_kv={split_kv} with other arguments")
     if splits and causal_rows and not (None not in (heads.static, heads_kv) and
                                        _decode.shares_positions(heads.static // heads_kv)):
         raise ValueError("split_kv: causal rows keep their diagonals in packed heads only where a power of two of "
@@ -276,8 +279,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
         def attention(packed, rows_per_position):
             out, packed_lse, _ = _ops.tf_flash_flash_attention(
                 query=packed, key=key, value=value, q_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, device),
-                kv_lengths=packed_kv_lengths,
-                attention_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
+                kv_lengths=packed_kv_lengths, attention_mask=mask,  # one row for all: unchanged by the packing
                 block_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
                 q_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device),
                 kv_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device), seed=_seed(None, 0.0),
@@ -299,8 +301,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
         query=query, key=key, value=value,
         q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q, device),
         kv_lengths=_lengths(kv_lengths, "kv_lengths", batch, seqlen_k, device),
-        attention_mask=_rank4_mask(attention_mask, "attention_mask", (batch, heads, seqlen_q, seqlen_k),
-                                   "[batch, heads, seq_q, seq_k]", device),
+        attention_mask=mask,
         block_mask=_rank4_mask(block_mask, "block_mask", (batch, heads, blocks_q, blocks_k),
                                "[batch, heads, query blocks, key blocks]", device),
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,

@@ -38,9 +38,10 @@
 #                                  older cuDNN than torch's on the library path (docs/performance.md)
 #   tools/gpu.sh model [ARGS...]   lib, then benchmarks/bench_model.py ARGS, XLA's autotuning cache shared
 #   tools/gpu.sh run CMD...        lib, then CMD in TensorFlow's environment (TF_FLASH_LIBRARY, PYTHONPATH set)
-#   tools/gpu.sh cuda-export       lib, then its CUDA objects and their stamp into $OUT as xz parts of 15 MiB
-#                                  (cuda_obj.tar.xz.NN; the only files of the call): a later machine skips the
-#                                  .cu compiles (about 4 of its 30 minutes) while the CUDA sources stay as they are
+#   tools/gpu.sh cuda-export       lib, then its CUDA objects and their stamps into $OUT as xz parts of 15 MiB
+#                                  (cuda_obj.tar.xz.NN; the only files of the call): a later machine compiles only
+#                                  the .cu files changed since (all of them after a header change; all take about
+#                                  4 of its 30 minutes)
 # There, the CUDA harnesses alone (no TensorFlow, no stash; carry .gpu_build for the CUTLASS headers):
 #   tools/gpu.sh harness [STEP...] the harnesses of tests/cuda_harness, built in build/cuda_harness_dev/ when a
 #                                  step needs them (default: build test bigoffset bench tiles sanitize):
@@ -169,9 +170,15 @@ cuda_import() {  # cuda_import DIR: cuda-export's parts from DIR into .gpu_cuda/
   # shellcheck disable=SC2086  # the parts' names hold no spaces
   cat $parts > .gpu_cuda/cuda_obj.tar.xz
   xz -t .gpu_cuda/cuda_obj.tar.xz || { rm -f .gpu_cuda/cuda_obj.tar.xz; die "the parts in $1 do not make a whole archive"; }
-  say ".gpu_cuda/cuda_obj.tar.xz: $(du -h .gpu_cuda/cuda_obj.tar.xz | cut -f1), stamp $(xz -dc .gpu_cuda/cuda_obj.tar.xz |
-    tar -xOf - gpu/cuda_stamp); carry .gpu_cuda"
+  say ".gpu_cuda/cuda_obj.tar.xz: $(du -h .gpu_cuda/cuda_obj.tar.xz | cut -f1), $(xz -dc .gpu_cuda/cuda_obj.tar.xz |
+    tar -tf - | grep -c '\.o$') objects; carry .gpu_cuda"
 }
+# An object's stamp: the flags, every header of the kernels (any change recompiles every object) and its own .cu.
+cuda_headers_stamp() {
+  { find cc/kernels/cuda cc/kernels/flash -type f ! -name '*.cu' | sort | xargs cat; cat "$build/flags" "$build/archs"; } |
+    sha256sum | cut -c1-16
+}
+cuda_object_stamp() { { echo "$1"; cat "$2"; } | sha256sum | cut -c1-16; }  # cuda_object_stamp HEADERS_STAMP FILE.cu
 
 # ---- there: the library through TensorFlow ----
 
@@ -198,22 +205,33 @@ tf_env() {  # TensorFlow's environment from the stash, the library built, KerasH
   source .gpu/env/env.sh || die "TensorFlow is not stashed on this machine (stash every .gpu/pN first)"
   set -eo pipefail
   cutlass_headers
-  local t0 cuda_stamp link_stamp
+  local t0 headers f o name stale=() cuda_stamp link_stamp
   t0=$(date +%s)
-  # build/ stays between calls on one machine: the .cu files compile again only when a CUDA source or the
-  # flags changed, and the library links again when they did or a host object changed.
-  cuda_stamp=$(sources_stamp cc/kernels/cuda cc/kernels/flash -- "$(cat "$build/flags" "$build/archs")")
-  link_stamp=$(sources_stamp "$build/obj" -- "$cuda_stamp")
-  # A fresh machine: the CUDA objects of an earlier one where they were carried (cuda-export, cuda-import),
-  # used below only if their stamp is this tree's.
+  # build/ stays between calls on one machine: a .cu file compiles again when it, a header or the flags
+  # changed (its stamp), and the library links again when an object changed.
+  # A fresh machine starts from the CUDA objects of an earlier one where they were carried (cuda-export,
+  # cuda-import): those whose stamps still hold are kept.
   if [[ ! -d build/gpu && -f .gpu_cuda/cuda_obj.tar.xz ]]; then
     mkdir -p build && { xz -dc .gpu_cuda/cuda_obj.tar.xz | tar -xf - -C build; } || rm -rf build/gpu
   fi
-  if [[ "$(cat build/gpu/cuda_stamp 2>/dev/null)" != "$cuda_stamp" ]]; then
-    rm -rf build/gpu
-    ls cc/kernels/cuda/*.cu | compile_cuda build/gpu "$work/nvcc.log"
-    echo "$cuda_stamp" > build/gpu/cuda_stamp
+  mkdir -p build/gpu/cuda_obj
+  for o in build/gpu/cuda_obj/*.o; do  # objects of .cu files no longer in the tree
+    if [[ -f $o && ! -f cc/kernels/cuda/$(basename "$o" .o).cu ]]; then rm -f "$o" "${o%.o}.stamp"; fi
+  done
+  headers=$(cuda_headers_stamp)
+  for f in cc/kernels/cuda/*.cu; do
+    name=build/gpu/cuda_obj/$(basename "$f" .cu)
+    if [[ ! -f $name.o || "$(cat "$name.stamp" 2>/dev/null)" != "$(cuda_object_stamp "$headers" "$f")" ]]; then
+      stale+=("$f")
+    fi
+  done
+  if (( ${#stale[@]} > 0 )); then
+    say "compiling ${#stale[@]} of $(ls cc/kernels/cuda/*.cu | wc -l) .cu files"
+    printf '%s\n' "${stale[@]}" | compile_cuda build/gpu "$work/nvcc.log"
+    for f in "${stale[@]}"; do cuda_object_stamp "$headers" "$f" > "build/gpu/cuda_obj/$(basename "$f" .cu).stamp"; done
   fi
+  cuda_stamp=$(cat build/gpu/cuda_obj/*.stamp | sha256sum | cut -c1-16)
+  link_stamp=$(sources_stamp "$build/obj" -- "$cuda_stamp")
   if [[ "$(cat build/gpu/link_stamp 2>/dev/null)" != "$link_stamp" ]]; then
     link_library build/gpu
     echo "$link_stamp" > build/gpu/link_stamp
@@ -547,7 +565,7 @@ case $command in
   cuda-export)
     device_start cuda_export; tf_env
     trap 'say "$(( $(date +%s) - start ))s in all"' EXIT  # the parts are the call's files: no log archive
-    tar -cf - -C build gpu/cuda_obj gpu/cuda_stamp | xz -T0 -6 | split -b 15M -d - "$out/cuda_obj.tar.xz."
+    tar -cf - -C build gpu/cuda_obj | xz -T0 -6 | split -b 15M -d - "$out/cuda_obj.tar.xz."
     ls -l "$out"/cuda_obj.tar.xz.* ;;
   run)
     [[ $# -gt 0 ]] || die "usage: tools/gpu.sh run CMD..."

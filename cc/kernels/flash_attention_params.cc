@@ -240,10 +240,14 @@ tf::Status FillParams(const FlashAttrs& attrs, const FlashInputShapes& s, FlashF
       return tf::errors::InvalidArgument("2^position_shift must divide the query length. Received: position_shift=",
                                          attrs.position_shift, ", query ", q.DebugString());
     }
-    if (s.q_lengths.num_elements() != 0 || !IsAbsentMask(s.attn_mask) || !IsAbsentMask(s.block_mask) ||
+    // A key mask ([B|1, 1, 1, Sk]) is one row for all rows and heads: the packed rows read it as they are.
+    const bool key_mask = s.attn_mask.dims() == 4 && s.attn_mask.dim_size(1) == 1 && s.attn_mask.dim_size(2) == 1;
+    if (s.q_lengths.num_elements() != 0 || !(IsAbsentMask(s.attn_mask) || key_mask) || !IsAbsentMask(s.block_mask) ||
         !IsAbsentSegmentIds(s.q_segment_ids) || !IsAbsentSegmentIds(s.kv_segment_ids)) {
-      return tf::errors::InvalidArgument("position_shift > 0 takes no q_lengths, attention_mask, block_mask or "
-                                         "segment ids. Received: position_shift=", attrs.position_shift);
+      return tf::errors::InvalidArgument("position_shift > 0 takes no q_lengths, block_mask, segment ids or "
+                                         "attention_mask but a key mask ([batch or 1, 1, 1, keys]). Received: "
+                                         "position_shift=", attrs.position_shift, ", attention_mask ",
+                                         s.attn_mask.DebugString());
     }
   }
 
@@ -379,12 +383,22 @@ int64_t FlashFwdCudaSplitWorkspaceBytes(const FlashFwdParams& p) {
   return SplitWorkspace(run, /*element_bytes=*/2).bytes;
 }
 
+FlashFwdCudaWorkspace FlashFwdCudaWorkspaceLayout(const FlashFwdParams& p, const FlashInputShapes& s, DType dtype) {
+  FlashFwdCudaWorkspace w;
+  w.split_bytes = FlashFwdCudaSplitWorkspaceBytes(p);
+  w.mask_offset = (w.split_bytes + 255) / 256 * 256;
+#if TF_FLASH_WITH_CUDA
+  if (!IsAbsentMask(s.attn_mask) && dtype != DType::kFloat32) w.mask_bytes = flash_fwd_cuda_mask_workspace_bytes(p);
+#endif
+  w.bytes = w.mask_bytes > 0 ? w.mask_offset + w.mask_bytes : w.split_bytes;
+  return w;
+}
+
 bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype) {
-  // RunFlashFwdCuda's allocations: RunStaged's copies (float32; head dims off multiples of 8), the segment
-  // bounds, and the packed attn_mask (flash_fwd_cuda_workspace_bytes, on the Hopper forward only: any mask
-  // counts here, since the family is chosen on the device).
+  // RunFlashFwdCuda's allocations: RunStaged's copies (float32; head dims off multiples of 8) and the segment
+  // bounds. (The packed attn_mask of 16-bit inputs and split-KV's runs live in the workspace result.)
   return dtype == DType::kFloat32 || s.q.dim_size(3) % 8 != 0 || s.v.dim_size(3) % 8 != 0 ||
-         !IsAbsentMask(s.attn_mask) || !IsAbsentSegmentIds(s.q_segment_ids);
+         !IsAbsentSegmentIds(s.q_segment_ids);
 }
 
 #if TF_FLASH_WITH_CUDA
@@ -540,9 +554,12 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                    [&](const FlashFwdParams& params, DType compute) {
                      FlashFwdParams launch = params;
                      TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
+                     // The packed attn_mask and split-KV's runs' outputs, unless the XLA lowering's workspace
+                     // result holds them (FlashFwdCudaWorkspaceLayout).
                      const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, compute);
-                     if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
-                     // Split-KV's runs' outputs (the XLA lowering may have given them a result buffer already).
+                     if (workspace > 0 && launch.mask_workspace == nullptr) {
+                       TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
+                     }
                      if (launch.num_splits > 1 && launch.split_workspace == nullptr && compute != DType::kFloat32) {
                        TF_RETURN_IF_ERROR(allocate(FlashFwdCudaSplitWorkspaceBytes(launch), &launch.split_workspace));
                      }

@@ -123,6 +123,13 @@ bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype);
 // runs' outputs in the 16-bit dtype the kernels compute in, at the head dim they run after staging. The XLA
 // lowering sizes its workspace result by it and RunFlashFwdCuda its allocation, so the two agree.
 int64_t FlashFwdCudaSplitWorkspaceBytes(const FlashFwdParams& p);
+// The XLA lowering's workspace result (one buffer, so that the call needs no scratch memory): split-KV's runs
+// (FlashFwdCudaSplitWorkspaceBytes), then, 256-byte aligned, the Hopper forward's packed attn_mask for 16-bit
+// inputs with a mask (flash_fwd_cuda_mask_workspace_bytes; CUDA builds only). bytes 0: no result.
+struct FlashFwdCudaWorkspace {
+  int64_t split_bytes = 0, mask_offset = 0, mask_bytes = 0, bytes = 0;
+};
+FlashFwdCudaWorkspace FlashFwdCudaWorkspaceLayout(const FlashFwdParams& p, const FlashInputShapes& s, DType dtype);
 
 #if TF_FLASH_WITH_CUDA
 // On `stream` (a cudaStream_t), no host synchronization. float32 and head dims that are not multiples

@@ -124,10 +124,11 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
                                               : DType::kBFloat16;  // kFlashTypes
     std::vector<xla::Shape> results = {RowMajor(ctx->input_xla_type(0), OutputShape(shapes)),
                                        RowMajor(xla::F32, LseShape(shapes))};
-    // Split-KV's workspace as a result of the call: XLA allocates it with the call's other buffers, so the
-    // call needs no scratch allocator and stays in XLA's CUDA graphs. (The CPU kernel keeps its own.)
-    const int64_t split_bytes = FlashFwdCudaSplitWorkspaceBytes(p);
-    if (split_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {split_bytes}));
+    // Split-KV's runs and the packed attn_mask in a result of the call: XLA allocates it with the call's other
+    // buffers, so the call needs no scratch allocator and stays in XLA's CUDA graphs, where its handler's host
+    // work is recorded once instead of running every step. (The CPU kernel keeps its own.)
+    const int64_t workspace_bytes = FlashFwdCudaWorkspaceLayout(p, shapes, dtype).bytes;
+    if (workspace_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {workspace_bytes}));
     const xla::XlaOp call = EmitFlashCall(
         ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs, results, attrs_);
     ctx->SetOutput(0, xla::GetTupleElement(call, 0));
@@ -303,7 +304,7 @@ tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs&
   FlashAttrs attrs;
   TF_RETURN_IF_ERROR(ReadAttrs(dict, &attrs));
   CallBuffers out;
-  // A third result: split-KV's workspace (the lowering's).
+  // A third result: the lowering's workspace (FlashFwdCudaWorkspaceLayout).
   TF_RETURN_IF_ERROR(ReadBuffers(args, kNumFwdInputs, rets, rets.size() == 3 ? 3 : 2, in, &out));
   const FlashInputShapes shapes = ShapesAt(in->shapes, kFwdInputs);
   FlashFwdParams& p = call->params;
@@ -313,7 +314,15 @@ tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs&
   SetInputPointers(shapes, DataAt(d, kFwdInputs), &p);
   p.out = out.data[0];
   p.lse = static_cast<float*>(out.data[1]);
-  if (out.data.size() == 3) p.split_workspace = out.data[2];
+  if (out.data.size() == 3) {
+    const FlashFwdCudaWorkspace workspace = FlashFwdCudaWorkspaceLayout(p, shapes, call->dtype);
+    if (out.shapes[2].num_elements() < workspace.bytes) {
+      return tf::errors::Internal("tf_flash: the workspace result holds ", out.shapes[2].num_elements(),
+                                  " bytes; the call needs ", workspace.bytes);
+    }
+    if (workspace.split_bytes > 0) p.split_workspace = out.data[2];
+    if (workspace.mask_bytes > 0) p.mask_workspace = static_cast<char*>(out.data[2]) + workspace.mask_offset;
+  }
   call->empty = out.shapes[0].num_elements() == 0 && out.shapes[1].num_elements() == 0;
   return tf::Status();
 }

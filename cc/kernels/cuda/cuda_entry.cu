@@ -20,13 +20,14 @@ namespace tf_flash {
 namespace {
 
 // Whether the tensor-core families run these params split (FlashFwdParams::num_splits): a workspace for the
-// runs' outputs, no inputs read by element or by draw (attn_mask, block masks, segment ids, dropout: their
-// variants' tile tables and draws follow the whole call), and grids both families can launch (the sm_80
-// family's gridDim.z is batch x runs; a Hopper CTA per tile counts query tiles of at least 64 rows x runs).
+// runs' outputs; no block masks, segment ids or dropout (their tile tables and draws follow the whole call;
+// attn_mask's bits and tile table are read by the keys' places, so a run reads its own); and grids both
+// families can launch (the sm_80 family's gridDim.z is batch x runs; a Hopper CTA per tile counts query tiles
+// of at least 64 rows x runs).
 bool runs_split(const FlashFwdParams& p) {
   const int64_t query_tiles = (int64_t(p.seqlen_q) + 63) / 64 * p.batch * p.num_heads;
-  return p.num_splits > 1 && p.split_workspace != nullptr && p.attn_mask.data == nullptr &&
-         p.block_mask.data == nullptr && !has_segments(p) && p.dropout_rate == 0.f &&
+  return p.num_splits > 1 && p.split_workspace != nullptr && p.block_mask.data == nullptr && !has_segments(p) &&
+         p.dropout_rate == 0.f &&
          int64_t(p.batch) * p.num_splits <= 65535 && query_tiles * p.num_splits <= INT32_MAX;
 }
 
@@ -84,6 +85,10 @@ int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& p, DType dtype) {
   const int element_bytes = dtype == DType::kFloat8E4M3 ? 1 : 2;
   if (p.attn_mask.data == nullptr || dtype == DType::kFloat32 || !cuda::hopper_forward_takes(p, false, element_bytes))
     return 0;
+  return flash_fwd_cuda_mask_workspace_bytes(p);
+}
+
+int64_t flash_fwd_cuda_mask_workspace_bytes(const FlashFwdParams& p) {
   return cuda::PackedMaskLayout(p, cuda::MaskPacking::kForward).bytes;
 }
 

@@ -90,14 +90,16 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
   // Block masks, attn_mask and segment ids add the kernel's tile table (a byte per key tile) and the consumers'
   // words of seen keys after the shared storage, segment ids also the range of their documents' key tiles
   // (FwdMaskSm90; hopper_forward_takes checked that they fit). attn_mask is packed first (packed_mask.h), on the
-  // same stream; the runner computed the segment ids' bounds before the launch.
+  // same stream; the runner computed the segment ids' bounds before the launch. V's scan for non-finite values
+  // spares tiles the exact zeroing where several query tiles read each value tile; with one (a decoding step)
+  // it would read V a second time, so every tile is flagged instead (only those the mask hides part of pay).
   int smem = Traits::kSmemBytes;
   if (p.block_mask.data != nullptr || p.attn_mask.data != nullptr || has_segments(p))
     smem += int(sm90_forward_table_bytes(Traits::kMmaWarpGroups, Traits::kBlockN, p.seqlen_k, has_segments(p)));
   if (p.attn_mask.data != nullptr) {
     const cudaError_t err = pack_attention_mask(p, PackedMaskLayout(p, MaskPacking::kForward), p.mask_workspace,
                                                 std::is_same_v<Element, cutlass::bfloat16_t>, stream,
-                                                /*scan_values=*/!Traits::kFp8);
+                                                /*scan_values=*/!Traits::kFp8 && p.seqlen_q > Traits::kBlockM);
     if (err != cudaSuccess) return err;
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -51,6 +51,9 @@ int64_t flash_bwd_cuda_scratch_bytes(const FlashBwdParams& params, DType dtype);
 // Bytes of device memory the forward wants in params.mask_workspace (0: none), for the kernel family that
 // will run it on the current device: the Hopper forward's packed attn_mask (a bit per entry).
 int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& params, DType dtype);
+// The same for a call with an attn_mask whichever family runs it (no device asked; data pointers unread): what
+// the XLA lowering sizes a result by before the device is known.
+int64_t flash_fwd_cuda_mask_workspace_bytes(const FlashFwdParams& params);
 // Bytes of device memory an fp8 forward wants in params.value_transposed (0 for other dtypes): V^T as
 // [batch, kv heads, head_dim_v, seqlen_k rounded up to 16], keys contiguous (cc/kernels/cuda/fwd_launch_sm90.h).
 int64_t flash_fwd_cuda_value_transpose_bytes(const FlashFwdParams& params, DType dtype);

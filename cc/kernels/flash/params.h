@@ -80,7 +80,7 @@ struct FlashFwdParams {
   // alignment. The decode path packs the query heads of one KV head token by token into one tile this way
   // (tf_flash/_decode.py), so that causal rows of several new tokens keep their diagonals. A shift, not a
   // divisor: a division in the masks' per-row code costs the Hopper forward registers and spills. 0 with
-  // dropout, q_lengths and the element masks, which are read by row.
+  // dropout, q_lengths and the element masks read by row (a key mask, one row for all, is read as it is).
   int position_shift = 0;
   // Split-KV (the decode path, tf_flash/_decode.py): the visible key tiles of each (batch, head, query tile) are
   // cut into num_splits runs of consecutive tiles, each a thread block of its own, so that few query tiles
