@@ -186,9 +186,33 @@ def test_key_padding_mask_becomes_lengths(rng, monkeypatch, device, mode, prefix
     monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
     with tf.device(device), flash_keras.enabled():
         got = _run(lambda: keras.ops.dot_product_attention(q, k, v, mask=mask, is_causal=True), mode)
-    assert seen and all(seen)  # a graph traces both branches of the prefix test: each with lengths
+    assert seen and all(seen)
     np.testing.assert_allclose(to_numpy(got), keras_reference(q, k, v, mask=mask, is_causal=True),
                                atol=f32_tol(device, 2e-5), rtol=f32_tol(device, 1e-4))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_key_mask_in_a_graph_is_one_call_without_a_branch(rng, jit_compile):
+    """A decoding step's cache mask ([B, 1, 1, S], a prefix or not) in a graph: one tf_flash call with the
+    lengths and the mask, no tf.cond (a GPU runtime waits on the host for a conditional's predicate, in every
+    layer of every step), on the decode path."""
+    q, k, v = random_qkv(rng, 2, 1, 2100, 8, 2, 16)
+    for lengths in ([2100, 1234], [2100, 0]):
+        mask = (np.arange(2100)[None, :] < np.array(lengths)[:, None])[:, None, None, :]
+        if lengths[1] == 0:
+            mask[0, 0, 0, 7] = False  # not a prefix
+        constant = tf.constant(mask)
+        fn = tf.function(lambda q, k, v: keras.ops.dot_product_attention(q, k, v, mask=constant),  # noqa: B023
+                         jit_compile=jit_compile)
+        with flash_keras.enabled():
+            got = fn(q, k, v)
+            if jit_compile:
+                hlo = fn.experimental_get_compiler_ir(q, k, v)(stage="hlo")
+                assert "tf_flash_attention_fwd" in hlo and " conditional(" not in hlo
+            else:
+                ops = {op.type for op in fn.get_concrete_function(q, k, v).graph.get_operations()}
+                assert "TfFlash>FlashAttention" in ops and not ops & {"If", "StatelessIf"}
+        np.testing.assert_allclose(to_numpy(got), keras_reference(q, k, v, mask=mask), atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -636,3 +660,38 @@ def test_saved_with_the_switch_on_reloads_in_a_fresh_process(rng, tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["keras"] < 1e-5 and result["export"] < 1e-5, result
     assert result["flash_calls"] > 0, result  # the reloaded .keras model runs tf_flash
+
+
+@pytest.mark.parametrize("repeat", ["heads", "heads, bfloat16", "sequence", "tiled heads"])
+def test_repeated_kv_heads_reach_the_kernels_grouped(rng, monkeypatch, repeat):
+    """K and V repeated to every query head (keras.ops.repeat on the heads axis, as KerasHub's Llama does) reach
+    the kernels as the grouped KV heads in a graph, so each K/V byte is read once; a repeat along another
+    axis, or heads tiled in another order, are taken as given. Outputs against Keras' own path."""
+    dtype = tf.bfloat16 if repeat.endswith("bfloat16") else tf.float32
+    q, k, v = random_qkv(rng, 2, 5, 37, 8, 2, 16, dtype=dtype)
+    if repeat == "sequence":
+        k, v = k[:, :1], v[:, :1]
+    mask = tf.constant(rng.random((2, 1, 1, 37)) < 0.8)
+
+    def widen(x):
+        if repeat == "sequence":
+            return keras.ops.repeat(keras.ops.repeat(x, 4, axis=2), 37, axis=1)
+        if repeat == "tiled heads":
+            return tf.tile(x, [1, 1, 4, 1])
+        return keras.ops.repeat(x, 4, axis=2)
+
+    heads_seen = []
+    original = tf_flash.ops.flash_attention
+
+    def recording(*args, **kwargs):
+        heads_seen.append(args[1].shape[2])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tf_flash.ops, "flash_attention", recording)
+    fn = tf.function(lambda q, k, v: keras.ops.dot_product_attention(q, widen(k), widen(v), mask=mask))
+    with flash_keras.enabled():
+        got = fn(q, k, v)
+    assert heads_seen and set(heads_seen) == {2 if repeat.startswith("heads") else 8}
+    want = keras_reference(q, widen(k), widen(v), mask=mask)
+    tol = 2e-2 if dtype == tf.bfloat16 else 2e-5
+    np.testing.assert_allclose(to_numpy(got).astype(np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol)

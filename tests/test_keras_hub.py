@@ -273,3 +273,5 @@ def test_generate_gives_the_switch_offs_tokens_and_decodes_on_the_decode_path(ki
     # KerasHub's Gemma reaches the fused attention (so tf_flash) only on a GPU (its own gate).
     if kind == "llama" or tf.config.list_physical_devices("GPU"):
         assert split_counts, "the decoding steps did not take the decode path"
+    if kind == "llama":  # KerasHub repeats K and V to every query head; the kernels get its 2 KV heads
+        assert set(split_counts) == {2}, split_counts

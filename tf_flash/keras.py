@@ -251,6 +251,37 @@ def _op_dot_product_attention(query, key, value, bias=None, mask=None, scale=Non
 _DELEGATE = "Keras' own checks reject these inputs"
 
 
+def _repeated_heads_source(tensor):
+    """In a graph, the [B, S, Hkv, D] tensor whose heads `tensor` repeats (tf.repeat(x, G, axis=2): KerasHub's
+    Llama, Mistral and Qwen attention repeat K and V to every query head before the attention), else None.
+    tf.repeat is ExpandDims at axis 3, Tile by G on that axis, Reshape; the static shapes prove it, so head
+    h * G + j of `tensor` is head h of the source, which is what the kernels' GQA reads. The attention then
+    reads K and V once instead of G times, and the repeat, with no other reader, is pruned (at 32k keys,
+    KerasHub's repeat and the attention's reads of it are about half of a decoding step's cache traffic)."""
+    if tf.executing_eagerly() or not hasattr(tensor, "op") or tensor.op.type != "Reshape":
+        return None
+    tiled = tensor.op.inputs[0]
+    if tiled.op.type != "Tile" or tiled.op.inputs[0].op.type != "ExpandDims":
+        return None
+    expanded = tiled.op.inputs[0]
+    source = expanded.op.inputs[0]
+    axis = tf.get_static_value(expanded.op.inputs[1])
+    # The multiples as far as they are static: 1 but on the new axis, whose count (G) the tile's shape holds.
+    multiples = tf.get_static_value(tiled.op.inputs[1], partial=True)
+    if (source.shape.rank != 4 or axis is None or np.ndim(axis) != 0 or int(axis) not in (3, -2)
+            or tiled.shape.rank != 5 or tiled.shape[3] is None or multiples is None or np.size(multiples) != 5
+            or any(multiples[i] is None or int(multiples[i]) != 1 for i in (0, 1, 2, 4))):
+        return None
+    heads = None if source.shape[2] is None else source.shape[2] * tiled.shape[3]
+    if tensor.shape.rank != 4 or not tensor.shape[2:].is_compatible_with([heads, source.shape[3]]):
+        return None
+    # The source with `tensor`'s batch and sequence axes (tf.repeat keeps them: then a no-op; any reshape
+    # that regroups them keeps each position's heads together, so this regroups alike).
+    grouped = tf.reshape(source, tf.concat([tf.shape(tensor)[:2], tf.shape(source)[2:]], axis=0))
+    grouped.set_shape(tensor.shape[:2].concatenate(source.shape[2:]))
+    return grouped
+
+
 def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_cap, dropout_rate=0.0,
                      seed=None):
     """(output, None) computed by tf_flash with Keras' semantics, or (None, why it cannot serve)."""
@@ -259,6 +290,11 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
     if any(x.shape.rank != 4 for x in (query, key, value)):
         return None, _DELEGATE
+    key_source, value_source = _repeated_heads_source(key), _repeated_heads_source(value)
+    if (key_source is not None and value_source is not None and key_source.shape[2] is not None
+            and key_source.shape[2] == value_source.shape[2] and key_source.dtype == key.dtype
+            and value_source.dtype == value.dtype):
+        key, value = key_source, value_source
     if bias is not None:
         return None, "an additive `bias` was given (tf_flash takes boolean masks only)"
     compute_dtype = keras_backend.result_type(query.dtype, key.dtype, value.dtype)
