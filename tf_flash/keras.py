@@ -253,7 +253,7 @@ _DELEGATE = "Keras' own checks reject these inputs"
 
 def _repeated_heads_source(tensor):
     """In a graph, the [B, S, Hkv, D] tensor whose heads `tensor` repeats (tf.repeat(x, G, axis=2): KerasHub's
-    Llama, Mistral and Qwen attention repeat K and V to every query head before the attention), else None.
+    Llama, Mistral, Mixtral, Phi-3 and Qwen attention repeat K and V to every query head), else None.
     tf.repeat is ExpandDims at axis 3, Tile by G on that axis, Reshape; the static shapes prove it, so head
     h * G + j of `tensor` is head h of the source, which is what the kernels' GQA reads. The attention then
     reads K and V once instead of G times, and the repeat, with no other reader, is pruned (at 32k keys,
