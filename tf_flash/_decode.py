@@ -42,9 +42,8 @@ def plan(batch, seqlen_q, seqlen_k, heads, heads_kv, *, plain, causal_rows=False
     """The number of key runs (the op's num_splits) for this static shape (1: pack the heads only), or None when
     the decode path does not apply: shapes unknown at trace time, more query rows than a tile, a short cache,
     or any feature beyond kv_lengths, a key mask (is_key_mask), bottom-right causal, scale and softcap
-    (`plain` False). causal_rows:
-    causal over several query rows, which packs the heads only where a power of two of them share a KV head
-    (the kernels find a row's position by a shift; 1: none to pack)."""
+    (`plain` False). causal_rows: causal over several query rows, which packs the heads only where a power
+    of two of them share a KV head (the kernels find a row's position by a shift; 1: none to pack)."""
     if not plain or None in (batch, seqlen_q, seqlen_k, heads, heads_kv) or batch == 0:
         return None
     group = heads // heads_kv

@@ -292,8 +292,7 @@ def _flash_or_reason(query, key, value, *, bias, mask, scale, is_causal, soft_ca
         return None, _DELEGATE
     key_source, value_source = _repeated_heads_source(key), _repeated_heads_source(value)
     if (key_source is not None and value_source is not None and key_source.shape[2] is not None
-            and key_source.shape[2] == value_source.shape[2] and key_source.dtype == key.dtype
-            and value_source.dtype == value.dtype):
+            and key_source.shape[2] == value_source.shape[2]):
         key, value = key_source, value_source
     if bias is not None:
         return None, "an additive `bias` was given (tf_flash takes boolean masks only)"
@@ -357,7 +356,7 @@ def _attend_with_key_mask(attend, mask, key_shape):
     lengths, is_prefix = _masks.prefix_lengths(keys)
     kv_lengths = tf.broadcast_to(lengths, tf.reshape(batch, [1]))
     if tf.executing_eagerly():
-        return attend(kv_lengths=kv_lengths) if bool(is_prefix) else attend(attention_mask=mask, kv_lengths=kv_lengths)
+        return attend(**({} if bool(is_prefix) else {"attention_mask": mask}), kv_lengths=kv_lengths)
     return attend(attention_mask=tf.logical_or(keys, is_prefix)[:, None, None, :], kv_lengths=kv_lengths)
 
 
