@@ -695,3 +695,34 @@ def test_repeated_kv_heads_reach_the_kernels_grouped(rng, monkeypatch, repeat):
     want = keras_reference(q, widen(k), widen(v), mask=mask)
     tol = 2e-2 if dtype == tf.bfloat16 else 2e-5
     np.testing.assert_allclose(to_numpy(got).astype(np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_repeated_kv_heads_train_as_keras(rng, monkeypatch, mode):
+    """Gradients through K and V that the model repeated (KerasHub's Llama training step): the kernels take the
+    grouped heads, the gradients reach the repeat's source summed over each group, as Keras' own path gives."""
+    heads_seen = []
+    original = tf_flash.ops.flash_attention
+    monkeypatch.setattr(tf_flash.ops, "flash_attention",
+                        lambda *args, **kwargs: heads_seen.append(args[1].shape[2]) or original(*args, **kwargs))
+    q, k, v = random_qkv(rng, 2, 33, 33, 8, 2, 16)
+    d_out = normal(rng, (2, 33, 8, 16))
+    mask = tf.constant((np.arange(33)[None, :] < np.array([[33], [20]]))[:, None, None, :])
+
+    def run(flash):
+        def fn():
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                out = keras.ops.dot_product_attention(q, keras.ops.repeat(k, 4, axis=2), keras.ops.repeat(v, 4, axis=2),
+                                                      mask=mask, is_causal=True, flash_attention=flash)
+                loss = tf.reduce_sum(out * d_out)
+            return out, tape.gradient(loss, [q, k, v])
+        return _run(fn, mode)
+
+    standard_out, standard_grads = run(False)
+    with flash_keras.enabled():
+        flash_out, flash_grads = run(True)
+    assert heads_seen and set(heads_seen) == {2}
+    np.testing.assert_allclose(to_numpy(flash_out), to_numpy(standard_out), atol=2e-5, rtol=1e-4)
+    for name, a, b in zip("qkv", flash_grads, standard_grads):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), atol=5e-5, rtol=1e-4, err_msg=name)
