@@ -1,7 +1,7 @@
 """The decode path (tf_flash/_decode.py: GQA heads packed into one tile, the op's split-KV runs merged by lse
 in the kernels): chosen by shape, equal to the unsplit kernel call to float32 rounding, against the float64
 reference with ragged kv_lengths (empty caches included), bottom-right causal, softcap, gradients,
-tf.function and XLA; the op's num_splits on inputs the GPU kernels run whole."""
+tf.function and XLA, key masks; the op's num_splits with every feature (split, or run whole by the GPU)."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -202,8 +202,9 @@ def test_the_public_call_takes_the_decode_path(rng, monkeypatch):
     assert taken == [8, 8] and relative_error(out, ref) < 1e-5
 
 
-# The op's num_splits where the GPU kernels run the call whole (attention_mask, segment ids, dropout) and the
-# CPU kernel splits, and with more runs than key tiles (empty runs): the same attention either way.
+# The op's num_splits with a full attention mask (split on the GPU too), where the GPU kernels run the call whole
+# (segment ids, dropout) and the CPU kernel splits, and with more runs than key tiles (empty runs): the same
+# attention either way.
 @pytest.mark.parametrize("device", [pytest.param(*d.values, marks=d.marks, id=d.id) for d in DEVICES])
 @pytest.mark.parametrize("feature", ["attention_mask", "segment_ids", "dropout", "more runs than key tiles"])
 def test_num_splits_with_every_feature(device, feature, rng):

@@ -12,7 +12,8 @@
 #                                  (default 90a); DRY_RUN=1 prints the compiles and writes nothing
 #   tools/gpu.sh baseline REV      cc/ and tests/cuda_harness/ of git revision REV into .baseline/: `ab`'s base
 #   tools/gpu.sh cuda-import DIR   a `cuda-export` call's files (DIR: its files_at) into .gpu_cuda/, which a fresh
-#                                  machine's `lib` unpacks instead of compiling the .cu files (carry .gpu_cuda)
+#                                  machine's `lib` unpacks, compiling only the .cu files whose stamps changed
+#                                  (carry .gpu_cuda)
 # There, through TensorFlow (after the stash calls; carry .gpu/env and .gpu_build, and .whl for KerasHub):
 #   tools/gpu.sh lib               nvcc the .cu files (cc/BUILD's flags) and link build/gpu/_flash_attention_ops.so,
 #                                  again only when a source changed. VARIANT_FLAGS="-D..." VARIANT_FILES="globs"

@@ -114,11 +114,12 @@ bottom_right: causal and window aligned to the bottom right: row i of entry b is
 i + kv_lengths[b] - Sq (the queries are the last Sq positions of the entry's keys).
 position_shift: 2^position_shift consecutive query rows share one position for causal and window (the
 decode path's query heads packed into one tile): row i is position i >> position_shift, and Sq rows are
-Sq >> position_shift positions. Only with lengths of keys, causal, window, scale and softcap.
+Sq >> position_shift positions. Only with lengths of keys, a key mask ([B or 1, 1, 1, Sk] attention_mask),
+causal, window, scale and softcap.
 num_splits: split-KV, a request: the visible key tiles of each query tile run in num_splits parts (thread
 blocks of their own on the GPU), merged by their lse; the same attention up to the rounding of the parts'
-outputs. Kernels that cannot split (attention_mask, block_mask, segment ids or dropout on the GPU) run the
-call whole. The gradient ignores it.
+outputs. Kernels that cannot split (block_mask, segment ids or dropout on the GPU) run the call whole. The
+gradient ignores it.
 )doc");
 
 REGISTER_OP("TfFlash>FlashAttentionGrad")

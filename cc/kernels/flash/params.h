@@ -85,7 +85,7 @@ struct FlashFwdParams {
   // Split-KV (the decode path, tf_flash/_decode.py): the visible key tiles of each (batch, head, query tile) are
   // cut into num_splits runs of consecutive tiles, each a thread block of its own, so that few query tiles
   // still fill the GPU; the runs' outputs merge by their lse in float32 (split_kv.h). A request: a kernel
-  // that cannot split (masks read by element, dropout, fp8, the float32 kernels) runs the call whole, and
+  // that cannot split (block masks, segment ids, dropout, fp8, the float32 kernels) runs the call whole, and
   // the merge gives the same attention up to the rounding of the runs' outputs to the output dtype. Inside
   // a kernel num_splits > 1 means out and lse point at the runs' outputs, split_entry(split, b) of them
   // (contiguous [num_splits * batch, seqlen_q, heads, head_dim_v] and [num_splits * batch, heads,
