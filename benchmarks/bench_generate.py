@@ -8,13 +8,17 @@ before it is built, so every worker holds the same weights), dtype bfloat16 (--d
 LlamaCausalLM(backbone, preprocessor=None), compile(sampler="greedy", jit_compile=True): KerasHub's generate
 is one XLA function, the prefill over the whole padded row and then one step per new token over the cache.
 
-Cases, each (prompt length P, mode) in its own fresh worker process, in this order (the cheap ones first):
-4k on, 4k off, 32k on, 32k off. Modes:
+Cases, each (prompt length P, mode) in its own fresh worker process, in this order (the cheap ones first,
+and per P the switch off last): 4k on, 4k prefill_only, 4k off, then the same at 32k. Modes:
 
-  off   plain KerasHub (its attention: einsum scores, float32 softmax, einsum; the [1, 32, T, S] scores of
-        the prefill are materialized)
-  on    tf_flash.keras.enable() before the model is built: KerasHub's fused-attention gate opens and its
-        attention runs tf_flash (prefill: causal over the row; each new token: the decode path over the cache)
+  off           plain KerasHub (its attention: einsum scores, float32 softmax, einsum; the [1, 32, T, S]
+                scores of the prefill are materialized)
+  on            tf_flash.keras.enable() before the model is built: KerasHub's fused-attention gate opens and
+                its attention runs tf_flash (prefill: causal over the row; each new token: the decode path
+                over the cache)
+  prefill_only  the switch on for the prefill, and KerasHub's own attention (as off) in the decoding steps:
+                the decoding steps switch off where plain off cannot run the prefill (at 32k XLA cannot
+                even autotune the scores' product). decode_speedup = on's decode tokens/s over this mode's.
 
 Batch 1; the prompt is P random tokens (numpy default_rng(--seed), the same in every worker); token_ids and
 padding_mask have length P + --new-tokens (256), the mask one for the first P, so greedy decoding with
@@ -55,9 +59,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import plot  # noqa: E402
 
-MODES = ["on", "off"]
-COLORS = {"on": "C3", "off": "C7"}
-LABELS = {"on": "tf_flash switch on", "off": "switch off (KerasHub's attention)"}
+MODES = ["on", "prefill_only", "off"]
+COLORS = {"on": "C3", "prefill_only": "C1", "off": "C7"}
+LABELS = {"on": "tf_flash switch on", "prefill_only": "switch on for the prefill only",
+          "off": "switch off (KerasHub's attention)"}
 MODEL = {"vocabulary_size": 32000, "num_layers": 16, "hidden_dim": 2048, "num_query_heads": 32,
          "num_key_value_heads": 8, "intermediate_dim": 8192}
 QUICK = {"vocabulary_size": 1000, "num_layers": 2, "hidden_dim": 64, "num_query_heads": 4,
@@ -82,8 +87,8 @@ def parse_prompts(text):
 
 
 def case_order(prompts, modes):
-    """The cases in run order: shorter prompts first, and per prompt "on" before "off" (at the longest prompt
-    the switch-off case is the one that may run out of memory or run long)."""
+    """The cases in run order: shorter prompts first, and per prompt "on", "prefill_only", "off" (at the longest
+    prompt the switch-off case is the one that may run out of memory or run long)."""
     return [[p, m] for p in sorted(prompts) for m in MODES if m in modes]
 
 
@@ -145,9 +150,11 @@ def worker(task, emit):
         return attend(*args, **kwargs)
 
     tf_flash.ops.flash_attention, _decode.attend = counting_flash, counting_attend
-    if mode == "on":
+    if mode != "off":
         tf_flash.keras.enable()
     import keras_hub
+    if mode == "prefill_only":
+        close_the_switch_for_decoding_steps()
     if task.get("want_info"):
         info = common.machine_info(gpu=on_gpu)
         info["keras_hub"] = keras_hub.__version__
@@ -229,6 +236,25 @@ def worker(task, emit):
     emit({"record": record})
 
 
+def close_the_switch_for_decoding_steps():
+    """KerasHub's Llama attention takes its own einsum path, as with the switch off, for one-token queries (the
+    decoding steps): its fused-attention gate reads False while such a call is traced."""
+    from keras_hub.src.models.llama import llama_attention
+    compute = llama_attention.LlamaAttention._compute_attention
+
+    def compute_attention(self, query, *args, **kwargs):
+        if query.shape[1] != 1:
+            return compute(self, query, *args, **kwargs)
+        gate = llama_attention.fused_attention_op_available
+        llama_attention.fused_attention_op_available = lambda: False
+        try:
+            return compute(self, query, *args, **kwargs)
+        finally:
+            llama_attention.fused_attention_op_available = gate
+
+    llama_attention.LlamaAttention._compute_attention = compute_attention
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Parent: workers, results, figure, table
 # ---------------------------------------------------------------------------------------------------------
@@ -294,14 +320,19 @@ def find(payload, prompt, mode):
 
 
 def compare(payload):
-    """Per prompt: on against off, tokens and tokens/s."""
+    """Per prompt: on against off, tokens and tokens/s; on against prefill_only, tokens ("prefill_only") and
+    decode tokens/s ("decode_speedup")."""
     out = []
     for prompt in payload["config"]["prompts"]:
-        on, off = find(payload, prompt, "on"), find(payload, prompt, "off")
-        ok = [r if r is not None and r.get("status") == "ok" else None for r in (on, off)]
+        on, off, mixed = (find(payload, prompt, m) for m in ("on", "off", "prefill_only"))
+        on, off, mixed = (r if r is not None and r.get("status") == "ok" else None for r in (on, off, mixed))
         entry = {"prompt": prompt}
-        entry.update(compare_tokens(*(r["tokens"] if r else None for r in ok)))
-        entry["speedup"] = ok[0]["tokens_per_s"] / ok[1]["tokens_per_s"] if all(ok) else None
+        entry.update(compare_tokens(on and on["tokens"], off and off["tokens"]))
+        entry["speedup"] = on["tokens_per_s"] / off["tokens_per_s"] if on and off else None
+        if "prefill_only" in payload["config"]["modes"]:
+            entry["prefill_only"] = compare_tokens(on and on["tokens"], mixed and mixed["tokens"])
+            decode = [r and r.get("decode_tokens_per_s") for r in (on, mixed)]
+            entry["decode_speedup"] = decode[0] / decode[1] if all(decode) else None
         out.append(entry)
     return out
 
@@ -340,26 +371,28 @@ def table(payload):
         c = comparisons.get(prompt, {})
         label = [plot.seqlen_label(prompt), mode]
         if r is None:
-            rows.append(label + ["not run"] + ["-"] * 7)
+            rows.append(label + ["not run"] + ["-"] * 8)
             continue
         if r.get("status") != "ok":
-            rows.append(label + [r.get("status")] + ["-"] * 7)
+            rows.append(label + [r.get("status")] + ["-"] * 8)
             continue
         prefill = r.get("prefill_s")
         if prefill is None and r.get("prefill_status"):
             prefill = r["prefill_status"]
         same = "-"
-        if c.get("identical") is not None:
-            same = "yes" if c["identical"] else (f"no: {c['equal_tokens']}/{r['generated']} equal, first "
-                                                 f"at {c['first_difference']}")
+        tokens = c if mode == "off" else c.get(mode) if mode == "prefill_only" else {}
+        if tokens and tokens.get("identical") is not None:
+            same = "yes" if tokens["identical"] else (f"no: {tokens['equal_tokens']}/{r['generated']} equal, "
+                                                      f"first at {tokens['first_difference']}")
         speed = f"{c['speedup']:.2f}x" if mode == "on" and c.get("speedup") else "-"
+        decode_speed = f"{c['decode_speedup']:.2f}x" if mode == "on" and c.get("decode_speedup") else "-"
         decode = r.get("decode_tokens_per_s")
         rows.append(label + [f"{r['tokens_per_s']:.1f}", speed, secs(r["generate_s"]),
                              prefill if isinstance(prefill, str) else secs(prefill),
-                             "-" if decode is None else f"{decode:.1f}", secs(r["compile_first_s"]),
+                             "-" if decode is None else f"{decode:.1f}", decode_speed, secs(r["compile_first_s"]),
                              peak_cell(r), same])
     headers = ["prompt", "switch", "tokens/s", "on / off", "generate", "prefill", "decode tokens/s",
-               "compile + first call", "peak memory", "tokens on = off"]
+               "decode on / prefill_only", "compile + first call", "peak memory", "tokens as on's"]
     parts.append(plot.markdown_table(headers, rows))
     return "\n\n".join(parts)
 
@@ -448,7 +481,7 @@ def parse_args(argv=None):
                         "8 new tokens, float32")
     p.add_argument("--prompts", default="4096,32768", help="prompt lengths, comma-separated (k = 1024)")
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--modes", default="on,off", help="on, off or both")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--layers", type=int, default=None, help=f"default {MODEL['num_layers']}")
     p.add_argument("--hidden", type=int, default=None, help=f"default {MODEL['hidden_dim']}")
     p.add_argument("--heads", type=int, default=None, help=f"query heads, default {MODEL['num_query_heads']}")
