@@ -147,10 +147,11 @@ has_arg() {  # has_arg OPTION ARGS...: whether ARGS name OPTION
   for a; do [[ $a == "$option" || $a == "$option="* ]] && return 0; done
   return 1
 }
-sources_stamp() {  # sources_stamp DIR... [-- WORDS]: a hash of the files under DIR... and of WORDS (the flags)
-  local dirs=()
+sources_stamp() {  # sources_stamp [! GLOB] DIR... [-- WORDS]: a hash of the files under DIR... (but those named
+  local dirs=() skip=()  # GLOB) and of WORDS (the flags)
+  if [[ $1 == '!' ]]; then skip=(! -name "$2"); shift 2; fi
   while [[ $# -gt 0 && $1 != -- ]]; do dirs+=("$1"); shift; done
-  { find "${dirs[@]}" -type f | sort | xargs cat; echo "$@"; } | sha256sum | cut -c1-16
+  { find "${dirs[@]}" -type f "${skip[@]}" | sort | xargs cat; echo "$@"; } | sha256sum | cut -c1-16
 }
 cutlass_headers() {  # CUTLASS_INCLUDE: as set, else the headers `host` carried in .gpu_build, else pip's
   if [[ -z ${CUTLASS_INCLUDE:-} ]]; then
@@ -175,10 +176,7 @@ cuda_import() {  # cuda_import DIR: cuda-export's parts from DIR into .gpu_cuda/
     tar -tf - | grep -c '\.o$') objects; carry .gpu_cuda"
 }
 # An object's stamp: the flags, every header of the kernels (any change recompiles every object) and its own .cu.
-cuda_headers_stamp() {
-  { find cc/kernels/cuda cc/kernels/flash -type f ! -name '*.cu' | sort | xargs cat; cat "$build/flags" "$build/archs"; } |
-    sha256sum | cut -c1-16
-}
+cuda_headers_stamp() { sources_stamp '!' '*.cu' cc/kernels/cuda cc/kernels/flash -- "$(cat "$build/flags" "$build/archs")"; }
 cuda_object_stamp() { { echo "$1"; cat "$2"; } | sha256sum | cut -c1-16; }  # cuda_object_stamp HEADERS_STAMP FILE.cu
 
 # ---- there: the library through TensorFlow ----
