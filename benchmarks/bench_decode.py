@@ -16,6 +16,11 @@ Implementations, each on the same inputs:
   tf_flash_xla      the same under tf.function(jit_compile=True), as KerasHub's generate runs it: XLA fuses the
                     decode path's packing of the heads around the kernel's custom call
   tf_flash_unsplit  the same with split_kv=False: the kernel call the decode path replaces
+  keras_switch_xla  what KerasHub's Llama runs in a decoding step with tf_flash.keras.enable(), under XLA: K and V
+                    repeated to every query head (keras.ops.repeat), then keras.ops.dot_product_attention with
+                    the cache mask (key j visible to query i of entry b where j <= kv_lengths[b] - Sq + i:
+                    [B, 1, 1, S] for one new token): the switch's mask handling, its fill of rows that see no
+                    key and the kernels, against tf_flash_xla's kv_lengths alone
   xla_dense         dense attention under XLA (tf.function(jit_compile=True)): einsum scores with the queries
                     reshaped to [B, Sq, Hkv, H / Hkv, D] (GQA without repeating K/V), mask by kv_lengths and
                     bottom-right causal, softmax in float32, einsum
@@ -36,7 +41,8 @@ lasts >= ~25 ms), each sample ending by fetching one element of the last result;
 K+V TB/s = bytes of K and V a decode step must read (B * S * Hkv * D * 2 tensors * itemsize; ragged: the
 valid keys only, sum(kv_lengths) * Hkv * D * 2 * itemsize) / that time; the same bytes for every impl, so
 it reads as an inverse time against the memory's speed (an H100 80GB HBM3 reads about 3.35 TB/s).
-Once per row and fill: the largest |tf_flash - tf_flash_unsplit| and |tf_flash - xla_dense| of one call.
+Once per row and fill: the largest |tf_flash - X| of one call, X each of tf_flash_unsplit, xla_dense and
+keras_switch_xla.
 
 --time-limit (seconds, default 150) starts no case after it: the default GPU run ends within about 3
 minutes on an H100. Output: results/<tag>.json (default gpu_decode) and .png (K+V TB/s per row and impl,
@@ -59,15 +65,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import plot  # noqa: E402
 
-TF_IMPLS = ["tf_flash", "tf_flash_xla", "tf_flash_unsplit", "xla_dense"]
+TF_IMPLS = ["tf_flash", "tf_flash_xla", "keras_switch_xla", "tf_flash_unsplit", "xla_dense"]
 TORCH_IMPLS = ["torch_sdpa", "flash_attn"]
 IMPLS = TF_IMPLS + TORCH_IMPLS
 FILLS = ["full", "ragged"]
 LABELS = {"tf_flash": "tf_flash (decode path)", "tf_flash_xla": "tf_flash (decode path), XLA",
-          "tf_flash_unsplit": "tf_flash, split_kv=False", "xla_dense": "dense attention, XLA",
+          "keras_switch_xla": "Keras switch (KerasHub's call), XLA", "tf_flash_unsplit": "tf_flash, split_kv=False",
+          "xla_dense": "dense attention, XLA",
           "torch_sdpa": "torch SDPA", "flash_attn": "flash_attn_with_kvcache"}
-COLORS = {"tf_flash": "C3", "tf_flash_xla": "C4", "tf_flash_unsplit": "C1", "xla_dense": "C7", "torch_sdpa": "C0",
-          "flash_attn": "C2"}
+COLORS = {"tf_flash": "C3", "tf_flash_xla": "C4", "keras_switch_xla": "C5", "tf_flash_unsplit": "C1",
+          "xla_dense": "C7", "torch_sdpa": "C0", "flash_attn": "C2"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16", "float16": "float16",
           "float32": "float32"}
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -154,6 +161,17 @@ def make_fn(impl, chain):
     elif impl == "tf_flash_unsplit":
         def attn(q, k, v, lengths):
             return ops._flash_attention(q, k, v, kv_lengths=lengths, causal="bottom_right", split_kv=False)
+    elif impl == "keras_switch_xla":
+        import keras
+        import tf_flash.keras
+        tf_flash.keras.enable()  # read when the function is traced; the other impls call the op or TF directly
+
+        def attn(q, k, v, lengths):
+            new, cache, group = q.shape[1], k.shape[1], q.shape[2] // k.shape[2]
+            last = tf.cast(lengths, tf.int32)[:, None, None] - new + tf.range(new)[None, :, None]
+            visible = tf.range(cache)[None, None, :] <= last  # [B, Sq, S]
+            return keras.ops.dot_product_attention(q, keras.ops.repeat(k, group, axis=2),
+                                                   keras.ops.repeat(v, group, axis=2), mask=visible[:, None])
     elif impl == "xla_dense":
         attn = dense_attention
     else:
@@ -165,7 +183,7 @@ def make_fn(impl, chain):
             out = attn(out, k, v, lengths)
         return out
 
-    return tf.function(run, jit_compile=impl in ("xla_dense", "tf_flash_xla"))
+    return tf.function(run, jit_compile=impl in ("xla_dense", "tf_flash_xla", "keras_switch_xla"))
 
 
 def decode_plan(row, heads, kv_heads):
@@ -213,7 +231,7 @@ def run_tf_case(tf, cfg, inputs, row, fill, impl):
             for name in TF_IMPLS:
                 outs[name] = tf.cast(make_fn(name, 1)(*args), tf.float32)
             diff = {f"max_abs_diff_vs_{name}": float(tf.reduce_max(tf.abs(outs["tf_flash"] - outs[name])).numpy())
-                    for name in ("tf_flash_unsplit", "xla_dense")}
+                    for name in ("tf_flash_unsplit", "xla_dense", "keras_switch_xla")}
         return dict(diff, status="ok", max_abs_out=float(tf.reduce_max(tf.abs(outs["tf_flash"])).numpy()))
     fn = make_fn(impl, cfg["calls_per_function"])
     with tf.device(cfg["device"]):
@@ -473,13 +491,13 @@ def table(payload):
             cells = [cell(_find(payload, index, fill, impl)) for impl in impls]
             check = _find(payload, index, fill, "check") or {}
             plans = [plan_text(_find(payload, index, fill, impl)) for impl in ("tf_flash", "tf_flash_xla")]
-            diff = check.get("max_abs_diff_vs_tf_flash_unsplit")
-            diff_dense = check.get("max_abs_diff_vs_xla_dense")
-            rows.append([row_label(row)] + cells + [" / ".join(plans),
-                                                    "-" if diff is None else f"{diff:.1e}",
-                                                    "-" if diff_dense is None else f"{diff_dense:.1e}"])
+            diffs = [check.get(f"max_abs_diff_vs_{name}") for name in ("tf_flash_unsplit", "xla_dense",
+                                                                         "keras_switch_xla")]
+            rows.append([row_label(row)] + cells + [" / ".join(plans)]
+                        + ["-" if d is None else f"{d:.1e}" for d in diffs])
         headers = (["batch x new tokens @ cache"] + [LABELS[i] for i in impls]
-                   + ["decode path (tf.function / XLA)", "max abs diff vs split_kv=False", "vs dense"])
+                   + ["decode path (tf.function / XLA)", "max abs diff vs split_kv=False", "vs dense",
+                      "vs Keras switch"])
         what = ("full cache (kv_lengths = S)" if fill == "full"
                 else "ragged cache (kv_lengths uniform in [S/2, S]; bytes of the valid keys)")
         parts.append(f"{what}:\n\n" + plot.markdown_table(headers, rows))
@@ -556,7 +574,8 @@ def describe(cfg, key, record):
         return f"{head} {record.get('status')}"
     if impl == "check":
         return (f"{head} |split - unsplit| {record['max_abs_diff_vs_tf_flash_unsplit']:.2e}, "
-                f"|split - dense| {record['max_abs_diff_vs_xla_dense']:.2e}")
+                f"|split - dense| {record['max_abs_diff_vs_xla_dense']:.2e}, "
+                f"|split - Keras switch| {record['max_abs_diff_vs_keras_switch_xla']:.2e}")
     extra = f" splits {record['splits']}" if "splits" in record else ""
     return f"{head} {record['median_us']:10.1f} us {record['tbps']:6.3f} TB/s{extra}"
 

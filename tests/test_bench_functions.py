@@ -237,16 +237,17 @@ def test_decode_table_and_figure(tmp_path):
     ok = {"status": "ok", "median_us": 100.0, "tbps": 1.5}
     records = [dict(ok, row=0, fill="full", impl="tf_flash", splits=1),
                dict(ok, row=0, fill="full", impl="tf_flash_xla", median_us=80.0, tbps=1.875, splits=8),
+               dict(ok, row=0, fill="full", impl="keras_switch_xla", median_us=120.0, tbps=1.25),
                dict(ok, row=0, fill="full", impl="xla_dense", median_us=300.0, tbps=0.5),
                {"row": 0, "fill": "full", "impl": "torch_sdpa", "status": "skipped: no torch"},
                {"row": 0, "fill": "full", "impl": "check", "status": "ok", "max_abs_diff_vs_tf_flash_unsplit": 1e-3,
-                "max_abs_diff_vs_xla_dense": 2e-3}]
+                "max_abs_diff_vs_xla_dense": 2e-3, "max_abs_diff_vs_keras_switch_xla": 5e-4}]
     payload = {"benchmark": "decode", "info": _INFO, "records": records,
                "config": {"rows": rows, "fills": ["full"], "heads": 8, "kv_heads": 2, "dim": 64,
                           "dtype": "bfloat16", "calls_per_function": 10}}
     text = bench_decode.table(payload)
-    assert ("| 2 x 1 @ 8k | 100 us, 1.5 TB/s | 80 us, 1.88 TB/s | 300 us, 0.5 TB/s | skipped: no torch | 1 run / 8 runs "
-            "| 1.0e-03 | 2.0e-03 |" in text), text
+    assert ("| 2 x 1 @ 8k | 100 us, 1.5 TB/s | 80 us, 1.88 TB/s | 120 us, 1.25 TB/s | 300 us, 0.5 TB/s | skipped: no "
+            "torch | 1 run / 8 runs | 1.0e-03 | 2.0e-03 | 5.0e-04 |" in text), text
     png = bench_decode.write_outputs(str(tmp_path / "decode.json"), payload)
     assert json.load(open(tmp_path / "decode.json")) == payload
     if importlib.util.find_spec("matplotlib") is not None:
