@@ -380,7 +380,7 @@ def table(payload):
         if prefill is None and r.get("prefill_status"):
             prefill = r["prefill_status"]
         same = "-"
-        tokens = c if mode == "off" else c.get(mode) if mode == "prefill_only" else {}
+        tokens = {"off": c, "prefill_only": c.get("prefill_only")}.get(mode)  # against on's tokens
         if tokens and tokens.get("identical") is not None:
             same = "yes" if tokens["identical"] else (f"no: {tokens['equal_tokens']}/{r['generated']} equal, "
                                                       f"first at {tokens['first_difference']}")
