@@ -147,8 +147,10 @@ has_arg() {  # has_arg OPTION ARGS...: whether ARGS name OPTION
   for a; do [[ $a == "$option" || $a == "$option="* ]] && return 0; done
   return 1
 }
-sources_stamp() {  # sources_stamp [! GLOB] DIR... [-- WORDS]: a hash of the files under DIR... (but those named
-  local dirs=() skip=()  # GLOB) and of WORDS (the flags)
+# sources_stamp [! GLOB] DIR... [-- WORDS]: a hash of the files under DIR... (but those named GLOB) and of WORDS
+# (the flags).
+sources_stamp() {
+  local dirs=() skip=()
   if [[ $1 == '!' ]]; then skip=(! -name "$2"); shift 2; fi
   while [[ $# -gt 0 && $1 != -- ]]; do dirs+=("$1"); shift; done
   { find "${dirs[@]}" -type f "${skip[@]}" | sort | xargs cat; echo "$@"; } | sha256sum | cut -c1-16
