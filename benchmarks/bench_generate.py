@@ -19,6 +19,11 @@ and per P the switch off last): 4k on, 4k prefill_only, 4k off, then the same at
   prefill_only  the switch on for the prefill, and KerasHub's own attention (as off) in the decoding steps:
                 the decoding steps switch off where plain off cannot run the prefill (at 32k XLA cannot
                 even autotune the scores' product). decode_speedup = on's decode tokens/s over this mode's.
+  no_attention  (only when --modes names it) the switch on for the prefill, and in the decoding steps zeros
+                for the attention that still read one key row, so that XLA keeps the cache's update, slices
+                and restack (plain zeros let it drop the cache, and the prefill's K and V with it): the step
+                without attention, which bounds what any attention can gain. attention_share = the part of
+                the switch-on decoding step that is attention, 1 - on's decode tokens/s over this mode's.
 
 Batch 1; the prompt is P random tokens (numpy default_rng(--seed), the same in every worker); token_ids and
 padding_mask have length P + --new-tokens (256), the mask one for the first P, so greedy decoding with
@@ -59,10 +64,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import plot  # noqa: E402
 
-MODES = ["on", "prefill_only", "off"]
-COLORS = {"on": "C3", "prefill_only": "C1", "off": "C7"}
+MODES = ["on", "prefill_only", "no_attention", "off"]
+DEFAULT_MODES = "on,prefill_only,off"
+COLORS = {"on": "C3", "prefill_only": "C1", "no_attention": "C9", "off": "C7"}
 LABELS = {"on": "tf_flash switch on", "prefill_only": "switch on for the prefill only",
-          "off": "switch off (KerasHub's attention)"}
+          "no_attention": "no attention in the decoding steps", "off": "switch off (KerasHub's attention)"}
 MODEL = {"vocabulary_size": 32000, "num_layers": 16, "hidden_dim": 2048, "num_query_heads": 32,
          "num_key_value_heads": 8, "intermediate_dim": 8192}
 QUICK = {"vocabulary_size": 1000, "num_layers": 2, "hidden_dim": 64, "num_query_heads": 4,
@@ -87,7 +93,7 @@ def parse_prompts(text):
 
 
 def case_order(prompts, modes):
-    """The cases in run order: shorter prompts first, and per prompt "on", "prefill_only", "off" (at the longest
+    """The cases in run order: shorter prompts first, and per prompt in MODES' order, "off" last (at the longest
     prompt the switch-off case is the one that may run out of memory or run long)."""
     return [[p, m] for p in sorted(prompts) for m in MODES if m in modes]
 
@@ -153,8 +159,8 @@ def worker(task, emit):
     if mode != "off":
         tf_flash.keras.enable()
     import keras_hub
-    if mode == "prefill_only":
-        close_the_switch_for_decoding_steps()
+    if mode in DECODING_STEPS:
+        replace_decoding_steps_attention(DECODING_STEPS[mode])
     if task.get("want_info"):
         info = common.machine_info(gpu=on_gpu)
         info["keras_hub"] = keras_hub.__version__
@@ -236,23 +242,38 @@ def worker(task, emit):
     emit({"record": record})
 
 
-def close_the_switch_for_decoding_steps():
-    """KerasHub's Llama attention takes its own einsum path, as with the switch off, for one-token queries (the
-    decoding steps): its fused-attention gate reads False while such a call is traced."""
+def replace_decoding_steps_attention(attention):
+    """KerasHub's Llama attention runs attention(compute, layer, query, key, value, mask) for one-token queries
+    (the decoding steps), compute being its own _compute_attention."""
     from keras_hub.src.models.llama import llama_attention
     compute = llama_attention.LlamaAttention._compute_attention
 
-    def compute_attention(self, query, *args, **kwargs):
+    def compute_attention(self, query, key, value, attention_mask=None):
         if query.shape[1] != 1:
-            return compute(self, query, *args, **kwargs)
-        gate = llama_attention.fused_attention_op_available
-        llama_attention.fused_attention_op_available = lambda: False
-        try:
-            return compute(self, query, *args, **kwargs)
-        finally:
-            llama_attention.fused_attention_op_available = gate
+            return compute(self, query, key, value, attention_mask)
+        return attention(compute, self, query, key, value, attention_mask)
 
     llama_attention.LlamaAttention._compute_attention = compute_attention
+
+
+def keras_hub_attention(compute, layer, query, key, value, mask):
+    """KerasHub's own einsum path, as with the switch off: its fused-attention gate reads False meanwhile."""
+    from keras_hub.src.models.llama import llama_attention
+    gate = llama_attention.fused_attention_op_available
+    llama_attention.fused_attention_op_available = lambda: False
+    try:
+        return compute(layer, query, key, value, mask)
+    finally:
+        llama_attention.fused_attention_op_available = gate
+
+
+def zeros_reading_the_cache(compute, layer, query, key, value, mask):
+    """Zeros for the attention's output that read one key row, so that the cache stays live."""
+    from keras import ops
+    return ops.zeros_like(query) + 0 * ops.cast(ops.sum(key[:, :1]), query.dtype)
+
+
+DECODING_STEPS = {"prefill_only": keras_hub_attention, "no_attention": zeros_reading_the_cache}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -321,11 +342,12 @@ def find(payload, prompt, mode):
 
 def compare(payload):
     """Per prompt: on against off, tokens and tokens/s; on against prefill_only, tokens ("prefill_only") and
-    decode tokens/s ("decode_speedup")."""
+    decode tokens/s ("decode_speedup"); on against no_attention, the attention's share of a decoding step."""
     out = []
     for prompt in payload["config"]["prompts"]:
-        on, off, mixed = (find(payload, prompt, m) for m in ("on", "off", "prefill_only"))
-        on, off, mixed = (r if r is not None and r.get("status") == "ok" else None for r in (on, off, mixed))
+        on, off, mixed, bare = (find(payload, prompt, m) for m in ("on", "off", "prefill_only", "no_attention"))
+        on, off, mixed, bare = (r if r is not None and r.get("status") == "ok" else None
+                                for r in (on, off, mixed, bare))
         entry = {"prompt": prompt}
         entry.update(compare_tokens(on and on["tokens"], off and off["tokens"]))
         entry["speedup"] = on["tokens_per_s"] / off["tokens_per_s"] if on and off else None
@@ -333,6 +355,9 @@ def compare(payload):
             entry["prefill_only"] = compare_tokens(on and on["tokens"], mixed and mixed["tokens"])
             decode = [r and r.get("decode_tokens_per_s") for r in (on, mixed)]
             entry["decode_speedup"] = decode[0] / decode[1] if all(decode) else None
+        if "no_attention" in payload["config"]["modes"]:
+            decode = [r and r.get("decode_tokens_per_s") for r in (on, bare)]
+            entry["attention_share"] = 1 - decode[0] / decode[1] if all(decode) else None
         out.append(entry)
     return out
 
@@ -481,7 +506,7 @@ def parse_args(argv=None):
                         "8 new tokens, float32")
     p.add_argument("--prompts", default="4096,32768", help="prompt lengths, comma-separated (k = 1024)")
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--layers", type=int, default=None, help=f"default {MODEL['num_layers']}")
     p.add_argument("--hidden", type=int, default=None, help=f"default {MODEL['hidden_dim']}")
     p.add_argument("--heads", type=int, default=None, help=f"query heads, default {MODEL['num_query_heads']}")

@@ -263,8 +263,8 @@ _GEN_SPEC.loader.exec_module(bench_generate)
 
 def test_generate_param_count_cases_and_token_comparison():
     """bench_generate.py: the parameter formula is KerasHub's count (a tiny LlamaBackbone from config), the
-    cases run shorter prompts first and per prompt "on", "prefill_only", "off", and the token comparison finds
-    the first difference."""
+    cases run shorter prompts first and per prompt "on", "prefill_only", "no_attention", "off", and the token
+    comparison finds the first difference."""
     keras_hub = pytest.importorskip("keras_hub")
     config = dict(bench_generate.QUICK, num_layers=3, vocabulary_size=97)
     assert keras_hub.models.LlamaBackbone(**config).count_params() == bench_generate.llama_param_count(**config)
@@ -272,8 +272,8 @@ def test_generate_param_count_cases_and_token_comparison():
     assert bench_generate.parse_prompts("32k, 4096") == [32768, 4096]
     assert bench_generate.case_order([32768, 4096], ["off", "on"]) == [[4096, "on"], [4096, "off"], [32768, "on"],
                                                                        [32768, "off"]]
-    assert bench_generate.case_order([4096], ["off", "prefill_only", "on"]) == [[4096, "on"], [4096, "prefill_only"],
-                                                                                [4096, "off"]]
+    assert bench_generate.case_order([4096], ["off", "no_attention", "prefill_only", "on"]) == [
+        [4096, "on"], [4096, "prefill_only"], [4096, "no_attention"], [4096, "off"]]
     assert bench_generate.compare_tokens([1, 2, 3], [1, 2, 3]) == {"identical": True, "equal_tokens": 3,
                                                                    "first_difference": None}
     assert bench_generate.compare_tokens([1, 5, 3, 7], [1, 2, 3, 4]) == {"identical": False, "equal_tokens": 2,
@@ -291,22 +291,27 @@ def test_generate_table_and_figure(tmp_path):
                     decode_tokens_per_s=128.0, peak_bytes=4 * 2**30),
                dict(ok, prompt=32768, mode="prefill_only", tokens_per_s=50.0, generate_s=5.12, prefill_s=0.56,
                     decode_tokens_per_s=64.0, peak_bytes=4 * 2**30, tokens=[5] * 255 + [6]),
+               dict(ok, prompt=32768, mode="no_attention", tokens_per_s=150.0, generate_s=1.7, prefill_s=0.56,
+                    decode_tokens_per_s=160.0, peak_bytes=4 * 2**30, tokens=[7] * 256),
                {"prompt": 32768, "mode": "off", "status": "OOM"}]
     payload = {"benchmark": "generate", "info": _INFO, "records": records,
-               "config": {"prompts": [4096, 32768], "modes": ["on", "prefill_only", "off"], "new_tokens": 256,
+               "config": {"prompts": [4096, 32768], "modes": ["on", "prefill_only", "no_attention", "off"],
+                          "new_tokens": 256,
                           "model": bench_generate.MODEL, "param_count": 1_104_218_112, "dtype": "bfloat16"}}
     payload["comparisons"] = bench_generate.compare(payload)
     assert payload["comparisons"][0] == {"prompt": 4096, "identical": True, "equal_tokens": 256,
                                          "first_difference": None, "speedup": 2.0, "decode_speedup": None,
                                          "prefill_only": {"identical": None, "equal_tokens": None,
-                                                          "first_difference": None}}
+                                                          "first_difference": None}, "attention_share": None}
     assert payload["comparisons"][1]["decode_speedup"] == 2.0
+    assert payload["comparisons"][1]["attention_share"] == pytest.approx(0.2)
     text = bench_generate.table(payload)
     assert "| 4k | on | 128.0 | 2.00x | 2.00 s | 0.40 s | 160.0 | - | 40.00 s | 3.00 GiB | - |" in text, text
     assert "| 4k | off | 64.0 | - | 4.00 s | skipped: --time-limit | - | - | 40.00 s | 6.00 GiB | yes |" in text, text
     assert "| 32k | on | 100.0 | - | 2.56 s | 0.56 s | 128.0 | 2.00x |" in text, text
     assert "| 32k | prefill_only | 50.0 | - | 5.12 s | 0.56 s | 64.0 | - | 40.00 s | 4.00 GiB | no: 255/256 equal, " \
            "first at 255 |" in text, text
+    assert "| 32k | no_attention | 150.0 | - | 1.70 s | 0.56 s | 160.0 | - | 40.00 s | 4.00 GiB | - |" in text, text
     assert "| 32k | off | OOM |" in text, text
     png = bench_generate.write_outputs(str(tmp_path / "generate.json"), payload)
     assert json.load(open(tmp_path / "generate.json")) == payload
