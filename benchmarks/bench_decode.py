@@ -133,6 +133,13 @@ def bottom_right_visible(lengths, new, cache):
 # The TensorFlow side
 # ---------------------------------------------------------------------------------------------------------
 
+def visible_keys(lengths, new, cache):
+    """bool [B, Sq, S] in TF: bottom_right_visible of a lengths tensor."""
+    import tensorflow as tf
+    last = tf.cast(lengths, tf.int32)[:, None, None] - new + tf.range(new)[None, :, None]  # [B, Sq, 1]
+    return tf.range(cache)[None, None, :] <= last
+
+
 def dense_attention(q, k, v, lengths):
     """Dense GQA attention, bottom-right causal within kv_lengths: q [B, Sq, H, D], k/v [B, S, Hkv, D], lengths
     int32 [B]. Scores in the inputs' dtype (einsum), softmax in float32; query head h reads KV head h // group."""
@@ -142,8 +149,7 @@ def dense_attention(q, k, v, lengths):
     group = heads // heads_kv
     qg = tf.reshape(q, [batch, new, heads_kv, group, dim])
     scores = tf.cast(tf.einsum("bqhgd,bkhd->bhgqk", qg, k), tf.float32) * (1.0 / float(dim) ** 0.5)
-    last = tf.cast(lengths, tf.int32)[:, None, None] - new + tf.range(new)[None, :, None]  # [B, Sq, 1]
-    visible = tf.range(cache)[None, None, :] <= last  # [B, Sq, S]
+    visible = visible_keys(lengths, new, cache)
     scores = tf.where(visible[:, None, None], scores, tf.constant(-1e30, tf.float32))
     probs = tf.cast(tf.nn.softmax(scores, axis=-1), q.dtype)
     out = tf.einsum("bhgqk,bkhd->bqhgd", probs, v)
@@ -167,9 +173,8 @@ def make_fn(impl, chain):
         tf_flash.keras.enable()  # read when the function is traced; the other impls call the op or TF directly
 
         def attn(q, k, v, lengths):
-            new, cache, group = q.shape[1], k.shape[1], q.shape[2] // k.shape[2]
-            last = tf.cast(lengths, tf.int32)[:, None, None] - new + tf.range(new)[None, :, None]
-            visible = tf.range(cache)[None, None, :] <= last  # [B, Sq, S]
+            group = q.shape[2] // k.shape[2]
+            visible = visible_keys(lengths, q.shape[1], k.shape[1])
             return keras.ops.dot_product_attention(q, keras.ops.repeat(k, group, axis=2),
                                                    keras.ops.repeat(v, group, axis=2), mask=visible[:, None])
     elif impl == "xla_dense":
