@@ -12,7 +12,8 @@ namespace cuda {
 
 // ---- Forward ----
 // kLong: unmasked work and causal work over many keys. kBanded: windows, causal attention over fewer keys, block
-// masks, attn_mask and segment ids, whose diagonal or partly hidden tiles waste more of a taller query tile.
+// masks, attn_mask and segment ids, whose diagonal or partly hidden tiles waste more of a taller query tile, and
+// queries that fit a 128-row tile, which a taller one pads.
 enum class Sm90ForwardShape { kLong, kBanded };
 
 struct Sm90ForwardTiles {
@@ -37,7 +38,8 @@ constexpr Sm90ForwardTiles sm90_forward_tiles(int head_dim, Sm90ForwardShape sha
   // d128: 128 keys; 160 spill registers (non-causal 4k: 497 against 594 TFLOP/s), 192 run 0.69-0.93x at 512-4k.
   if (head_dim == 128) return {128, 2, 2};
   // d64: three consumers (192 rows) where tiles are long, so that each K/V tile feeds enough GEMM rows (16k: 420
-  // against 350 TFLOP/s); two where tiles are banded (causal 1k: 197 against 164 with three).
+  // against 350 TFLOP/s); two where tiles are banded (causal 1k: 197 against 164 with three) or the queries fit
+  // 128 rows.
   return {128, 2, shape == Sm90ForwardShape::kLong ? 3 : 2};
 }
 
@@ -51,7 +53,12 @@ inline Sm90ForwardShape sm90_forward_shape(const FlashFwdParams& p) {
   // Block masks, attn_mask and segment ids need 128-row tiles: the tile table (a block mask's query tile lies in one
   // block).
   const bool tile_table = p.block_mask.data != nullptr || p.attn_mask.data != nullptr || p.q_segment_ids != nullptr;
-  return windowed || short_causal || tile_table ? Sm90ForwardShape::kBanded : Sm90ForwardShape::kLong;
+  // A decode step's packed heads (1-128 rows) leave a 192-row d64 tile at least 64 rows of padding to compute, and
+  // its runs are bound by that work, not by reading K and V (H200, 32 query / 8 KV heads, 8 x 1 @ 32k: 172 against
+  // 222 us).
+  const bool one_short_tile = p.seqlen_q <= 128;
+  return windowed || short_causal || tile_table || one_short_tile ? Sm90ForwardShape::kBanded
+                                                                  : Sm90ForwardShape::kLong;
 }
 
 // O leaves through a shared-memory buffer of its own where one fits beside Q and the K/V stages (so that the next

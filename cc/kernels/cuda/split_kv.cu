@@ -18,9 +18,8 @@ constexpr int kColumns = 8;       // per lane: one 16-byte vector of the row
 
 // One warp per row (b, h, i) of the call. The lanes first take a run each (32 at a time) for its lse, the merged
 // lse and the run's weight (warp shuffles); then each lane sums 8 columns over the runs in float32, the weights
-// broadcast from their lanes, the runs' loads independent of each other so that they overlap (the merge is a
-// few rows: its time is the latency of those loads). Head dims are multiples of 8 here (the 16-bit kernels'),
-// so rows are whole 16-byte vectors.
+// broadcast from their lanes, the runs' loads independent of each other so that they overlap. Head dims are
+// multiples of 8 here (the 16-bit kernels'), so rows are whole 16-byte vectors.
 template <class Element>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     merge_splits_kernel(const FlashFwdParams p, const FlashFwdParams run) {
@@ -50,6 +49,10 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
 
   const int d0 = lane * kColumns;
   const bool has_columns = d0 < p.head_dim_v;
+  // Every lane loads, whatever its columns and the run's weight (lanes past the head dim read column 0's vector,
+  // runs of weight 0 add nothing): loads under a branch each wait for the one before, and the merge is the
+  // latency of these loads.
+  const Element* columns = partial + (has_columns ? d0 : 0);
   float acc[kColumns] = {};
   for (int base = 0; base < p.num_splits; base += 32) {
     const int count = p.num_splits - base < 32 ? p.num_splits - base : 32;
@@ -57,12 +60,10 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
 #pragma unroll 8
     for (int j = 0; j < count; ++j) {
       const float w = __shfl_sync(~0u, weight, j);
-      if (has_columns && w > 0.f) {
-        const uint4 bits = *reinterpret_cast<const uint4*>(partial + (base + j) * partial_stride + d0);
-        const Element* values = reinterpret_cast<const Element*>(&bits);
+      const uint4 bits = *reinterpret_cast<const uint4*>(columns + (base + j) * partial_stride);
+      const Element* values = reinterpret_cast<const Element*>(&bits);
 #pragma unroll
-        for (int c = 0; c < kColumns; ++c) acc[c] += w * float(values[c]);
-      }
+      for (int c = 0; c < kColumns; ++c) acc[c] += w > 0.f ? w * float(values[c]) : 0.f;
     }
   }
   if (has_columns) {
