@@ -8,7 +8,10 @@ before P V (3 mantissa bits: up to 2^-4 relative per probability, about 3-4% of 
 over keys), and the output's rounding to bfloat16 / float16. Q K^T runs on the fp8 tensor cores, whose sums
 keep fewer bits than float32 (about 14): a score's error grows with sum_d |q_d k_d|, so lse's bound does too
 (on an H200 the largest lse error was 2^-12.6 to 2^-14 of scale * max_j sum_d |q_d k_d|, the row's largest).
-CPU cases check the argument errors and the refusals (no CPU kernels, no gradient, no XLA)."""
+CPU cases check the argument errors, the refusals (no CPU kernels, no gradient) and the XLA lowering (one custom
+call of the fp8 target; on the CPU its handler refuses as the CPU kernel does)."""
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -101,8 +104,8 @@ def _run(tensors, descales, mode="eager", **kwargs):
         return tf_flash.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
                                         **kwargs)
 
-    if mode == "tf.function":
-        fn = tf.function(fn)
+    if mode in ("tf.function", "xla"):
+        fn = tf.function(fn, jit_compile=mode == "xla")
     with tf.device("/GPU:0"):
         on_gpu = [tf.identity(t) for t in (q8, k8, v8, qd, kd, vd)]
         out, lse = fn(*on_gpu)
@@ -152,12 +155,16 @@ def test_fp8_forward_matches_float64(rng, head_dim, causal, heads_kv, per_head):
 @hopper
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("output_dtype", [tf.bfloat16, tf.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("mode", ["eager", "tf.function"])
+@pytest.mark.parametrize("mode", ["eager", "tf.function", "xla"])
 def test_fp8_output_dtype_and_modes(rng, head_dim, output_dtype, mode):
     _skip_uncompiled(head_dim)
     tensors, descales = _inputs(rng, 1, 257, 129, 2, 2, head_dim, per_head=False)
     out, lse = _run(tensors, descales, mode=mode, output_dtype=output_dtype)
     _check(out, lse, tensors, descales, head_dim, output_dtype=output_dtype)
+    if mode != "eager":  # the same kernel on the same inputs: the eager call's bits
+        eager_out, eager_lse = _run(tensors, descales, output_dtype=output_dtype)
+        np.testing.assert_array_equal(to_numpy(out), to_numpy(eager_out))
+        np.testing.assert_array_equal(to_numpy(lse), to_numpy(eager_lse))
 
 
 @pytest.mark.gpu
@@ -165,8 +172,10 @@ def test_fp8_output_dtype_and_modes(rng, head_dim, output_dtype, mode):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("features", ["kv_lengths", "window", "softcap", "segment_ids", "attention_mask",
                                       "block_mask", "q_lengths"])
-def test_fp8_features(rng, head_dim, features):
-    """The Hopper forward's features come through the fp8 kernel (the same templated kernel)."""
+@pytest.mark.parametrize("mode", ["eager", "xla"])
+def test_fp8_features(rng, head_dim, features, mode):
+    """The Hopper forward's features come through the fp8 kernel (the same templated kernel), and through its XLA
+    custom call (the packed attn_mask and V^T from XLA's scratch allocator)."""
     batch, seqlen, heads, heads_kv = 2, 384, 4, 2
     tensors, descales = _inputs(rng, batch, seqlen, seqlen, heads, heads_kv, head_dim, per_head=True)
     kwargs = {}
@@ -191,7 +200,7 @@ def test_fp8_features(rng, head_dim, features):
         block_mask = rng.random((heads, blocks, blocks)) < 0.6
         block_mask[:, :, 0] = True
         kwargs = dict(block_mask=tf.constant(block_mask), block_size=128)
-    out, lse = _run(tensors, descales, **kwargs)
+    out, lse = _run(tensors, descales, mode=mode, **kwargs)
     reference_kwargs = {name: (to_numpy(value, None) if isinstance(value, tf.Tensor) else value)
                         for name, value in kwargs.items()}
     _check(out, lse, tensors, descales, head_dim, **reference_kwargs)
@@ -326,15 +335,48 @@ def test_fp8_dropout_refused(rng):
         tf_flash.flash_attention(q, k, v, dropout_rate=0.1)
 
 
-def test_fp8_under_xla_refused(rng):
+def test_fp8_under_xla_is_one_custom_call(rng):
+    """Under jit_compile the fp8 forward lowers to one call of its own target, the descales among its operands and
+    no score matrix; on the CPU that call refuses at run time, as the CPU kernel does."""
+    seqlen = 136  # a size no other dim has: an [.., 136, 136] value would be the score matrix
+    tensors, descales = _inputs(rng, 1, seqlen, seqlen, 2, 1, 64, per_head=True)
+
+    @tf.function(jit_compile=True)
+    def fn(q8, k8, v8, qd, kd, vd):
+        return tf_flash.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
+                                        output_dtype=tf.float16)
+
+    with tf.device("/CPU:0"):
+        hlo = fn.experimental_get_compiler_ir(*tensors, *descales)(stage="hlo")
+        call = re.search(r"= \(f16\[1,136,2,64\](\{[0-9,]*\})?, f32\[1,2,136\](\{[0-9,]*\})?\) custom-call\(([^)]*)\)"
+                         r".*custom_call_target=\"tf_flash_attention_fwd_fp8\"", hlo)
+        assert call, hlo
+        assert call.group(3).count("f8e4m3fn[1,136,") == 3 and call.group(3).count("f32[1,1]") == 3
+        assert "api_version=API_VERSION_TYPED_FFI" in hlo
+        assert not re.search(rf"\[[0-9,]*{seqlen},{seqlen}\]", hlo), "an [S, S] value in the HLO"
+        assert " dot(" not in hlo
+        with pytest.raises(tf.errors.InvalidArgumentError, match="FP8 \\(float8_e4m3fn\\).*Hopper GPU.*XLA's CPU"):
+            fn(*tensors, *descales)
+
+
+def test_fp8_under_xla_checks_descales_at_compile_time(rng):
+    """The lowering checks the op's inputs as the kernel does (here the descales, which the Python front door
+    would broadcast: the op called directly)."""
+    from tf_flash._ops import ops  # pylint: disable=import-outside-toplevel
     (q, k, v), _ = _small(rng)
+    empty_mask = tf.zeros([0, 0, 0, 0], tf.bool)
 
     @tf.function(jit_compile=True)
     def fn(q, k, v):
-        return tf_flash.flash_attention(q, k, v)
+        return ops.tf_flash_flash_attention_fp8(
+            query=q, key=k, value=v, q_lengths=tf.zeros([0], tf.int32), kv_lengths=tf.zeros([0], tf.int32),
+            attention_mask=empty_mask, block_mask=empty_mask, q_segment_ids=tf.zeros([0, 0], tf.int32),
+            kv_segment_ids=tf.zeros([0, 0], tf.int32), seed=tf.zeros([2], tf.int64),
+            q_descale=tf.ones([2, 2]), k_descale=tf.ones([]), v_descale=tf.ones([]), scale=0.125)[0]
 
-    with pytest.raises(ValueError, match="FP8 \\(float8_e4m3fn\\) attention has no XLA lowering"):
-        fn.get_concrete_function(q, k, v)
+    with tf.device("/CPU:0"), pytest.raises(tf.errors.InvalidArgumentError,
+                                            match="must all be per tensor or all per \\[batch, kv_heads\\]"):
+        fn(q, k, v)
 
 
 def test_fp8_gradient_raises(rng):

@@ -369,8 +369,12 @@ IMPORT_ORDER_SCRIPT = textwrap.dedent("""
     compiled = tf.function(fn, jit_compile=True)
     hlo = compiled.experimental_get_compiler_ir(q, k, v)(stage="hlo")
     (out, dq), (ref, dq_ref) = compiled(q, k, v), fn(q, k, v)
+    q8 = tf.cast(q, tf.dtypes.experimental.float8_e4m3fn)  # the fp8 op's lowering (its type attr: output_dtype)
+    fp8_hlo = tf.function(lambda q8: tf_flash.flash_attention(q8, q8, q8), jit_compile=True
+                          ).experimental_get_compiler_ir(q8)(stage="hlo")
     print(json.dumps({{"diff": float(np.abs(out - ref).max()), "grad_diff": float(np.abs(dq - dq_ref).max()),
-                      "custom_call": "tf_flash_attention_fwd" in hlo and "tf_flash_attention_bwd" in hlo}}))
+                      "custom_call": "tf_flash_attention_fwd" in hlo and "tf_flash_attention_bwd" in hlo,
+                      "fp8_custom_call": "tf_flash_attention_fwd_fp8" in fp8_hlo}}))
 """)
 
 
@@ -380,7 +384,8 @@ def test_registration_is_seen_when_xla_compiled_before_import():
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["custom_call"] and result["diff"] < 1e-5 and result["grad_diff"] < 1e-4, result
+    assert result["custom_call"] and result["fp8_custom_call"], result
+    assert result["diff"] < 1e-5 and result["grad_diff"] < 1e-4, result
 
 
 # ---- Keras ----

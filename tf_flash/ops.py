@@ -195,8 +195,8 @@ def flash_attention(query, key, value, *, causal=False, window=None, q_lengths=N
         (per tensor) or [B, Hkv] (per batch entry and KV head); None = 1. The result is the attention of
         query * q_descale, key * k_descale and value * v_descale (q_descale * k_descale joins the scores' scale,
         v_descale multiplies the output). FP8 runs on Hopper GPUs only (sm_90; elsewhere a clear error), forward
-        only (the gradient raises), without dropout and outside XLA (jit_compile raises); head dims are multiples
-        of 16 up to 256.
+        only (the gradient raises), without dropout; under jit_compile as one custom call too. Head dims are
+        multiples of 16 up to 256.
       output_dtype: float8_e4m3fn inputs only: tf.bfloat16 (None, the default) or tf.float16.
 
     Returns:
@@ -320,7 +320,7 @@ _DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 
 def _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dropout_rate):
     """The float8_e4m3fn arguments: descales and output_dtype only with fp8 inputs; fp8 without dropout (the rate
-    check_rate returned) and outside XLA. Returns the output dtype (tf.bfloat16 by default; None for other
+    check_rate returned). Returns the output dtype (tf.bfloat16 by default; None for other
     inputs)."""
     given = {name: value for name, value in zip(_DESCALE_NAMES + ("output_dtype",),
                                                 (q_descale, k_descale, v_descale, output_dtype)) if value is not None}
@@ -343,10 +343,6 @@ def _check_fp8_arguments(fp8, q_descale, k_descale, v_descale, output_dtype, dro
     if dropout_rate != 0.0:
         raise ValueError("FP8 (float8_e4m3fn) attention takes no dropout (a forward for inference). "
                          f"Received: dropout_rate={_checks.describe(dropout_rate)}")
-    if _checks.in_xla_context():
-        raise ValueError("FP8 (float8_e4m3fn) attention has no XLA lowering: call tf_flash.flash_attention with "
-                         "float8_e4m3fn inputs eagerly or in a tf.function without jit_compile. Received: "
-                         "float8_e4m3fn inputs under jit_compile=True")
     return output_dtype
 
 

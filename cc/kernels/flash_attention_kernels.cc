@@ -214,10 +214,7 @@ class FlashAttentionFp8Op : public tf::OpKernel {
     const tf::Tensor& v_descale = ctx->input(kDescale + 2);
     OP_REQUIRES_OK(ctx, CheckDescaleShapes(p, q_descale.shape(), k_descale.shape(), v_descale.shape(), &p));
     if (!Launcher<Device>::kHasFp8) {
-      ctx->CtxFailure(tf::errors::InvalidArgument(
-          "FP8 (float8_e4m3fn) attention needs a Hopper GPU (sm_90): the CPU has no FP8 kernels. Run it under a "
-          "GPU device, or dequantize the inputs to bfloat16 (received query.dtype=float8_e4m3fn on ",
-          ctx->device()->name(), ")"));
+      ctx->CtxFailure(Fp8NeedsHopperGpu(ctx->device()->name()));
       return;
     }
     p.q_descale = q_descale.flat<float>().data();

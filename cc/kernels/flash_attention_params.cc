@@ -367,6 +367,12 @@ tf::Status CheckDescaleShapes(const FlashFwdParams& p, const tf::TensorShape& q_
   return tf::Status();
 }
 
+tf::Status Fp8NeedsHopperGpu(const std::string& where) {
+  return tf::errors::InvalidArgument(
+      "FP8 (float8_e4m3fn) attention needs a Hopper GPU (sm_90): the CPU has no FP8 kernels. Run it under a GPU "
+      "device, or dequantize the inputs to bfloat16 (received query.dtype=float8_e4m3fn on ", where, ")");
+}
+
 // ---- CUDA ----
 namespace {
 // The tensor-core kernels take float16/bfloat16 with head dims that are multiples of 8. Other inputs are

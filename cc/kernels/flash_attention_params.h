@@ -104,6 +104,9 @@ void SetInputPointers(const FlashInputShapes& shapes, const FlashInputData& data
                                        const ::tensorflow::TensorShape& k_descale,
                                        const ::tensorflow::TensorShape& v_descale, FlashFwdParams* out);
 
+// The fp8 forward's refusal where it has no kernel (the CPU): `where` names the device, or XLA's platform.
+::tensorflow::Status Fp8NeedsHopperGpu(const std::string& where);
+
 // Lengths in [0, seqlen]: checked where their values are on the host (CPU); the GPU kernels clamp.
 ::tensorflow::Status CheckLengthValues(const FlashFwdParams& p);
 

@@ -1,4 +1,4 @@
-// The XLA front door of TfFlash>FlashAttention and TfFlash>FlashAttentionGrad.
+// The XLA front door of TfFlash>FlashAttention, TfFlash>FlashAttentionGrad and TfFlash>FlashAttentionFp8.
 //
 // Under tf.function(jit_compile=True) (and Keras' jit_compile), TF lowers each op with the XlaOpKernels
 // below: they validate the shapes XLA knows at compile time with the ops' own messages (FillParams) and
@@ -49,6 +49,10 @@ constexpr char kFwdTarget[] = "tf_flash_attention_fwd";
 // most of a short cache's step).
 constexpr char kFwdGraphTarget[] = "tf_flash_attention_fwd_graph";
 constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
+// The fp8 forward: the forward's operands and the three descales. Its V^T (and a packed attn_mask) come from XLA's
+// scratch allocator, so it stays outside the CUDA graphs; fp8 calls are training-sized, not decode steps.
+constexpr char kFwdFp8Target[] = "tf_flash_attention_fwd_fp8";
+constexpr int kNumFp8Inputs = kNumFwdInputs + 3;  // q_descale, k_descale, v_descale follow the forward's inputs
 
 FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int (&index)[kNumFwdInputs]) {
   FlashInputShapes s;
@@ -102,6 +106,9 @@ tf::Status InputShapes(tf::XlaOpKernelContext* ctx, const char* const* names, in
 constexpr const char* kFwdInputNames[kNumFwdInputs] = {
     "query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask", "q_segment_ids",
     "kv_segment_ids", "seed"};
+constexpr const char* kFp8InputNames[kNumFp8Inputs] = {
+    "query", "key", "value", "q_lengths", "kv_lengths", "attention_mask", "block_mask", "q_segment_ids",
+    "kv_segment_ids", "seed", "q_descale", "k_descale", "v_descale"};
 constexpr const char* kBwdInputNames[kNumBwdInputs] = {
     "d_output",  "query",      "key",            "value",      "output", "lse", "d_lse",
     "q_lengths", "kv_lengths", "attention_mask", "block_mask", "q_segment_ids", "kv_segment_ids", "rng_state"};
@@ -164,10 +171,43 @@ class FlashAttentionGradXlaOp : public tf::XlaOpKernel {
   FlashAttrs attrs_;
 };
 
+// The fp8 forward: checked at compile time as the OpKernel checks (descales included), one call of its own target.
+// On the CPU its handler fails as the CPU OpKernel does, at run time, so that a graph means the same on every
+// device.
+class FlashAttentionFp8XlaOp : public tf::XlaOpKernel {
+ public:
+  explicit FlashAttentionFp8XlaOp(tf::OpKernelConstruction* ctx) : tf::XlaOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadFlashAttrs(ctx, &attrs_));
+  }
+
+  void Compile(tf::XlaOpKernelContext* ctx) override {
+    std::vector<tf::TensorShape> all;
+    OP_REQUIRES_OK(ctx, InputShapes(ctx, kFp8InputNames, kNumFp8Inputs, &all));
+    const FlashInputShapes shapes = ShapesAt(all, kFwdInputs);
+    FlashFwdParams p;
+    OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
+    OP_REQUIRES_OK(ctx,
+                   CheckDescaleShapes(p, all[kNumFwdInputs], all[kNumFwdInputs + 1], all[kNumFwdInputs + 2], &p));
+    const xla::XlaOp call =
+        EmitFlashCall(ctx, kFwdFp8Target, kNumFp8Inputs,
+                      {RowMajor(ctx->output_xla_type(0), OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))},
+                      attrs_);
+    ctx->SetOutput(0, xla::GetTupleElement(call, 0));
+    ctx->SetOutput(1, xla::GetTupleElement(call, 1));
+    ctx->SetOutput(2, ctx->Input(kFwdInputs[kSeedInput]));
+  }
+
+ private:
+  FlashAttrs attrs_;
+};
+
 constexpr tf::DataType kFlashTypes[] = {tf::DT_FLOAT, tf::DT_HALF, tf::DT_BFLOAT16};
+constexpr tf::DataType kFp8OutputTypes[] = {tf::DT_BFLOAT16, tf::DT_HALF};
 
 REGISTER_XLA_OP(Name("TfFlash>FlashAttention").TypeConstraint("T", kFlashTypes), FlashAttentionXlaOp);
 REGISTER_XLA_OP(Name("TfFlash>FlashAttentionGrad").TypeConstraint("T", kFlashTypes), FlashAttentionGradXlaOp);
+REGISTER_XLA_OP(Name("TfFlash>FlashAttentionFp8").TypeConstraint("output_dtype", kFp8OutputTypes),
+                FlashAttentionFp8XlaOp);
 
 // XlaOpRegistry turns registrations into kernels on the XLA_*_JIT devices once, the first time anything is
 // compiled (RegisterCompilationKernels); a registration made later is stored but never becomes a kernel,
@@ -181,36 +221,48 @@ bool CompilationKernelsBuilt(const std::string& backend) {
   return tf::FindKernelDef(tf::DeviceType(backend), identity, nullptr, nullptr).ok();
 }
 
-bool HasOurKernel(const std::string& backend, const char* op) {
+// Our XLA ops, each with its type attribute and the types it is registered for.
+struct OurXlaOp {
+  const char* op;
+  const char* type_attr;
+  absl::Span<const tf::DataType> types;
+  tf::OpKernel* (*create)(tf::OpKernelConstruction*);
+};
+
+bool HasOurKernel(const std::string& backend, const OurXlaOp& xla_op) {
   tf::NodeDef node;
   node.set_name("probe");
-  node.set_op(op);
-  (*node.mutable_attr())["T"].set_type(tf::DT_FLOAT);
-  // FindKernelDef needs every attr of the OpDef only for matching constraints; T is the only one.
+  node.set_op(xla_op.op);
+  (*node.mutable_attr())[xla_op.type_attr].set_type(xla_op.types[0]);
+  // FindKernelDef needs every attr of the OpDef only for matching constraints; the type attr is the only one.
   return tf::FindKernelDef(tf::DeviceType(backend), node, nullptr, nullptr).ok();
 }
 
-template <typename Kernel>
-void RegisterLateKernel(const std::string& backend, const char* op) {
+void RegisterLateKernel(const std::string& backend, const OurXlaOp& xla_op) {
   auto* def = new tf::KernelDef;
-  def->set_op(op);
+  def->set_op(xla_op.op);
   def->set_device_type(backend);
   auto* allowed = def->add_constraint();
-  allowed->set_name("T");
-  for (tf::DataType type : kFlashTypes) allowed->mutable_allowed_values()->mutable_list()->add_type(type);
+  allowed->set_name(xla_op.type_attr);
+  for (tf::DataType type : xla_op.types) allowed->mutable_allowed_values()->mutable_list()->add_type(type);
   // Lives as long as the process, like the registrars RegisterCompilationKernels keeps.
-  new tf::kernel_factory::OpKernelRegistrar(
-      def, "XlaJitOp", [](tf::OpKernelConstruction* ctx) -> tf::OpKernel* { return new Kernel(ctx); });
+  new tf::kernel_factory::OpKernelRegistrar(def, "XlaJitOp", xla_op.create);
+}
+
+template <typename Kernel>
+tf::OpKernel* CreateKernel(tf::OpKernelConstruction* ctx) {
+  return new Kernel(ctx);
 }
 
 const bool kLateKernelsRegistered = [] {
+  const OurXlaOp ops[] = {
+      {"TfFlash>FlashAttention", "T", kFlashTypes, CreateKernel<FlashAttentionXlaOp>},
+      {"TfFlash>FlashAttentionGrad", "T", kFlashTypes, CreateKernel<FlashAttentionGradXlaOp>},
+      {"TfFlash>FlashAttentionFp8", "output_dtype", kFp8OutputTypes, CreateKernel<FlashAttentionFp8XlaOp>}};
   for (const std::string& backend : tf::XlaOpRegistry::BackendNames()) {
     if (!CompilationKernelsBuilt(backend)) continue;  // built later, from our REGISTER_XLA_OP above
-    if (!HasOurKernel(backend, "TfFlash>FlashAttention")) {
-      RegisterLateKernel<FlashAttentionXlaOp>(backend, "TfFlash>FlashAttention");
-    }
-    if (!HasOurKernel(backend, "TfFlash>FlashAttentionGrad")) {
-      RegisterLateKernel<FlashAttentionGradXlaOp>(backend, "TfFlash>FlashAttentionGrad");
+    for (const OurXlaOp& xla_op : ops) {
+      if (!HasOurKernel(backend, xla_op)) RegisterLateKernel(backend, xla_op);
     }
   }
   return true;
@@ -327,6 +379,37 @@ tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs&
   return tf::Status();
 }
 
+// The fp8 forward's call: the forward's operands, then the descales; results output (bfloat16 or float16) and lse.
+tf::Status PrepareForwardFp8(const ffi::Dictionary& dict, const ffi::RemainingArgs& args,
+                             const ffi::RemainingRets& rets, ForwardCall* call, CallBuffers* in) {
+  FlashAttrs attrs;
+  TF_RETURN_IF_ERROR(ReadAttrs(dict, &attrs));
+  CallBuffers out;
+  TF_RETURN_IF_ERROR(ReadBuffers(args, kNumFp8Inputs, rets, 2, in, &out));
+  if (in->types[0] != ffi::DataType::F8E4M3FN || (out.types[0] != ffi::DataType::BF16 &&
+                                                  out.types[0] != ffi::DataType::F16)) {
+    return tf::errors::Internal("tf_flash: the fp8 forward's call has query of XLA type ",
+                                static_cast<int>(in->types[0]), " and output of XLA type ",
+                                static_cast<int>(out.types[0]));
+  }
+  const FlashInputShapes shapes = ShapesAt(in->shapes, kFwdInputs);
+  FlashFwdParams& p = call->params;
+  TF_RETURN_IF_ERROR(FillParams(attrs, shapes, &p));
+  TF_RETURN_IF_ERROR(CheckDescaleShapes(p, in->shapes[kNumFwdInputs], in->shapes[kNumFwdInputs + 1],
+                                        in->shapes[kNumFwdInputs + 2], &p));
+  const auto& d = in->data;
+  SetInputPointers(shapes, DataAt(d, kFwdInputs), &p);
+  p.q_descale = static_cast<const float*>(d[kNumFwdInputs]);
+  p.k_descale = static_cast<const float*>(d[kNumFwdInputs + 1]);
+  p.v_descale = static_cast<const float*>(d[kNumFwdInputs + 2]);
+  p.out_float16 = out.types[0] == ffi::DataType::F16;
+  p.out = out.data[0];
+  p.lse = static_cast<float*>(out.data[1]);
+  call->dtype = DType::kFloat8E4M3;
+  call->empty = out.shapes[0].num_elements() == 0 && out.shapes[1].num_elements() == 0;
+  return tf::Status();
+}
+
 struct BackwardCall {
   FlashBwdParams params;
   DType dtype;
@@ -428,6 +511,14 @@ ffi::Error FlashBwdHost(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Rema
                                    allocate));
 }
 
+// The fp8 forward on the CPU: the CPU OpKernel's refusal, after the same checks.
+ffi::Error FlashFwdFp8Host(ffi::RemainingArgs args, ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  ForwardCall call;
+  CallBuffers in;
+  const tf::Status status = PrepareForwardFp8(attrs, args, rets, &call, &in);
+  return ToFfiError(status.ok() ? Fp8NeedsHopperGpu("XLA's CPU platform") : status);
+}
+
 XLA_FFI_DEFINE_HANDLER(kFlashFwdHost, FlashFwdHost,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::ThreadPool>()
@@ -442,7 +533,10 @@ XLA_FFI_DEFINE_HANDLER(kFlashBwdHost, FlashBwdHost,
                            .Attrs<ffi::Dictionary>());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "Host", kFlashFwdHost);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdGraphTarget, "Host", kFlashFwdHost);
+XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8Host, FlashFwdFp8Host,
+                       ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs<ffi::Dictionary>());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "Host", kFlashBwdHost);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdFp8Target, "Host", kFlashFwdFp8Host);
 
 // ---- CUDA ----
 #if TF_FLASH_WITH_CUDA
@@ -492,6 +586,16 @@ ffi::Error FlashFwdCudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::
   return RunForwardOnStream(stream, args, rets, attrs, no_scratch);
 }
 
+ffi::Error FlashFwdFp8Cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
+                           ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  ForwardCall call;
+  CallBuffers in;
+  const tf::Status status = PrepareForwardFp8(attrs, args, rets, &call, &in);
+  if (!status.ok() || call.empty) return ToFfiError(status);
+  SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
+  return ToFfiError(RunFlashFwdCudaFp8(call.params, stream, XlaScratch(&scratch)));
+}
+
 ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
                         ffi::RemainingRets rets, ffi::Dictionary attrs) {
   BackwardCall call;
@@ -523,7 +627,15 @@ XLA_FFI_DEFINE_HANDLER(kFlashBwdCuda, FlashBwdCuda,
                            .RemainingArgs()
                            .RemainingRets()
                            .Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8Cuda, FlashFwdFp8Cuda,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Ctx<ffi::ScratchAllocator>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs<ffi::Dictionary>());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "CUDA", kFlashFwdCuda);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdFp8Target, "CUDA", kFlashFwdFp8Cuda);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdGraphTarget, "CUDA", kFlashFwdCudaGraph,
                          XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "CUDA", kFlashBwdCuda);
