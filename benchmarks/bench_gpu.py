@@ -425,10 +425,6 @@ def main():
     args = parser.parse_args()
     if args.calls_per_function < 1:
         parser.error(f"--calls-per-function must be >= 1. Received: {args.calls_per_function}")
-    if args.calls_per_function > 1 and "fp8" in (args.dtypes or []):
-        # A chain feeds each output to the next call as its query: fp8's output is bfloat16.
-        parser.error(f"--calls-per-function > 1 chains outputs into queries, which fp8 (bfloat16 output) cannot. "
-                     f"Received: --calls-per-function {args.calls_per_function} with --dtypes {' '.join(args.dtypes)}")
     args.out_dir = common.output_dir(args.out_dir, args.quick)
     if args.worker:
         worker_main(args)

@@ -116,8 +116,9 @@ def make_fns(impl, causal, extra=None, chain=1, jit_compile=None):
     chain > 1: each call runs `chain` attentions, each one's output the next one's query (as a model's layers
     follow one another; none can be dropped, and dv must equal d), so that TF's own cost of a function call
     (0.4-0.6 ms of host time on the lent machines, whatever it holds) is spread over them as over a model's
-    graph: the time per attention is the call's over `chain`. jit_compile: XLA around the call (None: only for
-    tf_standard_xla)."""
+    graph: the time per attention is the call's over `chain` (with fp8 queries, each but the last output is cast
+    back to fp8, an elementwise pass over [b, s, h, d] counted in it). jit_compile: XLA around the call (None:
+    only for tf_standard_xla)."""
     import tensorflow as tf
     extra = dict(extra or {})
     jit = False
@@ -142,8 +143,10 @@ def make_fns(impl, causal, extra=None, chain=1, jit_compile=None):
 
     def attend(q, k, v):
         out = q
-        for _ in range(chain):
+        for i in range(chain):
             out = attn(out, k, v)
+            if i + 1 < chain and out.dtype != q.dtype:  # fp8 queries give bfloat16: quantized again (a cast)
+                out = tf.cast(out, q.dtype)
         return out
 
     def fwd(q, k, v, dout):

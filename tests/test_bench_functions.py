@@ -50,6 +50,25 @@ def test_chained_calls_feed_each_output_to_the_next_query(impl, rng):
         np.testing.assert_allclose(grad.numpy(), ref.numpy(), atol=5e-5, err_msg=name)
 
 
+def test_chained_calls_cast_outputs_back_to_the_query_dtype(monkeypatch):
+    """A chain of fp8 calls (bfloat16 outputs) quantizes each output again for the next query: stood in for here by
+    an attention whose output dtype differs from its query's (the fp8 forward runs on Hopper GPUs only)."""
+    import tf_flash
+    seen = []
+
+    def attention(q, k, v, **unused):
+        seen.append(q.dtype)
+        return tf.cast(q, tf.float32) * 0.5 + tf.reduce_mean(tf.cast(v, tf.float32))
+
+    monkeypatch.setattr(tf_flash, "flash_attention", attention)
+    fwd, _ = common.make_fns("tf_flash", False, chain=3)
+    with tf.device("/CPU:0"):
+        q, k, v = (tf.fill([1, 4, 2, 8], 2.0) for _ in range(3))
+        out = fwd(tf.cast(q, tf.float16), tf.cast(k, tf.float16), tf.cast(v, tf.float16), q)
+    assert seen == [tf.float16] * 3 and out.dtype == tf.float32
+    np.testing.assert_allclose(out.numpy(), ((2.0 * 0.5 + 2.0) * 0.5 + 2.0) * 0.5 + 2.0)
+
+
 _PLOT_SPEC = importlib.util.spec_from_file_location(
     "bench_plot", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "plot.py"))
 plot = importlib.util.module_from_spec(_PLOT_SPEC)
