@@ -351,21 +351,33 @@ struct ForwardCall {
   bool empty;
 };
 
-tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
-                          ForwardCall* call, CallBuffers* in) {
+// What both forward targets share: attrs, the forward's inputs among the first num_args operands, output and lse
+// as the first two of num_rets results (`out`: all of them).
+tf::Status PrepareForwardCall(const ffi::Dictionary& dict, const ffi::RemainingArgs& args, int num_args,
+                              const ffi::RemainingRets& rets, int num_rets, ForwardCall* call, CallBuffers* in,
+                              CallBuffers* out, FlashInputShapes* shapes) {
   FlashAttrs attrs;
   TF_RETURN_IF_ERROR(ReadAttrs(dict, &attrs));
-  CallBuffers out;
-  // A third result: the lowering's workspace (FlashFwdCudaWorkspaceLayout).
-  TF_RETURN_IF_ERROR(ReadBuffers(args, kNumFwdInputs, rets, rets.size() == 3 ? 3 : 2, in, &out));
-  const FlashInputShapes shapes = ShapesAt(in->shapes, kFwdInputs);
+  TF_RETURN_IF_ERROR(ReadBuffers(args, num_args, rets, num_rets, in, out));
+  *shapes = ShapesAt(in->shapes, kFwdInputs);
   FlashFwdParams& p = call->params;
-  TF_RETURN_IF_ERROR(FillParams(attrs, shapes, &p));
+  TF_RETURN_IF_ERROR(FillParams(attrs, *shapes, &p));
+  SetInputPointers(*shapes, DataAt(in->data, kFwdInputs), &p);
+  p.out = out->data[0];
+  p.lse = static_cast<float*>(out->data[1]);
+  call->empty = out->shapes[0].num_elements() == 0 && out->shapes[1].num_elements() == 0;
+  return tf::Status();
+}
+
+tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
+                          ForwardCall* call, CallBuffers* in) {
+  CallBuffers out;
+  FlashInputShapes shapes;
+  // A third result: the lowering's workspace (FlashFwdCudaWorkspaceLayout).
+  TF_RETURN_IF_ERROR(
+      PrepareForwardCall(dict, args, kNumFwdInputs, rets, rets.size() == 3 ? 3 : 2, call, in, &out, &shapes));
   TF_RETURN_IF_ERROR(ToDType(in->types[0], &call->dtype));
-  const auto& d = in->data;
-  SetInputPointers(shapes, DataAt(d, kFwdInputs), &p);
-  p.out = out.data[0];
-  p.lse = static_cast<float*>(out.data[1]);
+  FlashFwdParams& p = call->params;
   if (out.data.size() == 3) {
     const FlashFwdCudaWorkspace workspace = FlashFwdCudaWorkspaceLayout(p, shapes, call->dtype);
     if (out.shapes[2].num_elements() < workspace.bytes) {
@@ -375,38 +387,30 @@ tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs&
     if (workspace.split_bytes > 0) p.split_workspace = out.data[2];
     if (workspace.mask_bytes > 0) p.mask_workspace = static_cast<char*>(out.data[2]) + workspace.mask_offset;
   }
-  call->empty = out.shapes[0].num_elements() == 0 && out.shapes[1].num_elements() == 0;
   return tf::Status();
 }
 
 // The fp8 forward's call: the forward's operands, then the descales; results output (bfloat16 or float16) and lse.
 tf::Status PrepareForwardFp8(const ffi::Dictionary& dict, const ffi::RemainingArgs& args,
                              const ffi::RemainingRets& rets, ForwardCall* call, CallBuffers* in) {
-  FlashAttrs attrs;
-  TF_RETURN_IF_ERROR(ReadAttrs(dict, &attrs));
   CallBuffers out;
-  TF_RETURN_IF_ERROR(ReadBuffers(args, kNumFp8Inputs, rets, 2, in, &out));
-  if (in->types[0] != ffi::DataType::F8E4M3FN || (out.types[0] != ffi::DataType::BF16 &&
-                                                  out.types[0] != ffi::DataType::F16)) {
+  FlashInputShapes shapes;
+  TF_RETURN_IF_ERROR(PrepareForwardCall(dict, args, kNumFp8Inputs, rets, 2, call, in, &out, &shapes));
+  if (in->types[0] != ffi::DataType::F8E4M3FN ||
+      (out.types[0] != ffi::DataType::BF16 && out.types[0] != ffi::DataType::F16)) {
     return tf::errors::Internal("tf_flash: the fp8 forward's call has query of XLA type ",
                                 static_cast<int>(in->types[0]), " and output of XLA type ",
                                 static_cast<int>(out.types[0]));
   }
-  const FlashInputShapes shapes = ShapesAt(in->shapes, kFwdInputs);
   FlashFwdParams& p = call->params;
-  TF_RETURN_IF_ERROR(FillParams(attrs, shapes, &p));
+  const auto& d = in->data;
   TF_RETURN_IF_ERROR(CheckDescaleShapes(p, in->shapes[kNumFwdInputs], in->shapes[kNumFwdInputs + 1],
                                         in->shapes[kNumFwdInputs + 2], &p));
-  const auto& d = in->data;
-  SetInputPointers(shapes, DataAt(d, kFwdInputs), &p);
   p.q_descale = static_cast<const float*>(d[kNumFwdInputs]);
   p.k_descale = static_cast<const float*>(d[kNumFwdInputs + 1]);
   p.v_descale = static_cast<const float*>(d[kNumFwdInputs + 2]);
   p.out_float16 = out.types[0] == ffi::DataType::F16;
-  p.out = out.data[0];
-  p.lse = static_cast<float*>(out.data[1]);
   call->dtype = DType::kFloat8E4M3;
-  call->empty = out.shapes[0].num_elements() == 0 && out.shapes[1].num_elements() == 0;
   return tf::Status();
 }
 
