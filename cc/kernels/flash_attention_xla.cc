@@ -113,6 +113,23 @@ constexpr const char* kBwdInputNames[kNumBwdInputs] = {
     "d_output",  "query",      "key",            "value",      "output", "lse", "d_lse",
     "q_lengths", "kv_lengths", "attention_mask", "block_mask", "q_segment_ids", "kv_segment_ids", "rng_state"};
 
+// A forward op's compile-time checks, as its OpKernel makes them: static shapes of its `num_inputs` inputs (`all`),
+// the forward's among them (`shapes`) and the params they give.
+tf::Status CheckForwardInputs(tf::XlaOpKernelContext* ctx, const FlashAttrs& attrs, const char* const* names,
+                              int num_inputs, std::vector<tf::TensorShape>* all, FlashInputShapes* shapes,
+                              FlashFwdParams* p) {
+  TF_RETURN_IF_ERROR(InputShapes(ctx, names, num_inputs, all));
+  *shapes = ShapesAt(*all, kFwdInputs);
+  return FillParams(attrs, *shapes, p);
+}
+
+// A forward op's outputs from its call: output, lse, and rng_state, the seed itself, as in the OpKernel.
+void SetForwardOutputs(tf::XlaOpKernelContext* ctx, const xla::XlaOp& call) {
+  ctx->SetOutput(0, xla::GetTupleElement(call, 0));
+  ctx->SetOutput(1, xla::GetTupleElement(call, 1));
+  ctx->SetOutput(2, ctx->Input(kFwdInputs[kSeedInput]));
+}
+
 class FlashAttentionXlaOp : public tf::XlaOpKernel {
  public:
   explicit FlashAttentionXlaOp(tf::OpKernelConstruction* ctx) : tf::XlaOpKernel(ctx) {
@@ -121,10 +138,9 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
 
   void Compile(tf::XlaOpKernelContext* ctx) override {
     std::vector<tf::TensorShape> all;
-    OP_REQUIRES_OK(ctx, InputShapes(ctx, kFwdInputNames, kNumFwdInputs, &all));
-    const FlashInputShapes shapes = ShapesAt(all, kFwdInputs);
+    FlashInputShapes shapes;
     FlashFwdParams p;
-    OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
+    OP_REQUIRES_OK(ctx, CheckForwardInputs(ctx, attrs_, kFwdInputNames, kNumFwdInputs, &all, &shapes, &p));
     const tf::DataType type = ctx->input_type(0);
     const DType dtype = type == tf::DT_FLOAT  ? DType::kFloat32
                         : type == tf::DT_HALF ? DType::kFloat16
@@ -138,9 +154,7 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
     if (workspace_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {workspace_bytes}));
     const xla::XlaOp call = EmitFlashCall(
         ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs, results, attrs_);
-    ctx->SetOutput(0, xla::GetTupleElement(call, 0));
-    ctx->SetOutput(1, xla::GetTupleElement(call, 1));
-    ctx->SetOutput(2, ctx->Input(kFwdInputs[kSeedInput]));  // rng_state: the seed itself, as in the OpKernel
+    SetForwardOutputs(ctx, call);
   }
 
  private:
@@ -182,19 +196,16 @@ class FlashAttentionFp8XlaOp : public tf::XlaOpKernel {
 
   void Compile(tf::XlaOpKernelContext* ctx) override {
     std::vector<tf::TensorShape> all;
-    OP_REQUIRES_OK(ctx, InputShapes(ctx, kFp8InputNames, kNumFp8Inputs, &all));
-    const FlashInputShapes shapes = ShapesAt(all, kFwdInputs);
+    FlashInputShapes shapes;
     FlashFwdParams p;
-    OP_REQUIRES_OK(ctx, FillParams(attrs_, shapes, &p));
+    OP_REQUIRES_OK(ctx, CheckForwardInputs(ctx, attrs_, kFp8InputNames, kNumFp8Inputs, &all, &shapes, &p));
     OP_REQUIRES_OK(ctx,
                    CheckDescaleShapes(p, all[kNumFwdInputs], all[kNumFwdInputs + 1], all[kNumFwdInputs + 2], &p));
     const xla::XlaOp call =
         EmitFlashCall(ctx, kFwdFp8Target, kNumFp8Inputs,
                       {RowMajor(ctx->output_xla_type(0), OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))},
                       attrs_);
-    ctx->SetOutput(0, xla::GetTupleElement(call, 0));
-    ctx->SetOutput(1, xla::GetTupleElement(call, 1));
-    ctx->SetOutput(2, ctx->Input(kFwdInputs[kSeedInput]));
+    SetForwardOutputs(ctx, call);
   }
 
  private:
