@@ -30,6 +30,9 @@ Implementations, each on the same inputs:
   flash_attn        flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=kv_lengths, causal=True)
                     where `flash_attn` imports (its own split-KV and GQA heuristics)
 
+--dtype fp8: K, V and the query in float8_e4m3fn (an fp8 KV cache; descales of 1, bfloat16 output, each chained
+output cast back to fp8), tf_flash's three calls only; K+V bytes count 1 byte per element.
+
 The torch rows run in a separate process with TensorFlow's library and Python paths taken out of its
 environment (on the lent machine TF's environment puts an older cuDNN than torch's on the library path), and
 are recorded with their reason where torch or flash_attn does not import.
@@ -76,8 +79,11 @@ LABELS = {"tf_flash": "tf_flash (decode path)", "tf_flash_xla": "tf_flash (decod
 COLORS = {"tf_flash": "C3", "tf_flash_xla": "C4", "keras_switch_xla": "C5", "tf_flash_unsplit": "C1",
           "xla_dense": "C7", "torch_sdpa": "C0", "flash_attn": "C2"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16", "float16": "float16",
-          "float32": "float32"}
-ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+          "float32": "float32", "fp8": "float8_e4m3fn"}
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+# float8_e4m3fn (an fp8 KV cache, descales of 1, bfloat16 output): tf_flash's own calls only; the others have no
+# fp8 attention in TF.
+FP8_IMPLS = ["tf_flash", "tf_flash_xla", "tf_flash_unsplit"]
 DEFAULT_ROWS = "8x1@8k,8x1@32k,1x1@128k,8x8@32k"
 HBM_TBPS = {"H100 80GB HBM3": 3.35, "H100 SXM": 3.35, "H200": 4.8}
 QUICK = {"rows": "2x1@4k,1x1@8k,2x4@4k", "heads": 8, "kv_heads": 2, "dim": 64, "dtype": "float32",
@@ -184,8 +190,10 @@ def make_fn(impl, chain):
 
     def run(q, k, v, lengths):
         out = q
-        for _ in range(chain):
+        for i in range(chain):
             out = attn(out, k, v, lengths)
+            if i + 1 < chain and out.dtype != q.dtype:  # fp8 queries give bfloat16: quantized again (a cast)
+                out = tf.cast(out, q.dtype)
         return out
 
     return tf.function(run, jit_compile=impl in ("xla_dense", "tf_flash_xla", "keras_switch_xla"))
@@ -218,7 +226,7 @@ class TFInputs:
     """q, k, v of one row (one seed per row), and its lengths per fill, on the device."""
 
     def __init__(self, tf, cfg, index, row):
-        dtype = getattr(tf, cfg["dtype"])
+        dtype = tf.as_dtype(cfg["dtype"])
         b, sq, s, h, hkv, d = row["batch"], row["new"], row["cache"], cfg["heads"], cfg["kv_heads"], cfg["dim"]
         with tf.device(cfg["device"]):
             self.q = tf.cast(tf.random.stateless_normal([b, sq, h, d], seed=[index, 0]), dtype)
@@ -232,11 +240,13 @@ def run_tf_case(tf, cfg, inputs, row, fill, impl):
     args = (inputs.q, inputs.k, inputs.v, inputs.lengths[fill])
     if impl == "check":  # one call of each, unchained: tf_flash against the unsplit call and dense XLA
         outs = {}
+        others = ["tf_flash_unsplit"] if cfg["dtype"] == "float8_e4m3fn" else ["tf_flash_unsplit", "xla_dense",
+                                                                                 "keras_switch_xla"]
         with tf.device(cfg["device"]):
-            for name in TF_IMPLS:
+            for name in ["tf_flash"] + others:
                 outs[name] = tf.cast(make_fn(name, 1)(*args), tf.float32)
             diff = {f"max_abs_diff_vs_{name}": float(tf.reduce_max(tf.abs(outs["tf_flash"] - outs[name])).numpy())
-                    for name in ("tf_flash_unsplit", "xla_dense", "keras_switch_xla")}
+                    for name in others}
         return dict(diff, status="ok", max_abs_out=float(tf.reduce_max(tf.abs(outs["tf_flash"])).numpy()))
     fn = make_fn(impl, cfg["calls_per_function"])
     with tf.device(cfg["device"]):
@@ -640,6 +650,9 @@ def main(argv=None):
         raise SystemExit(f"unknown impl(s) or fill(s) {bad}: impls {IMPLS}, fills {FILLS}")
     if args.heads % args.kv_heads:
         raise SystemExit("--kv-heads must divide --heads")
+    if DTYPES[args.dtype] == "float8_e4m3fn" and set(impls) - set(FP8_IMPLS):
+        raise SystemExit(f"--dtype fp8 runs {FP8_IMPLS} only (the others have no fp8 attention); received --impls "
+                         f"{args.impls}")
     rows = parse_rows(args.rows)
     for index, row in enumerate(rows):
         row["lengths"] = {f: kv_lengths(row, f, args.seed + index).tolist() for f in FILLS}

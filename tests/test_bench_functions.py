@@ -237,6 +237,13 @@ def test_decode_rows_lengths_and_bytes():
                                   element_mask(2, 1, 3, 12, causal="bottom_right", kv_lengths=lengths)[:, 0])
 
 
+def test_decode_fp8_runs_tf_flash_only():
+    """bench_decode.py --dtype fp8: tf_flash's calls only, with K+V at 1 byte per element."""
+    with pytest.raises(SystemExit, match="fp8 runs"):
+        bench_decode.main(["--dtype", "fp8", "--impls", "tf_flash_xla,xla_dense"])
+    assert bench_decode.ITEMSIZE[bench_decode.DTYPES["fp8"]] == 1
+
+
 @pytest.mark.parametrize("new", [1, 3])
 def test_decode_dense_attention_is_bottom_right_gqa(new, rng):
     """The dense XLA peer is the attention it stands for: GQA (query head h reads KV head h // group),

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import tf_flash
 from reference import reference_attention, relative_error, to_numpy
+from tf_flash.ops import _flash_attention
 
 FP8 = tf.dtypes.experimental.float8_e4m3fn
 # Quantized inputs reach this largest magnitude (e4m3's largest finite is 448; TF's cast gives NaN above it).
@@ -96,13 +97,12 @@ def _dequantized(tensors, descales, heads):
     return dequantize(q8, qd), dequantize(k8, kd), dequantize(v8, vd)
 
 
-def _run(tensors, descales, mode="eager", **kwargs):
+def _run(tensors, descales, mode="eager", attention=tf_flash.flash_attention, **kwargs):
     q8, k8, v8 = tensors
     qd, kd, vd = descales
 
     def fn(q8, k8, v8, qd, kd, vd):
-        return tf_flash.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
-                                        **kwargs)
+        return attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, **kwargs)
 
     if mode in ("tf.function", "xla"):
         fn = tf.function(fn, jit_compile=mode == "xla")
@@ -175,7 +175,7 @@ def test_fp8_output_dtype_and_modes(rng, head_dim, output_dtype, mode):
 @pytest.mark.parametrize("mode", ["eager", "xla"])
 def test_fp8_features(rng, head_dim, features, mode):
     """The Hopper forward's features come through the fp8 kernel (the same templated kernel), and through its XLA
-    custom call (the packed attn_mask and V^T from XLA's scratch allocator)."""
+    custom call (the packed attn_mask from XLA's scratch allocator)."""
     batch, seqlen, heads, heads_kv = 2, 384, 4, 2
     tensors, descales = _inputs(rng, batch, seqlen, seqlen, heads, heads_kv, head_dim, per_head=True)
     kwargs = {}
@@ -203,6 +203,54 @@ def test_fp8_features(rng, head_dim, features, mode):
     out, lse = _run(tensors, descales, mode=mode, **kwargs)
     reference_kwargs = {name: (to_numpy(value, None) if isinstance(value, tf.Tensor) else value)
                         for name, value in kwargs.items()}
+    _check(out, lse, tensors, descales, head_dim, **reference_kwargs)
+
+
+# (batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, kv_lengths): decoding steps against fp8 caches.
+FP8_DECODE_CASES = [
+    (2, 1, 8, 2, 4500, 128, 4, [4500, 1000]),
+    (3, 4, 8, 2, 3000, 64, 3, [3000, 5, 0]),  # several new tokens on their diagonals; an empty cache
+    (1, 1, 16, 4, 2100, 256, 2, None),
+    (2, 1, 4, 4, 4096, 128, None, [4096, 2049]),  # no GQA; the runs as _decode.plan chooses them
+]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("case", FP8_DECODE_CASES, ids=lambda c: f"b{c[0]}q{c[1]}h{c[2]}kv{c[3]}k{c[4]}d{c[5]}")
+@pytest.mark.parametrize("mode", ["eager", "xla"])
+def test_fp8_decode_path(rng, case, mode):
+    """fp8 calls of decoding shape take the decode path (_decode.py): query heads packed by KV head (their descales
+    per KV head are the packed heads' own), the key range in runs merged by lse. Against the float64 attention of
+    the dequantized inputs, and the unsplit call's lse (both from float32 row sums); value rows of keys a key mask
+    hides, poisoned with NaN, change nothing."""
+    batch, seqlen_q, heads, heads_kv, seqlen_k, head_dim, splits, kv_lengths = case
+    _skip_uncompiled(head_dim)
+    tensors, descales = _inputs(rng, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, per_head=True)
+    kwargs = dict(causal="bottom_right")
+    if kv_lengths is not None:
+        kwargs["kv_lengths"] = tf.constant(kv_lengths, tf.int32)
+    out, lse = _run(tensors, descales, mode=mode, attention=_flash_attention, split_kv=splits, **kwargs)
+    reference_kwargs = {name: (to_numpy(value, None) if isinstance(value, tf.Tensor) else value)
+                        for name, value in kwargs.items()}
+    _check(out, lse, tensors, descales, head_dim, **reference_kwargs)
+    _, unsplit_lse = _run(tensors, descales, mode=mode, attention=_flash_attention, split_kv=False, **kwargs)
+    lse, unsplit_lse = to_numpy(lse), to_numpy(unsplit_lse)
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(unsplit_lse))
+    np.testing.assert_allclose(lse[np.isfinite(lse)], unsplit_lse[np.isfinite(lse)], rtol=1e-5, atol=1e-5)
+
+    shown = rng.random((batch, 1, 1, seqlen_k)) < 0.6
+    shown[..., 100:1100] = False  # whole hidden tiles, in the first run's share
+    q8, k8, v8 = tensors
+    hidden = np.broadcast_to(~shown[:, 0, 0, :, None, None], v8.shape)
+    with tf.device("/CPU:0"):
+        poisoned = tf.cast(tf.where(hidden, np.nan, tf.cast(v8, tf.float32)), FP8)
+    masked = dict(kwargs, attention_mask=tf.constant(shown))
+    out, lse = _run(tensors, descales, mode=mode, attention=_flash_attention, split_kv=splits, **masked)
+    out_poisoned, _ = _run((q8, k8, poisoned), descales, mode=mode, attention=_flash_attention, split_kv=splits,
+                           **masked)
+    np.testing.assert_array_equal(to_numpy(out_poisoned), to_numpy(out))
+    reference_kwargs["attention_mask"] = shown
     _check(out, lse, tensors, descales, head_dim, **reference_kwargs)
 
 
@@ -337,7 +385,8 @@ def test_fp8_dropout_refused(rng):
 
 def test_fp8_under_xla_is_one_custom_call(rng):
     """Under jit_compile the fp8 forward lowers to one call of its own target, the descales among its operands and
-    no score matrix; on the CPU that call refuses at run time, as the CPU kernel does."""
+    no score matrix (a call that needs no scratch memory: the target XLA records into its CUDA graphs); on the CPU
+    that call refuses at run time, as the CPU kernel does."""
     seqlen = 136  # a size no other dim has: an [.., 136, 136] value would be the score matrix
     tensors, descales = _inputs(rng, 1, seqlen, seqlen, 2, 1, 64, per_head=True)
 
@@ -349,7 +398,7 @@ def test_fp8_under_xla_is_one_custom_call(rng):
     with tf.device("/CPU:0"):
         hlo = fn.experimental_get_compiler_ir(*tensors, *descales)(stage="hlo")
         call = re.search(r"= \(f16\[1,136,2,64\](\{[0-9,]*\})?, f32\[1,2,136\](\{[0-9,]*\})?\) custom-call\(([^)]*)\)"
-                         r".*custom_call_target=\"tf_flash_attention_fwd_fp8\"", hlo)
+                         r".*custom_call_target=\"tf_flash_attention_fwd_fp8_graph\"", hlo)
         assert call, hlo
         assert call.group(3).count("f8e4m3fn[1,136,") == 3 and call.group(3).count("f32[1,1]") == 3
         assert "api_version=API_VERSION_TYPED_FFI" in hlo
@@ -357,6 +406,27 @@ def test_fp8_under_xla_is_one_custom_call(rng):
         assert " dot(" not in hlo
         with pytest.raises(tf.errors.InvalidArgumentError, match="FP8 \\(float8_e4m3fn\\).*Hopper GPU.*XLA's CPU"):
             fn(*tensors, *descales)
+
+
+def test_fp8_decode_path_under_xla_is_one_packed_split_call(rng):
+    """A decoding step of fp8 under jit_compile: one fp8 custom call on the packed query ([B, group, Hkv, D]) with
+    the runs in its num_splits attribute and their memory in a workspace result, so that XLA keeps it in its CUDA
+    graphs (the graph target); the whole cache is its K and V operands, no score matrix."""
+    tensors, descales = _inputs(rng, 1, 1, 4096, 8, 2, 64, per_head=True)
+
+    @tf.function(jit_compile=True)
+    def fn(q8, k8, v8, qd, kd, vd):
+        return _flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal="bottom_right",
+                                split_kv=4)
+
+    with tf.device("/CPU:0"):
+        hlo = fn.experimental_get_compiler_ir(*tensors, *descales)(stage="hlo")
+    calls = [line for line in hlo.splitlines() if "custom-call(" in line]
+    assert len(calls) == 1 and 'custom_call_target="tf_flash_attention_fwd_fp8_graph"' in calls[0], hlo
+    assert "custom-call(f8e4m3fn[1,4,2,64]" in calls[0] and calls[0].count("f8e4m3fn[1,4096,2,64]") >= 2
+    assert re.search(r"= \(bf16\[1,4,2,64\]\S*, f32\[1,2,4\]\S*, u8\[[0-9]+\]\S*\) custom-call", calls[0])
+    assert re.search(r"num_splits = 4\b", calls[0]), calls[0]
+    assert " dot(" not in hlo
 
 
 def test_fp8_under_xla_checks_descales_at_compile_time(rng):

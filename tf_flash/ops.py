@@ -262,7 +262,7 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
     # Causal with one query row is kv_lengths alone; several rows keep their diagonals (the op's position_shift).
     causal_rows = causal and seqlen_q.static != 1
     heads_kv = _checks.axis_size(key, 2).static
-    splits = (None if split_kv is False or fp8 else split_kv if split_kv else
+    splits = (None if split_kv is False else split_kv if split_kv else
               _decode.plan(batch.static, seqlen_q.static, seqlen_k.static, heads.static, heads_kv, plain=plain,
                            causal_rows=causal_rows))
     if split_kv and not plain:
@@ -273,11 +273,17 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
         raise ValueError("split_kv: causal rows keep their diagonals in packed heads only where a power of two of "
                          f"query heads share a KV head (_decode.py). Received: split_kv={split_kv}, causal with "
                          f"{seqlen_q.static} query rows, query.shape={query.shape}, key.shape={key.shape}")
+    if fp8:
+        descales = _descales(q_descale, k_descale, v_descale, batch, _checks.axis_size(key, 2))
+        attention_op = _ops.tf_flash_flash_attention_fp8
+        extra = dict(zip(_DESCALE_NAMES, descales), output_dtype=output_dtype)
+    else:
+        attention_op, extra = _ops.tf_flash_flash_attention, {}
     if splits:
         packed_kv_lengths = _lengths(kv_lengths, "kv_lengths", batch, seqlen_k, device)
 
-        def attention(packed, rows_per_position):
-            out, packed_lse, _ = _ops.tf_flash_flash_attention(
+        def attention(packed, rows_per_position):  # descales per (batch, KV head): the packed heads' own
+            out, packed_lse, _ = attention_op(
                 query=packed, key=key, value=value, q_lengths=_absent(_NO_LENGTHS_SHAPE, tf.int32, device),
                 kv_lengths=packed_kv_lengths, attention_mask=mask,  # one row for all: unchanged by the packing
                 block_mask=_absent(NO_MASK_SHAPE, tf.bool, device),
@@ -285,19 +291,13 @@ def _flash_attention(query, key, value, *, causal=False, window=None, q_lengths=
                 kv_segment_ids=_absent(_NO_SEGMENT_IDS_SHAPE, tf.int32, device), seed=_seed(None, 0.0),
                 scale=float(scale), softcap=softcap, deterministic=bool(deterministic), causal=causal_rows,
                 bottom_right=causal_rows, position_shift=rows_per_position.bit_length() - 1 if causal_rows else 0,
-                num_splits=int(splits))
+                num_splits=int(splits), **extra)
             return out, packed_lse
 
         output, lse = _decode.attend(attention, query, heads_kv)
         return (output, lse) if return_lse else output
     q_segment_ids, kv_segment_ids = _segment_ids(segment_ids, batch, seqlen_q, seqlen_k, device)
-    if fp8:
-        descales = _descales(q_descale, k_descale, v_descale, batch, _checks.axis_size(key, 2))
-        attention = _ops.tf_flash_flash_attention_fp8
-        extra = dict(zip(_DESCALE_NAMES, descales), output_dtype=output_dtype)
-    else:
-        attention, extra = _ops.tf_flash_flash_attention, {}
-    output, lse, _ = attention(
+    output, lse, _ = attention_op(
         query=query, key=key, value=value,
         q_lengths=_lengths(q_lengths, "q_lengths", batch, seqlen_q, device),
         kv_lengths=_lengths(kv_lengths, "kv_lengths", batch, seqlen_k, device),

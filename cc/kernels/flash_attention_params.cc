@@ -578,10 +578,15 @@ tf::Status RunFlashFwdCudaFp8(const FlashFwdParams& p, void* stream, const Flash
   TF_RETURN_IF_ERROR(CheckCudaSupport(p, DType::kFloat8E4M3, /*backward=*/false));
   FlashFwdParams launch = p;
   TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
+  // The packed attn_mask and split-KV's runs (in the 16-bit output dtype), unless the XLA lowering's workspace
+  // result holds them.
   const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, DType::kFloat8E4M3);
-  if (workspace > 0) TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
-  const int64_t transposed = flash_fwd_cuda_value_transpose_bytes(launch, DType::kFloat8E4M3);
-  if (transposed > 0) TF_RETURN_IF_ERROR(allocate(transposed, &launch.value_transposed));
+  if (workspace > 0 && launch.mask_workspace == nullptr) {
+    TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
+  }
+  if (launch.num_splits > 1 && launch.split_workspace == nullptr) {
+    TF_RETURN_IF_ERROR(allocate(FlashFwdCudaSplitWorkspaceBytes(launch), &launch.split_workspace));
+  }
   return CudaStatus(flash_fwd_cuda(launch, DType::kFloat8E4M3, stream));
 }
 

@@ -49,9 +49,10 @@ constexpr char kFwdTarget[] = "tf_flash_attention_fwd";
 // most of a short cache's step).
 constexpr char kFwdGraphTarget[] = "tf_flash_attention_fwd_graph";
 constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
-// The fp8 forward: the forward's operands and the three descales. Its V^T (and a packed attn_mask) come from XLA's
-// scratch allocator, so it stays outside the CUDA graphs; fp8 calls are training-sized, not decode steps.
+// The fp8 forward: the forward's operands and the three descales; split-KV's runs and a packed attn_mask in a
+// workspace result as the 16-bit forward's, and likewise a target of its own for the calls that need no scratch.
 constexpr char kFwdFp8Target[] = "tf_flash_attention_fwd_fp8";
+constexpr char kFwdFp8GraphTarget[] = "tf_flash_attention_fwd_fp8_graph";
 constexpr int kNumFp8Inputs = kNumFwdInputs + 3;  // q_descale, k_descale, v_descale follow the forward's inputs
 
 FlashInputShapes ShapesAt(const std::vector<tf::TensorShape>& shapes, const int (&index)[kNumFwdInputs]) {
@@ -130,6 +131,19 @@ void SetForwardOutputs(tf::XlaOpKernelContext* ctx, const xla::XlaOp& call) {
   ctx->SetOutput(2, ctx->Input(kFwdInputs[kSeedInput]));
 }
 
+// A forward call (16-bit or fp8) with results output (output_type), lse and, where the call wants one, its
+// workspace: split-KV's runs and the packed attn_mask in a result that XLA allocates with the call's other
+// buffers, so that a call without other scratch (`target`: the graph one) stays in XLA's CUDA graphs, where its
+// handler's host work is recorded once instead of running every step. (The CPU kernel keeps its own.)
+xla::XlaOp EmitForwardCall(tf::XlaOpKernelContext* ctx, const FlashAttrs& attrs, const FlashFwdParams& p,
+                           const FlashInputShapes& shapes, DType dtype, xla::PrimitiveType output_type, int num_args,
+                           const char* target) {
+  std::vector<xla::Shape> results = {RowMajor(output_type, OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))};
+  const int64_t workspace_bytes = FlashFwdCudaWorkspaceLayout(p, shapes, dtype).bytes;
+  if (workspace_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {workspace_bytes}));
+  return EmitFlashCall(ctx, target, num_args, results, attrs);
+}
+
 class FlashAttentionXlaOp : public tf::XlaOpKernel {
  public:
   explicit FlashAttentionXlaOp(tf::OpKernelConstruction* ctx) : tf::XlaOpKernel(ctx) {
@@ -145,15 +159,9 @@ class FlashAttentionXlaOp : public tf::XlaOpKernel {
     const DType dtype = type == tf::DT_FLOAT  ? DType::kFloat32
                         : type == tf::DT_HALF ? DType::kFloat16
                                               : DType::kBFloat16;  // kFlashTypes
-    std::vector<xla::Shape> results = {RowMajor(ctx->input_xla_type(0), OutputShape(shapes)),
-                                       RowMajor(xla::F32, LseShape(shapes))};
-    // Split-KV's runs and the packed attn_mask in a result of the call: XLA allocates it with the call's other
-    // buffers, so the call needs no scratch allocator and stays in XLA's CUDA graphs, where its handler's host
-    // work is recorded once instead of running every step. (The CPU kernel keeps its own.)
-    const int64_t workspace_bytes = FlashFwdCudaWorkspaceLayout(p, shapes, dtype).bytes;
-    if (workspace_bytes > 0) results.push_back(xla::ShapeUtil::MakeShape(xla::U8, {workspace_bytes}));
-    const xla::XlaOp call = EmitFlashCall(
-        ctx, FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget, kNumFwdInputs, results, attrs_);
+    const xla::XlaOp call =
+        EmitForwardCall(ctx, attrs_, p, shapes, dtype, ctx->input_xla_type(0), kNumFwdInputs,
+                        FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdTarget : kFwdGraphTarget);
     SetForwardOutputs(ctx, call);
   }
 
@@ -201,10 +209,10 @@ class FlashAttentionFp8XlaOp : public tf::XlaOpKernel {
     OP_REQUIRES_OK(ctx, CheckForwardInputs(ctx, attrs_, kFp8InputNames, kNumFp8Inputs, &all, &shapes, &p));
     OP_REQUIRES_OK(ctx,
                    CheckDescaleShapes(p, all[kNumFwdInputs], all[kNumFwdInputs + 1], all[kNumFwdInputs + 2], &p));
+    const DType dtype = DType::kFloat8E4M3;
     const xla::XlaOp call =
-        EmitFlashCall(ctx, kFwdFp8Target, kNumFp8Inputs,
-                      {RowMajor(ctx->output_xla_type(0), OutputShape(shapes)), RowMajor(xla::F32, LseShape(shapes))},
-                      attrs_);
+        EmitForwardCall(ctx, attrs_, p, shapes, dtype, ctx->output_xla_type(0), kNumFp8Inputs,
+                        FlashFwdCudaNeedsScratch(shapes, dtype) ? kFwdFp8Target : kFwdFp8GraphTarget);
     SetForwardOutputs(ctx, call);
   }
 
@@ -380,33 +388,39 @@ tf::Status PrepareForwardCall(const ffi::Dictionary& dict, const ffi::RemainingA
   return tf::Status();
 }
 
+// A third result of a forward call, the lowering's workspace (EmitForwardCall), as split-KV's runs and the packed
+// attn_mask.
+tf::Status SetWorkspaceResult(const CallBuffers& out, const FlashInputShapes& shapes, ForwardCall* call) {
+  if (out.data.size() < 3) return tf::Status();
+  FlashFwdParams& p = call->params;
+  const FlashFwdCudaWorkspace workspace = FlashFwdCudaWorkspaceLayout(p, shapes, call->dtype);
+  if (out.shapes[2].num_elements() < workspace.bytes) {
+    return tf::errors::Internal("tf_flash: the workspace result holds ", out.shapes[2].num_elements(),
+                                " bytes; the call needs ", workspace.bytes);
+  }
+  if (workspace.split_bytes > 0) p.split_workspace = out.data[2];
+  if (workspace.mask_bytes > 0) p.mask_workspace = static_cast<char*>(out.data[2]) + workspace.mask_offset;
+  return tf::Status();
+}
+
 tf::Status PrepareForward(const ffi::Dictionary& dict, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
                           ForwardCall* call, CallBuffers* in) {
   CallBuffers out;
   FlashInputShapes shapes;
-  // A third result: the lowering's workspace (FlashFwdCudaWorkspaceLayout).
   TF_RETURN_IF_ERROR(
       PrepareForwardCall(dict, args, kNumFwdInputs, rets, rets.size() == 3 ? 3 : 2, call, in, &out, &shapes));
   TF_RETURN_IF_ERROR(ToDType(in->types[0], &call->dtype));
-  FlashFwdParams& p = call->params;
-  if (out.data.size() == 3) {
-    const FlashFwdCudaWorkspace workspace = FlashFwdCudaWorkspaceLayout(p, shapes, call->dtype);
-    if (out.shapes[2].num_elements() < workspace.bytes) {
-      return tf::errors::Internal("tf_flash: the workspace result holds ", out.shapes[2].num_elements(),
-                                  " bytes; the call needs ", workspace.bytes);
-    }
-    if (workspace.split_bytes > 0) p.split_workspace = out.data[2];
-    if (workspace.mask_bytes > 0) p.mask_workspace = static_cast<char*>(out.data[2]) + workspace.mask_offset;
-  }
-  return tf::Status();
+  return SetWorkspaceResult(out, shapes, call);
 }
 
-// The fp8 forward's call: the forward's operands, then the descales; results output (bfloat16 or float16) and lse.
+// The fp8 forward's call: the forward's operands, then the descales; results output (bfloat16 or float16), lse
+// and the workspace where it has one.
 tf::Status PrepareForwardFp8(const ffi::Dictionary& dict, const ffi::RemainingArgs& args,
                              const ffi::RemainingRets& rets, ForwardCall* call, CallBuffers* in) {
   CallBuffers out;
   FlashInputShapes shapes;
-  TF_RETURN_IF_ERROR(PrepareForwardCall(dict, args, kNumFp8Inputs, rets, 2, call, in, &out, &shapes));
+  TF_RETURN_IF_ERROR(
+      PrepareForwardCall(dict, args, kNumFp8Inputs, rets, rets.size() == 3 ? 3 : 2, call, in, &out, &shapes));
   if (in->types[0] != ffi::DataType::F8E4M3FN ||
       (out.types[0] != ffi::DataType::BF16 && out.types[0] != ffi::DataType::F16)) {
     return tf::errors::Internal("tf_flash: the fp8 forward's call has query of XLA type ",
@@ -422,7 +436,7 @@ tf::Status PrepareForwardFp8(const ffi::Dictionary& dict, const ffi::RemainingAr
   p.v_descale = static_cast<const float*>(d[kNumFwdInputs + 2]);
   p.out_float16 = out.types[0] == ffi::DataType::F16;
   call->dtype = DType::kFloat8E4M3;
-  return tf::Status();
+  return SetWorkspaceResult(out, shapes, call);
 }
 
 struct BackwardCall {
@@ -552,6 +566,7 @@ XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8Host, FlashFwdFp8Host,
                        ffi::Ffi::Bind().RemainingArgs().RemainingRets().Attrs<ffi::Dictionary>());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "Host", kFlashBwdHost);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdFp8Target, "Host", kFlashFwdFp8Host);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdFp8GraphTarget, "Host", kFlashFwdFp8Host);
 
 // ---- CUDA ----
 #if TF_FLASH_WITH_CUDA
@@ -590,25 +605,37 @@ ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   return RunForwardOnStream(stream, args, rets, attrs, XlaScratch(&scratch));
 }
 
-// kFwdGraphTarget's: no scratch allocator, since a CUDA graph would replay its memory after the allocator took
-// it back. The lowering sends only calls that allocate nothing here; one that asks is refused, not run.
-ffi::Error FlashFwdCudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                             ffi::Dictionary attrs) {
-  const FlashAllocate no_scratch = [](int64_t bytes, void**) {
-    return tf::errors::Internal("tf_flash: the forward lowered for XLA's CUDA graphs asked for ", bytes,
-                                " bytes of scratch memory (FlashFwdCudaNeedsScratch is out of date)");
-  };
-  return RunForwardOnStream(stream, args, rets, attrs, no_scratch);
+// The graph targets' allocator: none, since a CUDA graph would replay its memory after the allocator took it
+// back. The lowering sends only calls that allocate nothing there; one that asks is refused, not run.
+tf::Status NoScratch(int64_t bytes, void**) {
+  return tf::errors::Internal("tf_flash: the forward lowered for XLA's CUDA graphs asked for ", bytes,
+                              " bytes of scratch memory (FlashFwdCudaNeedsScratch is out of date)");
 }
 
-ffi::Error FlashFwdFp8Cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
-                           ffi::RemainingRets rets, ffi::Dictionary attrs) {
+ffi::Error FlashFwdCudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                             ffi::Dictionary attrs) {
+  return RunForwardOnStream(stream, args, rets, attrs, NoScratch);
+}
+
+// Both fp8 forward targets' handlers.
+ffi::Error RunForwardFp8OnStream(cudaStream_t stream, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
+                                 const ffi::Dictionary& attrs, const FlashAllocate& allocate) {
   ForwardCall call;
   CallBuffers in;
   const tf::Status status = PrepareForwardFp8(attrs, args, rets, &call, &in);
   if (!status.ok() || call.empty) return ToFfiError(status);
   SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
-  return ToFfiError(RunFlashFwdCudaFp8(call.params, stream, XlaScratch(&scratch)));
+  return ToFfiError(RunFlashFwdCudaFp8(call.params, stream, allocate));
+}
+
+ffi::Error FlashFwdFp8Cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
+                           ffi::RemainingRets rets, ffi::Dictionary attrs) {
+  return RunForwardFp8OnStream(stream, args, rets, attrs, XlaScratch(&scratch));
+}
+
+ffi::Error FlashFwdFp8CudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                                ffi::Dictionary attrs) {
+  return RunForwardFp8OnStream(stream, args, rets, attrs, NoScratch);
 }
 
 ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
@@ -649,9 +676,17 @@ XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8Cuda, FlashFwdFp8Cuda,
                            .RemainingArgs()
                            .RemainingRets()
                            .Attrs<ffi::Dictionary>());
+XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8CudaGraph, FlashFwdFp8CudaGraph,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attrs<ffi::Dictionary>());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "CUDA", kFlashFwdCuda);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdFp8Target, "CUDA", kFlashFwdFp8Cuda);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdGraphTarget, "CUDA", kFlashFwdCudaGraph,
+                         XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
+XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdFp8GraphTarget, "CUDA", kFlashFwdFp8CudaGraph,
                          XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kBwdTarget, "CUDA", kFlashBwdCuda);
 #endif  // TF_FLASH_WITH_CUDA

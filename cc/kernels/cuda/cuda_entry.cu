@@ -47,23 +47,28 @@ int flash_fwd_cuda(const FlashFwdParams& params, DType dtype, void* stream_ptr) 
   }
   if (!cuda::aligned16(p.q) || !cuda::aligned16(p.k) || !cuda::aligned16(p.v) || !cuda::aligned16(p.out))
     return int(cudaErrorMisalignedAddress);
+  // Split-KV: the kernel writes its runs' outputs (16-bit, fp8's output dtype too) into the workspace, and
+  // merge_splits gives the call's.
+  const bool split = runs_split(params);
+  const FlashFwdParams run = split ? split_run_params(params, params.split_workspace, 2) : p;
   if (dtype == DType::kFloat8E4M3) {  // the Hopper forward only (check_supported: hopper_fp8_forward_refusal)
     if (p.seqlen_k == 0) return int(cuda::empty_keys_fp8(p, stream));
     cudaError_t err = cudaErrorInvalidValue;
     cuda::visit_headdim(tf_flash_fp8_kernel_headdim(p), [&](auto head_dim) {
       constexpr int kHeadDim = decltype(head_dim)::value;
       if constexpr (TF_FLASH_HEADDIM_SM90(kHeadDim) && TF_FLASH_HEADDIM_COMPILED(kHeadDim)) {
-        err = p.out_float16 ? cuda::run_flash_fwd_sm90_fp8<cutlass::half_t, kHeadDim>(p, stream)
-                            : cuda::run_flash_fwd_sm90_fp8<cutlass::bfloat16_t, kHeadDim>(p, stream);
+        err = p.out_float16 ? cuda::run_flash_fwd_sm90_fp8<cutlass::half_t, kHeadDim>(run, stream)
+                            : cuda::run_flash_fwd_sm90_fp8<cutlass::bfloat16_t, kHeadDim>(run, stream);
       }
     });
+    if (split && err == cudaSuccess) {
+      err = p.out_float16 ? cuda::merge_splits<cutlass::half_t>(params, run, stream)
+                          : cuda::merge_splits<cutlass::bfloat16_t>(params, run, stream);
+    }
     if (err == cudaSuccess) cuda::forward_sm90_launches.fetch_add(1, std::memory_order_relaxed);
     return int(err);
   }
   const bool hopper = family == cuda::KernelFamily::kSm90;
-  // Split-KV: the kernel writes its runs' outputs into the workspace, and merge_splits gives the call's.
-  const bool split = runs_split(params);
-  const FlashFwdParams run = split ? split_run_params(params, params.split_workspace, 2) : p;
   cudaError_t err = cuda::dispatch_kernel(run, dtype, [&](auto element, auto head_dim) {
     constexpr int kHeadDim = decltype(head_dim)::value;
     if constexpr (TF_FLASH_HEADDIM_SM90(kHeadDim)) {
@@ -90,11 +95,6 @@ int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& p, DType dtype) {
 
 int64_t flash_fwd_cuda_mask_workspace_bytes(const FlashFwdParams& p) {
   return cuda::PackedMaskLayout(p, cuda::MaskPacking::kForward).bytes;
-}
-
-int64_t flash_fwd_cuda_value_transpose_bytes(const FlashFwdParams& p, DType dtype) {
-  if (dtype != DType::kFloat8E4M3) return 0;
-  return int64_t(p.batch) * p.num_heads_kv * p.head_dim_v * cuda::fp8_value_keys(p);  // one byte each
 }
 
 const char* flash_cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
