@@ -132,7 +132,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   __syncthreads();  // barriers and the tile table initialized
 
   if (warp_group == 0) {
-    // Producer: one thread of warpgroup 0 (setmaxnreg gives the consumers the registers).
+    // Producer: one thread of warpgroup 0 issues the copies, and for fp8 warps 1-3 transpose V (setmaxnreg gives
+    // the consumers the registers).
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if constexpr (Traits::kTransposeV) {
       if (threadIdx.x >= 32) return FwdValueTransposeSm90<Traits>{shared, pipeline_v, pipeline_vt}.run(scheduler, mask);
