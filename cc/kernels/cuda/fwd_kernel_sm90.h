@@ -3,8 +3,8 @@
 // (FwdScheduleSm90) with a producer warpgroup and two or three consumer warpgroups. The producer (one thread
 // of warpgroup 0) brings each tile's Q and the visible K/V tiles into a ring of kStages shared-memory stages
 // with the bulk tensor copy engine (TMA), each stage guarded by mbarriers (cutlass::PipelineTmaAsync); it keeps
-// 24 registers (32 for fp8, whose other three producer warps transpose V's stages) so that the consumers get
-// the rest (setmaxnreg). Each consumer owns 64 query rows and runs
+// 24 registers (fp8: its other three warps, which transpose V's stages, too) so that the consumers get the rest
+// (setmaxnreg). Each consumer owns 64 query rows and runs
 // wgmma: S = Q K^T from shared memory, O += P V with P from registers. Inside a warpgroup the softmax of tile
 // j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile down; where the registers allow, P
 // alternates between two register buffers so that nothing waits for that GEMM before the softmax); between the

@@ -148,7 +148,7 @@ struct FwdValueTransposeSm90 {
         pipeline_vt.producer_acquire(write);
         Tensor rows = sV(_, _, read.index());
         Tensor rows_t = sVt(_, _, write.index());
-#pragma unroll 1  // the 32 registers of the producer warpgroup: one block's addresses live at a time
+#pragma unroll 1  // the 24 registers of the producer warpgroup: one block's addresses live at a time
         for (int block = warp; block < kBlocks; block += kWarps) {
           const int key0 = block / kDimGroups * 16, dim0 = block % kDimGroups * 32;
           uint32_t a0, a1, a2, a3;  // (keys 2q, 2q + 1 | +8) x (head dims 2r, 2r + 1), bytes key-major

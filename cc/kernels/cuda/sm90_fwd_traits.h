@@ -57,8 +57,10 @@ struct FwdTraitsSm90 {
   // fp8: warps 1-3 of the producer warpgroup transpose V (FwdValueTransposeSm90) while warp 0 issues the copies.
   static constexpr bool kTransposeV = kFp8;
   static constexpr int kTransposeThreads = 96;
-  // 24 (32 with the transposing warps) * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
-  static constexpr int kProducerRegs = kTransposeV ? 32 : 24, kMmaRegs = kMmaWarpGroups == 2 ? 240 : 160;
+  // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers. setmaxnreg moves registers inside the CTA's
+  // own pool, what the launch gave it (168 a thread with two consumers): the producer warpgroup must free all
+  // that the consumers take, so it keeps 24 with the transposing warps too (with 32 the consumers wait forever).
+  static constexpr int kProducerRegs = 24, kMmaRegs = kMmaWarpGroups == 2 ? 240 : 160;
   static_assert(!kTransposeV || kMmaWarpGroups == 2, "the transposing warps' registers: two consumers");
   static_assert(kHeadDim % 64 == 0, "swizzled rows of 64 elements");
   static_assert(kBlockN % (kFp8 ? 64 : 16) == 0, "key tile: whole k-slices of P V (fp8: whole V^T swizzle rows)");
