@@ -342,7 +342,7 @@ harness_build() {  # harness_build fwd|bwd TREE DIR: TREE's harness into DIR, ea
     flags+=" -lineinfo"
     per_object="-Xptxas -warn-spills"
     if [[ ${PTXAS_VERBOSE:-0} == 1 ]]; then per_object+=" -Xptxas -v"; fi
-    for src in "$cu"/flash_fwd_*.cu "$cu"/{cuda_entry,family,support,stage,float32_kernels,packed_mask,fp8_empty_keys}.cu \
+    for src in "$cu"/flash_fwd_*.cu "$cu"/{cuda_entry,family,support,stage,float32_kernels,packed_mask,fp8_values}.cu \
                "$tree/tests/cuda_harness/fwd_harness.cu"; do jobs+=("$src|"); done
     if [[ ${VARIANTS:-1} == 1 ]]; then  # one object per tile variant, plus the name table
       n=$(grep -c '^  X(' "$tree/tests/cuda_harness/fwd_variants.cu")

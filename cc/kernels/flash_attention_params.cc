@@ -390,19 +390,28 @@ int64_t FlashFwdCudaSplitWorkspaceBytes(const FlashFwdParams& p) {
 }
 
 FlashFwdCudaWorkspace FlashFwdCudaWorkspaceLayout(const FlashFwdParams& p, const FlashInputShapes& s, DType dtype) {
+  const auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   FlashFwdCudaWorkspace w;
   w.split_bytes = FlashFwdCudaSplitWorkspaceBytes(p);
-  w.mask_offset = (w.split_bytes + 255) / 256 * 256;
+  w.bytes = w.split_bytes;
 #if TF_FLASH_WITH_CUDA
-  if (!IsAbsentMask(s.attn_mask) && dtype != DType::kFloat32) w.mask_bytes = flash_fwd_cuda_mask_workspace_bytes(p);
+  if (!IsAbsentMask(s.attn_mask) && dtype != DType::kFloat32) {
+    w.mask_offset = aligned(w.bytes);
+    w.mask_bytes = flash_fwd_cuda_mask_workspace_bytes(p);
+    w.bytes = w.mask_offset + w.mask_bytes;
+  }
+  w.transpose_bytes = flash_fwd_cuda_value_transpose_bytes(p, dtype);
+  if (w.transpose_bytes > 0) {
+    w.transpose_offset = aligned(w.bytes);
+    w.bytes = w.transpose_offset + w.transpose_bytes;
+  }
 #endif
-  w.bytes = w.mask_bytes > 0 ? w.mask_offset + w.mask_bytes : w.split_bytes;
   return w;
 }
 
 bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype) {
   // RunFlashFwdCuda's allocations: RunStaged's copies (float32; head dims off multiples of 8) and the segment
-  // bounds. (The packed attn_mask of 16-bit inputs and split-KV's runs live in the workspace result.)
+  // bounds. (The packed attn_mask, fp8's V^T and split-KV's runs live in the workspace result.)
   return dtype == DType::kFloat32 || s.q.dim_size(3) % 8 != 0 || s.v.dim_size(3) % 8 != 0 ||
          !IsAbsentSegmentIds(s.q_segment_ids);
 }
@@ -578,11 +587,15 @@ tf::Status RunFlashFwdCudaFp8(const FlashFwdParams& p, void* stream, const Flash
   TF_RETURN_IF_ERROR(CheckCudaSupport(p, DType::kFloat8E4M3, /*backward=*/false));
   FlashFwdParams launch = p;
   TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
-  // The packed attn_mask and split-KV's runs (in the 16-bit output dtype), unless the XLA lowering's workspace
-  // result holds them.
+  // The packed attn_mask, V^T and split-KV's runs (in the 16-bit output dtype), unless the XLA lowering's
+  // workspace result holds them.
   const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, DType::kFloat8E4M3);
   if (workspace > 0 && launch.mask_workspace == nullptr) {
     TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
+  }
+  const int64_t transposed = flash_fwd_cuda_value_transpose_bytes(launch, DType::kFloat8E4M3);
+  if (transposed > 0 && launch.value_transposed == nullptr) {
+    TF_RETURN_IF_ERROR(allocate(transposed, &launch.value_transposed));
   }
   if (launch.num_splits > 1 && launch.split_workspace == nullptr) {
     TF_RETURN_IF_ERROR(allocate(FlashFwdCudaSplitWorkspaceBytes(launch), &launch.split_workspace));

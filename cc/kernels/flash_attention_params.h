@@ -127,10 +127,11 @@ bool FlashFwdCudaNeedsScratch(const FlashInputShapes& s, DType dtype);
 // lowering sizes its workspace result by it and RunFlashFwdCuda its allocation, so the two agree.
 int64_t FlashFwdCudaSplitWorkspaceBytes(const FlashFwdParams& p);
 // The XLA lowering's workspace result (one buffer, so that the call needs no scratch memory): split-KV's runs
-// (FlashFwdCudaSplitWorkspaceBytes), then, 256-byte aligned, the Hopper forward's packed attn_mask for 16-bit
-// inputs with a mask (flash_fwd_cuda_mask_workspace_bytes; CUDA builds only). bytes 0: no result.
+// (FlashFwdCudaSplitWorkspaceBytes), then, each 256-byte aligned, the Hopper forward's packed attn_mask for a
+// call with a mask (flash_fwd_cuda_mask_workspace_bytes) and an fp8 forward's V^T
+// (flash_fwd_cuda_value_transpose_bytes); those two in CUDA builds only. bytes 0: no result.
 struct FlashFwdCudaWorkspace {
-  int64_t split_bytes = 0, mask_offset = 0, mask_bytes = 0, bytes = 0;
+  int64_t split_bytes = 0, mask_offset = 0, mask_bytes = 0, transpose_offset = 0, transpose_bytes = 0, bytes = 0;
 };
 FlashFwdCudaWorkspace FlashFwdCudaWorkspaceLayout(const FlashFwdParams& p, const FlashInputShapes& s, DType dtype);
 

@@ -49,7 +49,7 @@ constexpr char kFwdTarget[] = "tf_flash_attention_fwd";
 // most of a short cache's step).
 constexpr char kFwdGraphTarget[] = "tf_flash_attention_fwd_graph";
 constexpr char kBwdTarget[] = "tf_flash_attention_bwd";
-// The fp8 forward: the forward's operands and the three descales; split-KV's runs and a packed attn_mask in a
+// The fp8 forward: the forward's operands and the three descales; V^T, split-KV's runs and a packed attn_mask in a
 // workspace result as the 16-bit forward's, and likewise a target of its own for the calls that need no scratch.
 constexpr char kFwdFp8Target[] = "tf_flash_attention_fwd_fp8";
 constexpr char kFwdFp8GraphTarget[] = "tf_flash_attention_fwd_fp8_graph";
@@ -132,9 +132,9 @@ void SetForwardOutputs(tf::XlaOpKernelContext* ctx, const xla::XlaOp& call) {
 }
 
 // A forward call (16-bit or fp8) with results output (output_type), lse and, where the call wants one, its
-// workspace: split-KV's runs and the packed attn_mask in a result that XLA allocates with the call's other
-// buffers, so that a call without other scratch (`target`: the graph one) stays in XLA's CUDA graphs, where its
-// handler's host work is recorded once instead of running every step. (The CPU kernel keeps its own.)
+// workspace: split-KV's runs, the packed attn_mask and fp8's V^T in a result that XLA allocates with the call's
+// other buffers, so that a call without other scratch (`target`: the graph one) stays in XLA's CUDA graphs, where
+// its handler's host work is recorded once instead of running every step. (The CPU kernel keeps its own.)
 xla::XlaOp EmitForwardCall(tf::XlaOpKernelContext* ctx, const FlashAttrs& attrs, const FlashFwdParams& p,
                            const FlashInputShapes& shapes, DType dtype, xla::PrimitiveType output_type, int num_args,
                            const char* target) {
@@ -388,8 +388,8 @@ tf::Status PrepareForwardCall(const ffi::Dictionary& dict, const ffi::RemainingA
   return tf::Status();
 }
 
-// A third result of a forward call, the lowering's workspace (EmitForwardCall), as split-KV's runs and the packed
-// attn_mask.
+// A third result of a forward call, the lowering's workspace (EmitForwardCall), as split-KV's runs, the packed
+// attn_mask and fp8's V^T.
 tf::Status SetWorkspaceResult(const CallBuffers& out, const FlashInputShapes& shapes, ForwardCall* call) {
   if (out.data.size() < 3) return tf::Status();
   FlashFwdParams& p = call->params;
@@ -398,8 +398,10 @@ tf::Status SetWorkspaceResult(const CallBuffers& out, const FlashInputShapes& sh
     return tf::errors::Internal("tf_flash: the workspace result holds ", out.shapes[2].num_elements(),
                                 " bytes; the call needs ", workspace.bytes);
   }
-  if (workspace.split_bytes > 0) p.split_workspace = out.data[2];
-  if (workspace.mask_bytes > 0) p.mask_workspace = static_cast<char*>(out.data[2]) + workspace.mask_offset;
+  char* base = static_cast<char*>(out.data[2]);
+  if (workspace.split_bytes > 0) p.split_workspace = base;
+  if (workspace.mask_bytes > 0) p.mask_workspace = base + workspace.mask_offset;
+  if (workspace.transpose_bytes > 0) p.value_transposed = base + workspace.transpose_offset;
   return tf::Status();
 }
 

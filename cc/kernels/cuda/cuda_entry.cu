@@ -97,6 +97,11 @@ int64_t flash_fwd_cuda_mask_workspace_bytes(const FlashFwdParams& p) {
   return cuda::PackedMaskLayout(p, cuda::MaskPacking::kForward).bytes;
 }
 
+int64_t flash_fwd_cuda_value_transpose_bytes(const FlashFwdParams& p, DType dtype) {
+  if (dtype != DType::kFloat8E4M3) return 0;
+  return int64_t(p.batch) * p.num_heads_kv * p.head_dim_v * cuda::fp8_value_keys(p);  // one byte each
+}
+
 const char* flash_cuda_error_string(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
 
 }  // namespace tf_flash

@@ -3,8 +3,7 @@
 // (FwdScheduleSm90) with a producer warpgroup and two or three consumer warpgroups. The producer (one thread
 // of warpgroup 0) brings each tile's Q and the visible K/V tiles into a ring of kStages shared-memory stages
 // with the bulk tensor copy engine (TMA), each stage guarded by mbarriers (cutlass::PipelineTmaAsync); it keeps
-// 24 registers (fp8: its other three warps, which transpose V's stages, too) so that the consumers get the rest
-// (setmaxnreg). Each consumer owns 64 query rows and runs
+// 24 registers so that the consumers get the rest (setmaxnreg). Each consumer owns 64 query rows and runs
 // wgmma: S = Q K^T from shared memory, O += P V with P from registers. Inside a warpgroup the softmax of tile
 // j overlaps the P V GEMM of tile j + 1 (tiles run from the last key tile down; where the registers allow, P
 // alternates between two register buffers so that nothing waits for that GEMM before the softmax); between the
@@ -112,32 +111,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
   const auto pipeline_params = tma_pipeline_params<Pipeline>(Traits::kTmaBytesKV, kMmaThreads);
   Pipeline pipeline_k(shared.pipeline_k, pipeline_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
-  // fp8: V's stages are the transposing warps' (FwdValueTransposeSm90), which fill pipeline_vt's for the consumers.
-  auto pipeline_v_params = pipeline_params;
-  if constexpr (Traits::kTransposeV) {
-    pipeline_v_params.num_consumers = Traits::kTransposeThreads;
-    if (threadIdx.x >= 32 && threadIdx.x < 128) pipeline_v_params.role = Pipeline::ThreadCategory::Consumer;
-  }
-  Pipeline pipeline_v(shared.pipeline_v, pipeline_v_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
-  Pipeline pipeline_vt = [&] {
-    if constexpr (Traits::kTransposeV) {
-      auto vt_params = tma_pipeline_params<Pipeline>(/*transaction_bytes=*/0, kMmaThreads);
-      vt_params.num_producers = Traits::kTransposeThreads;
-      vt_params.is_leader = false;  // no transaction to arm: each transposing thread arrives once
-      return Pipeline(shared.pipeline_vt, vt_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
-    } else {
-      return pipeline_v;
-    }
-  }();
+  Pipeline pipeline_v(shared.pipeline_v, pipeline_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
   __syncthreads();  // barriers and the tile table initialized
 
   if (warp_group == 0) {
-    // Producer: one thread of warpgroup 0 issues the copies, and for fp8 warps 1-3 transpose V (setmaxnreg gives
-    // the consumers the registers).
+    // Producer: one thread of warpgroup 0 (setmaxnreg gives the consumers the registers).
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if constexpr (Traits::kTransposeV) {
-      if (threadIdx.x >= 32) return FwdValueTransposeSm90<Traits>{shared, pipeline_v, pipeline_vt}.run(scheduler, mask);
-    }
     if (threadIdx.x != 0) return;
     FwdMainloopSm90<Traits>{p, args.tma_q, args.tma_k, args.tma_v, shared, pipeline_k, pipeline_v}.run(scheduler,
                                                                                                         mask);
@@ -148,7 +127,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int wg = warp_group - 1;
     // The ping-pong (FwdConsumerSm90): warpgroup 0 issues first.
     if (wg == 0) named_arrive(Consumer::kIssueThreads, Sm90Barrier::kIssueWg0, 0);
-    Consumer consumer(p, shared, pipeline_k, pipeline_vt, mma_tidx, wg);
+    Consumer consumer(p, shared, pipeline_k, pipeline_v, mma_tidx, wg);
     FwdEpilogueSm90<Traits> epilogue(p, shared, mma_tidx, wg);
     FwdTileWork w;
     for (int wave = 0; scheduler.next(wave, w); ++wave) {

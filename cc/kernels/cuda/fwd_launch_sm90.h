@@ -66,13 +66,14 @@ cudaError_t launch_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) 
                                                     p.k_row_stride, p.k_head_stride, p.k_batch_stride),
                              take<0, 2>(typename Traits::SmemLayoutK{}),
                              Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
-  // V: fp8's rows as K's (the kernel transposes them); 16-bit V seen transposed, (head dim, rows, heads, batch).
-  if constexpr (Traits::kTransposeV) {
-    args.tma_v = make_tma_copy(SM90_TMA_LOAD{},
-                               tma_gmem_view<Element>(p.v, p.seqlen_k, p.head_dim_v, p.num_heads_kv, p.batch,
-                                                      p.v_row_stride, p.v_head_stride, p.v_batch_stride),
-                               take<0, 2>(typename Traits::SmemLayoutVRows{}),
-                               Shape<Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
+  // V transposed: (head dim, rows, heads, batch); fp8: V^T as transpose_values_fp8 wrote it, keys contiguous.
+  if constexpr (Traits::kFp8) {
+    const int64_t keys = fp8_value_keys(p);
+    Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.value_transposed)),
+                             make_shape(p.head_dim_v, int(keys), p.num_heads_kv, p.batch),
+                             make_stride(keys, _1{}, keys * p.head_dim_v, keys * p.head_dim_v * p.num_heads_kv));
+    args.tma_v = make_tma_copy(SM90_TMA_LOAD{}, v_t, take<0, 2>(typename Traits::SmemLayoutVt{}),
+                               Shape<Int<kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
   } else {
     Tensor v_t = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.v)),
                              make_shape(p.head_dim_v, p.seqlen_k, p.num_heads_kv, p.batch),
@@ -147,8 +148,12 @@ cudaError_t run_flash_fwd_sm90(const FlashFwdParams& p, cudaStream_t stream) {
 }
 
 // ---- FP8 (e4m3) ----
+// V^T first (fp8_values.cu), then the kernel.
 template <class OutElement, int kHeadDim>
 cudaError_t run_flash_fwd_sm90_fp8(const FlashFwdParams& p, cudaStream_t stream) {
+  if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
+  const cudaError_t err = transpose_values_fp8(p, stream);
+  if (err != cudaSuccess) return err;
   return run_flash_fwd_sm90_traits<cutlass::float_e4m3_t, kHeadDim, OutElement>(p, stream);
 }
 

@@ -120,7 +120,7 @@ struct FwdConsumerSm90 {
   // Copies of the kernel's pipelines (their barriers' addresses and this thread's role): this object holds no
   // reference to a local object of the kernel, whose address would then escape into it.
   Pipeline pipeline_k;
-  Pipeline pipeline_v;  // V^T's stages (fp8: the transposing warps')
+  Pipeline pipeline_v;
   const int mma_tidx;
   const int wg;  // consumer wg: query rows 64 wg .. 64 wg + 63 of the tile
   const int next_wg;

@@ -16,10 +16,7 @@
 namespace tf_flash {
 namespace cuda {
 
-// FP8 (e4m3): V^T and P's key order are sm90_tile_size.h's (fp8_value_key_of_slot). The fp8 wgmma reads both
-// operands K-major, so P V needs V^T with keys contiguous: V's rows arrive by TMA as K's do (FwdTraitsSm90::
-// SmemLayoutVRows), and three warps of the producer warpgroup write each stage transposed into V^T's stage
-// (sm90_fwd_mainloop.h: FwdValueTransposeSm90), which the consumers read.
+// FP8 (e4m3): V^T and P's key order are sm90_tile_size.h's (fp8_value_key_of_slot).
 
 // The 128-byte swizzle atom where a K-major row holds a multiple of 128 bytes, else the 64-byte one (fp8 rows
 // of 64 elements).
@@ -36,7 +33,7 @@ struct SmemLayoutVtOf {  // 16-bit: the same bytes as a K-major (key, head dim) 
       cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}, cute::Step<cute::_2, cute::_1, cute::_3>{}));
 };
 template <class Element, int kHeadDim, int kBlockN, int kStages>
-struct SmemLayoutVtOf<true, Element, kHeadDim, kBlockN, kStages> {  // fp8: V^T as transposed, keys contiguous
+struct SmemLayoutVtOf<true, Element, kHeadDim, kBlockN, kStages> {  // fp8: V^T's tile as loaded, keys contiguous
   using type = decltype(cute::tile_to_shape(
       SmemAtomK<Element, kBlockN>{}, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}));
 };
@@ -54,14 +51,8 @@ struct FwdTraitsSm90 {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = 64 * kMmaWarpGroups, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr int kMmaThreads = 128 * kMmaWarpGroups;
   static constexpr int kNThreads = kMmaThreads + 128;  // and the producer warpgroup
-  // fp8: warps 1-3 of the producer warpgroup transpose V (FwdValueTransposeSm90) while warp 0 issues the copies.
-  static constexpr bool kTransposeV = kFp8;
-  static constexpr int kTransposeThreads = 96;
-  // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers. setmaxnreg moves registers inside the CTA's
-  // own pool, what the launch gave it (168 a thread with two consumers): the producer warpgroup must free all
-  // that the consumers take, so it keeps 24 with the transposing warps too (with 32 the consumers wait forever).
+  // 24 * 128 + 240 * 256 and 24 * 128 + 160 * 384 <= 64K registers
   static constexpr int kProducerRegs = 24, kMmaRegs = kMmaWarpGroups == 2 ? 240 : 160;
-  static_assert(!kTransposeV || kMmaWarpGroups == 2, "the transposing warps' registers: two consumers");
   static_assert(kHeadDim % 64 == 0, "swizzled rows of 64 elements");
   static_assert(kBlockN % (kFp8 ? 64 : 16) == 0, "key tile: whole k-slices of P V (fp8: whole V^T swizzle rows)");
 
@@ -90,27 +81,22 @@ struct FwdTraitsSm90 {
       SmemAtomK<Element, kHeadDim>{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   // (head dim, key, stage) (SmemLayoutVtOf).
   using SmemLayoutVt = typename SmemLayoutVtOf<kFp8, Element, kHeadDim, kBlockN, kStages>::type;
-  // kTransposeV: V's stages as loaded, (key, head dim, stage) like K's, before their transpose into SmemLayoutVt.
-  using SmemLayoutVRows = SmemLayoutK;
 
-  // Global tensors as the TMA sees them: (rows, head dim, heads, batch), head dim contiguous; 16-bit V seen
-  // transposed, (head dim, keys, heads, batch).
+  // Global tensors as the TMA sees them: (rows, head dim, heads, batch), head dim contiguous; V transposed
+  // (head dim, keys, heads, batch): V itself (head dim contiguous) or, for fp8, V^T (keys contiguous).
   using GmemShape = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
   using GmemStride = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using GmemStrideVt = cute::Stride<cute::_1, int64_t, int64_t, int64_t>;
+  using GmemStrideVt = std::conditional_t<kFp8, cute::Stride<int64_t, cute::_1, int64_t, int64_t>,
+                                          cute::Stride<cute::_1, int64_t, int64_t, int64_t>>;
   using TmaQ = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}),
       SmemLayoutQ{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}, cute::_1{}));
   using TmaK = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStride{}),
       cute::take<0, 2>(SmemLayoutK{}), cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}, cute::_1{}));
-  // V's stages: 16-bit V straight into SmemLayoutVt, fp8 V's rows as K's.
-  using TmaV = std::conditional_t<
-      kTransposeV, TmaK,
-      decltype(cute::make_tma_copy(
-          cute::SM90_TMA_LOAD{},
-          cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStrideVt{}),
-          cute::take<0, 2>(SmemLayoutVt{}), cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::_1{}))>;
+  using TmaV = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemShape{}, GmemStrideVt{}),
+      cute::take<0, 2>(SmemLayoutVt{}), cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::_1{}));
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);  // one K or V stage
   static constexpr uint32_t kOutputBytes = kBlockM * kHeadDim * sizeof(OutElement);
@@ -119,9 +105,7 @@ struct FwdTraitsSm90 {
   // tensor are not written). It has a buffer of its own where that fits beside Q and the K/V stages, so that
   // the next tile's Q loads while this tile's O is stored; else (head dim 256) it takes Q's buffer, each
   // consumer its own rows, which only its own GEMMs read. fp8's O (16-bit) is larger than Q's buffer: always its own.
-  static constexpr int kValueStageSets = kTransposeV ? 2 : 1;  // V^T's stages, and V's rows before the transpose
-  static constexpr bool kOwnOutputBuffer =
-      kTmaBytesQ + kOutputBytes + (1 + kValueStageSets) * kStages * kTmaBytesKV <= 200 * 1024;
+  static constexpr bool kOwnOutputBuffer = kTmaBytesQ + kOutputBytes + 2 * kStages * kTmaBytesKV <= 200 * 1024;
   static_assert(kOwnOutputBuffer || sizeof(OutElement) == sizeof(Element), "O through Q's buffer: the same bytes");
   using SmemLayoutO = std::conditional_t<
       kFp8,
@@ -137,10 +121,8 @@ struct FwdTraitsSm90 {
       cute::make_tensor(cute::make_gmem_ptr(static_cast<OutElement*>(nullptr)), GmemShape{}, GmemStride{}),
       SmemLayoutOWarpGroup{}, cute::Shape<cute::_64, cute::Int<kHeadDim>>{}, cute::_1{}));
 
-  // Every ring of stages: K's, V's, and (kTransposeV) V^T's, whose full barriers count the transposing threads'
-  // arrivals and no bytes, so that the consumers wait on V^T as on any stage.
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
-  struct SharedStorageBase {
+  struct SharedStorage {
     // 128-byte swizzled tiles want 1024-byte alignment (the swizzle pattern's period).
     alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutQ>> q;  // and O without kOwnOutputBuffer
     alignas(1024) cute::ArrayEngine<OutElement, kOwnOutputBuffer ? cute::cosize_v<SmemLayoutO> : 8> o;
@@ -150,11 +132,6 @@ struct FwdTraitsSm90 {
     cutlass::arch::ClusterBarrier barrier_q_free;  // the consumer threads are done with a tile's Q
     typename Pipeline::SharedStorage pipeline_k, pipeline_v;
   };
-  struct SharedStorageTransposeV : SharedStorageBase {
-    alignas(1024) cute::ArrayEngine<Element, cute::cosize_v<SmemLayoutVRows>> v_rows;
-    typename Pipeline::SharedStorage pipeline_vt;
-  };
-  using SharedStorage = std::conditional_t<kTransposeV, SharedStorageTransposeV, SharedStorageBase>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 

@@ -63,14 +63,13 @@ inline Sm90ForwardShape sm90_forward_shape(const FlashFwdParams& p) {
 
 // O leaves through a shared-memory buffer of its own where one fits beside Q and the K/V stages (so that the next
 // tile's Q loads while this tile's O is stored), else through Q's (d256).
-// output_bytes: O's element (the inputs' but for fp8, whose O never fits Q's buffer; fp8 also keeps V's rows
-// before their transpose, a third set of stages).
+// output_bytes: O's element (the inputs' but for fp8, whose O never fits Q's buffer).
 constexpr bool sm90_forward_own_output_buffer(int head_dim, Sm90ForwardShape shape, int element_bytes,
                                               int output_bytes) {
   const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape, element_bytes);
   const int64_t q = int64_t(t.block_m()) * head_dim * element_bytes, kv = int64_t(t.block_n) * head_dim * element_bytes;
   const int64_t o = int64_t(t.block_m()) * head_dim * output_bytes;
-  return q + o + (element_bytes == 1 ? 3 : 2) * t.stages * kv <= 200 * 1024;
+  return q + o + 2 * t.stages * kv <= 200 * 1024;
 }
 
 // Where the forward launches a CTA per query tile, which the hardware hands out as CTAs finish, instead of a
@@ -83,15 +82,14 @@ inline bool sm90_forward_cta_per_tile(const FlashFwdParams& p) {
 }
 
 // Bytes of the forward's shared storage (FwdTraitsSm90::SharedStorage: Q, O where it has a buffer of its own, the
-// K and V stages, each 1024-byte aligned, then the barriers; fp8: then V's rows and their barriers); its launcher
-// asserts the two agree.
+// K and V stages, each 1024-byte aligned, then the barriers); its launcher asserts the two agree.
 constexpr int64_t sm90_forward_smem_bytes(int head_dim, Sm90ForwardShape shape, int element_bytes,
                                           int output_bytes) {
   const Sm90ForwardTiles t = sm90_forward_tiles(head_dim, shape, element_bytes);
   const int64_t q = int64_t(t.block_m()) * head_dim * element_bytes, kv = int64_t(t.block_n) * head_dim * element_bytes;
   const int64_t o = int64_t(t.block_m()) * head_dim * output_bytes;
   return q + (sm90_forward_own_output_buffer(head_dim, shape, element_bytes, output_bytes) ? o : 1024) +
-         2 * t.stages * kv + 1024 + (element_bytes == 1 ? t.stages * kv + 1024 : 0);
+         2 * t.stages * kv + 1024;
 }
 
 // Bytes after the shared storage where the forward keeps its tile table (block masks, attn_mask, segment ids;
@@ -103,8 +101,7 @@ constexpr int64_t sm90_forward_table_bytes(int consumers, int block_n, int64_t s
 }
 
 // FP8 (e4m3) P V: 8-bit wgmma operands must both be K-major, so V comes transposed (V^T, keys contiguous, written
-// by the kernel's producer warpgroup in shared memory, sm90_fwd_mainloop.h), and P comes from S's accumulator
-// registers in an order of its own. In
+// by a pass before the kernel, fp8_values.cu), and P comes from S's accumulator registers in an order of its own. In
 // S's accumulator a thread holds, per 8 keys, the column pair 2t, 2t + 1 (t = lane % 4) of row r and of row
 // r + 8; an 8-bit A fragment holds 4 consecutive k of one row per register (k = 4t .. 4t + 3, then 16 + 4t ..,
 // rows r and r + 8 alternating). Packing, per 32 keys, the pairs (row r: keys 0-7, 8-15), (row r + 8: the same),
@@ -122,6 +119,13 @@ TF_FLASH_HOST_DEVICE constexpr int fp8_value_slot_of_key(int key) {
 static_assert(fp8_value_key_of_slot(2) == 8 && fp8_value_key_of_slot(8) == 4 && fp8_value_key_of_slot(29) == 23 &&
                   fp8_value_slot_of_key(fp8_value_key_of_slot(13)) == 13 && fp8_value_slot_of_key(31) == 31,
               "the fp8 slot order and its inverse");
+
+// An fp8 forward's V^T (fp8_values.cu) holds the keys padded to whole 16-key groups (zeros), so that every
+// slot of a group (fp8_value_key_of_slot) lies inside the buffer the TMA reads.
+inline constexpr int kFp8ValueKeyAlign = 16;
+TF_FLASH_HOST_DEVICE int64_t fp8_value_keys(const FlashFwdParams& p) {
+  return (int64_t(p.seqlen_k) + kFp8ValueKeyAlign - 1) / kFp8ValueKeyAlign * kFp8ValueKeyAlign;
+}
 
 // ---- Backward (dK/dV kernel) ----
 struct Sm90BackwardTiles {

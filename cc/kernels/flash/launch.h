@@ -54,6 +54,9 @@ int64_t flash_fwd_cuda_workspace_bytes(const FlashFwdParams& params, DType dtype
 // The same for a call with an attn_mask whichever family runs it (no device asked; data pointers unread): what
 // the XLA lowering sizes a result by before the device is known.
 int64_t flash_fwd_cuda_mask_workspace_bytes(const FlashFwdParams& params);
+// Bytes of device memory an fp8 forward wants in params.value_transposed (0 for other dtypes): V^T as
+// [batch, kv heads, head_dim_v, seqlen_k rounded up to 16], keys contiguous (cc/kernels/cuda/fwd_launch_sm90.h).
+int64_t flash_fwd_cuda_value_transpose_bytes(const FlashFwdParams& params, DType dtype);
 // Return a cudaError_t as int (0 = success) so this header needs no CUDA include. float32 runs on the
 // full-float32 kernels (CUDA cores; what params.allow_tf32 false asks for); float16 and bfloat16 on the
 // tensor-core families. TF32-grade float32 is float16 staged by the caller (below).

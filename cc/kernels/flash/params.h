@@ -124,6 +124,9 @@ struct FlashFwdParams {
   const float* v_descale = nullptr;
   int64_t descale_batch_stride = 0, descale_head_stride = 0;
   bool out_float16 = false;  // an fp8 forward's output dtype: float16, else bfloat16
+  // Device memory of flash_fwd_cuda_value_transpose_bytes (launch.h): an fp8 forward writes V^T there before
+  // it runs (8-bit wgmma operands must be K-major, and V's keys are not contiguous).
+  void* value_transposed = nullptr;
 };
 
 struct FlashBwdParams : FlashFwdParams {
