@@ -556,6 +556,27 @@ tf::Status RunStaged(const Params& in, DType dtype, bool backward, void* stream,
   }
   return tf::Status();
 }
+
+// The forward's launch once its inputs are what the kernels take (`compute`): segment bounds, then the packed
+// attn_mask, fp8's V^T and split-KV's runs (in a 16-bit dtype), unless the XLA lowering's workspace result holds
+// them (FlashFwdCudaWorkspaceLayout).
+tf::Status LaunchForwardCuda(const FlashFwdParams& params, DType compute, void* stream,
+                             const FlashAllocate& allocate) {
+  FlashFwdParams launch = params;
+  TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
+  const int64_t mask_bytes = flash_fwd_cuda_workspace_bytes(launch, compute);
+  if (mask_bytes > 0 && launch.mask_workspace == nullptr) {
+    TF_RETURN_IF_ERROR(allocate(mask_bytes, &launch.mask_workspace));
+  }
+  const int64_t transpose_bytes = flash_fwd_cuda_value_transpose_bytes(launch, compute);
+  if (transpose_bytes > 0 && launch.value_transposed == nullptr) {
+    TF_RETURN_IF_ERROR(allocate(transpose_bytes, &launch.value_transposed));
+  }
+  if (launch.num_splits > 1 && launch.split_workspace == nullptr && compute != DType::kFloat32) {
+    TF_RETURN_IF_ERROR(allocate(FlashFwdCudaSplitWorkspaceBytes(launch), &launch.split_workspace));
+  }
+  return CudaStatus(flash_fwd_cuda(launch, compute, stream));
+}
 }  // namespace
 
 tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, const FlashAllocate& allocate) {
@@ -567,40 +588,14 @@ tf::Status RunFlashFwdCuda(const FlashFwdParams& p, DType dtype, void* stream, c
                     S{true, &P::v, nullptr, true, true, StageRole::kValue},
                     S{false, nullptr, &P::out, true, false, StageRole::kOutput}},
                    [&](const FlashFwdParams& params, DType compute) {
-                     FlashFwdParams launch = params;
-                     TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
-                     // The packed attn_mask and split-KV's runs' outputs, unless the XLA lowering's workspace
-                     // result holds them (FlashFwdCudaWorkspaceLayout).
-                     const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, compute);
-                     if (workspace > 0 && launch.mask_workspace == nullptr) {
-                       TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
-                     }
-                     if (launch.num_splits > 1 && launch.split_workspace == nullptr && compute != DType::kFloat32) {
-                       TF_RETURN_IF_ERROR(allocate(FlashFwdCudaSplitWorkspaceBytes(launch), &launch.split_workspace));
-                     }
-                     return CudaStatus(flash_fwd_cuda(launch, compute, stream));
+                     return LaunchForwardCuda(params, compute, stream, allocate);
                    });
 }
 
 tf::Status RunFlashFwdCudaFp8(const FlashFwdParams& p, void* stream, const FlashAllocate& allocate) {
   // Never staged: fp8 rows are the kernel's as they come (check_supported asks for 16-byte rows).
   TF_RETURN_IF_ERROR(CheckCudaSupport(p, DType::kFloat8E4M3, /*backward=*/false));
-  FlashFwdParams launch = p;
-  TF_RETURN_IF_ERROR(SetSegmentBoundsCuda(&launch, stream, allocate));
-  // The packed attn_mask, V^T and split-KV's runs (in the 16-bit output dtype), unless the XLA lowering's
-  // workspace result holds them.
-  const int64_t workspace = flash_fwd_cuda_workspace_bytes(launch, DType::kFloat8E4M3);
-  if (workspace > 0 && launch.mask_workspace == nullptr) {
-    TF_RETURN_IF_ERROR(allocate(workspace, &launch.mask_workspace));
-  }
-  const int64_t transposed = flash_fwd_cuda_value_transpose_bytes(launch, DType::kFloat8E4M3);
-  if (transposed > 0 && launch.value_transposed == nullptr) {
-    TF_RETURN_IF_ERROR(allocate(transposed, &launch.value_transposed));
-  }
-  if (launch.num_splits > 1 && launch.split_workspace == nullptr) {
-    TF_RETURN_IF_ERROR(allocate(FlashFwdCudaSplitWorkspaceBytes(launch), &launch.split_workspace));
-  }
-  return CudaStatus(flash_fwd_cuda(launch, DType::kFloat8E4M3, stream));
+  return LaunchForwardCuda(p, DType::kFloat8E4M3, stream, allocate);
 }
 
 tf::Status RunFlashBwdCuda(const FlashBwdParams& p, DType dtype, void* stream, const FlashAllocate& allocate) {

@@ -591,20 +591,26 @@ FlashAllocate XlaScratch(ffi::ScratchAllocator* scratch) {
 // call never waits for the stream.
 void SetDeviceSeed(const void* seed, FlashFwdParams* p) { p->seed_device = static_cast<const int64_t*>(seed); }
 
-// Both forward targets' handlers: the call on `stream`, its memory from `allocate`.
-ffi::Error RunForwardOnStream(cudaStream_t stream, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
-                              const ffi::Dictionary& attrs, const FlashAllocate& allocate) {
+using PrepareForwardFn = tf::Status (*)(const ffi::Dictionary&, const ffi::RemainingArgs&, const ffi::RemainingRets&,
+                                         ForwardCall*, CallBuffers*);
+
+// Every forward target's handler (16-bit or fp8, as `prepare` reads the call): the call on `stream`, its memory
+// from `allocate`.
+ffi::Error RunForwardOnStream(PrepareForwardFn prepare, cudaStream_t stream, const ffi::RemainingArgs& args,
+                              const ffi::RemainingRets& rets, const ffi::Dictionary& attrs,
+                              const FlashAllocate& allocate) {
   ForwardCall call;
   CallBuffers in;
-  tf::Status status = PrepareForward(attrs, args, rets, &call, &in);
+  const tf::Status status = prepare(attrs, args, rets, &call, &in);
   if (!status.ok() || call.empty) return ToFfiError(status);
   SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
-  return ToFfiError(RunFlashFwdCuda(call.params, call.dtype, stream, allocate));
+  return ToFfiError(call.dtype == DType::kFloat8E4M3 ? RunFlashFwdCudaFp8(call.params, stream, allocate)
+                                                     : RunFlashFwdCuda(call.params, call.dtype, stream, allocate));
 }
 
 ffi::Error FlashFwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
                         ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return RunForwardOnStream(stream, args, rets, attrs, XlaScratch(&scratch));
+  return RunForwardOnStream(PrepareForward, stream, args, rets, attrs, XlaScratch(&scratch));
 }
 
 // The graph targets' allocator: none, since a CUDA graph would replay its memory after the allocator took it
@@ -616,28 +622,17 @@ tf::Status NoScratch(int64_t bytes, void**) {
 
 ffi::Error FlashFwdCudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                              ffi::Dictionary attrs) {
-  return RunForwardOnStream(stream, args, rets, attrs, NoScratch);
-}
-
-// Both fp8 forward targets' handlers.
-ffi::Error RunForwardFp8OnStream(cudaStream_t stream, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets,
-                                 const ffi::Dictionary& attrs, const FlashAllocate& allocate) {
-  ForwardCall call;
-  CallBuffers in;
-  const tf::Status status = PrepareForwardFp8(attrs, args, rets, &call, &in);
-  if (!status.ok() || call.empty) return ToFfiError(status);
-  SetDeviceSeed(in.data[kFwdInputs[kSeedInput]], &call.params);
-  return ToFfiError(RunFlashFwdCudaFp8(call.params, stream, allocate));
+  return RunForwardOnStream(PrepareForward, stream, args, rets, attrs, NoScratch);
 }
 
 ffi::Error FlashFwdFp8Cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
                            ffi::RemainingRets rets, ffi::Dictionary attrs) {
-  return RunForwardFp8OnStream(stream, args, rets, attrs, XlaScratch(&scratch));
+  return RunForwardOnStream(PrepareForwardFp8, stream, args, rets, attrs, XlaScratch(&scratch));
 }
 
 ffi::Error FlashFwdFp8CudaGraph(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                                 ffi::Dictionary attrs) {
-  return RunForwardFp8OnStream(stream, args, rets, attrs, NoScratch);
+  return RunForwardOnStream(PrepareForwardFp8, stream, args, rets, attrs, NoScratch);
 }
 
 ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::RemainingArgs args,
@@ -651,39 +646,29 @@ ffi::Error FlashBwdCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi:
   return ToFfiError(status);
 }
 
-XLA_FFI_DEFINE_HANDLER(kFlashFwdCuda, FlashFwdCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .RemainingArgs()
-                           .RemainingRets()
-                           .Attrs<ffi::Dictionary>());
-XLA_FFI_DEFINE_HANDLER(kFlashFwdCudaGraph, FlashFwdCudaGraph,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .RemainingArgs()
-                           .RemainingRets()
-                           .Attrs<ffi::Dictionary>());
-XLA_FFI_DEFINE_HANDLER(kFlashBwdCuda, FlashBwdCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .RemainingArgs()
-                           .RemainingRets()
-                           .Attrs<ffi::Dictionary>());
-XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8Cuda, FlashFwdFp8Cuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .RemainingArgs()
-                           .RemainingRets()
-                           .Attrs<ffi::Dictionary>());
-XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8CudaGraph, FlashFwdFp8CudaGraph,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .RemainingArgs()
-                           .RemainingRets()
-                           .Attrs<ffi::Dictionary>());
+// The CUDA handlers' two signatures: the stream and XLA's scratch allocator, or (the graph targets) the stream
+// alone; then the operands, the results and the attributes.
+auto BindWithScratch() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::ScratchAllocator>()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attrs<ffi::Dictionary>();
+}
+auto BindForGraphs() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attrs<ffi::Dictionary>();
+}
+
+XLA_FFI_DEFINE_HANDLER(kFlashFwdCuda, FlashFwdCuda, BindWithScratch());
+XLA_FFI_DEFINE_HANDLER(kFlashFwdCudaGraph, FlashFwdCudaGraph, BindForGraphs());
+XLA_FFI_DEFINE_HANDLER(kFlashBwdCuda, FlashBwdCuda, BindWithScratch());
+XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8Cuda, FlashFwdFp8Cuda, BindWithScratch());
+XLA_FFI_DEFINE_HANDLER(kFlashFwdFp8CudaGraph, FlashFwdFp8CudaGraph, BindForGraphs());
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdTarget, "CUDA", kFlashFwdCuda);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdFp8Target, "CUDA", kFlashFwdFp8Cuda);
 XLA_FFI_REGISTER_HANDLER(XLA_FFI_GetApi(), kFwdGraphTarget, "CUDA", kFlashFwdCudaGraph,
