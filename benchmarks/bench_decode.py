@@ -188,15 +188,8 @@ def make_fn(impl, chain):
     else:
         raise ValueError(f"unknown impl {impl!r}")
 
-    def run(q, k, v, lengths):
-        out = q
-        for i in range(chain):
-            out = attn(out, k, v, lengths)
-            if i + 1 < chain and out.dtype != q.dtype:  # fp8 queries give bfloat16: quantized again (a cast)
-                out = tf.cast(out, q.dtype)
-        return out
-
-    return tf.function(run, jit_compile=impl in ("xla_dense", "tf_flash_xla", "keras_switch_xla"))
+    jit = impl in ("xla_dense", "tf_flash_xla", "keras_switch_xla")
+    return tf.function(common.chained(attn, chain), jit_compile=jit)
 
 
 def decode_plan(row, heads, kv_heads):

@@ -110,6 +110,22 @@ def keras_attention(q, k, v, causal):
     return keras.ops.dot_product_attention(q, k, v, scale=scale, is_causal=causal)
 
 
+def chained(attn, chain):
+    """attn(q, *rest) -> out run `chain` times, each output the next call's query. Where the output's dtype is not
+    the query's (fp8 queries give bfloat16), each but the last is cast back to the query's: quantized again."""
+    import tensorflow as tf
+
+    def run(q, *rest):
+        out = q
+        for i in range(chain):
+            out = attn(out, *rest)
+            if i + 1 < chain and out.dtype != q.dtype:
+                out = tf.cast(out, q.dtype)
+        return out
+
+    return run
+
+
 def make_fns(impl, causal, extra=None, chain=1, jit_compile=None):
     """(fwd(q, k, v, dout) -> out, fwd_bwd(q, k, v, dout) -> (dq, dk, dv)) as tf.functions.
 
@@ -141,13 +157,7 @@ def make_fns(impl, causal, extra=None, chain=1, jit_compile=None):
     if jit_compile is not None:
         jit = jit_compile
 
-    def attend(q, k, v):
-        out = q
-        for i in range(chain):
-            out = attn(out, k, v)
-            if i + 1 < chain and out.dtype != q.dtype:  # fp8 queries give bfloat16: quantized again (a cast)
-                out = tf.cast(out, q.dtype)
-        return out
+    attend = chained(attn, chain)
 
     def fwd(q, k, v, dout):
         return attend(q, k, v)
